@@ -1,0 +1,38 @@
+# The two commands of the README: `make demo` and `make test`. Both set up .venv themselves.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch 2.13.0 lies on local disk; any other spec downloads a multi-GB CUDA build.
+TORCH := torch==2.13.0
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(VENV)/.installed $@
+
+demo: $(VENV)/.installed
+	$(BIN)/bertkit demo
+
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+bench: $(VENV)/.installed-dev
+	$(BIN)/python benchmarks/forward_throughput.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,466 @@
+"""Checkpoints in and out: Hugging Face layout (safetensors / pytorch_model.bin) and Google's
+TensorFlow checkpoints, read without TensorFlow.
+
+Our state-dict names *are* Hugging Face's (`bert.encoder.layer.0.attention.self.query.weight`),
+so the HF layout needs no renaming beyond legacy spellings; Google's names convert by the table
+below (kernels transposed). Every load reports missing and unexpected tensors by name and refuses
+shape mismatches, naming the tensor and both shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertkit._io import atomic_path, atomic_write_text
+from bertkit._tf_bundle import _BFloat16, bundle_prefix, read_bundle, write_bundle
+from bertkit.config import BertConfig
+from bertkit.model import BertPreTrainedModel
+
+logger = logging.getLogger("bertkit")
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PYTORCH_BIN = "pytorch_model.bin"
+HF_CONFIG = "config.json"
+GOOGLE_CONFIG = "bert_config.json"
+GOOGLE_PREFIX = "bert_model.ckpt"
+TIED_DECODER = "cls.predictions.decoder.weight"
+
+# ---------------------------------------------------------------------------- Google names
+# Irregular Google TF variable names -> ours; everything else follows `_tf_to_hf`'s rule.
+_TF_NAMES = {
+    "cls/predictions/output_bias": "cls.predictions.bias",
+    "cls/seq_relationship/output_weights": "cls.seq_relationship.weight",  # (2, H): no transpose
+    "cls/seq_relationship/output_bias": "cls.seq_relationship.bias",
+    # run_classifier.py's head; run_squad.py's span head. Both are stored (out, H) already.
+    "output_weights": "classifier.weight",
+    "output_bias": "classifier.bias",
+    "cls/squad/output_weights": "qa_outputs.weight",
+    "cls/squad/output_bias": "qa_outputs.bias",
+}
+# Optimiser state and bookkeeping that a training checkpoint carries beside the weights.
+_TF_SKIP = re.compile(r"(/adam_[mv]$|/Adam(_1)?$|/Momentum$|^global_step$|^good_steps$|^loss_scale$)")
+
+
+def tf_to_hf_name(name: str) -> tuple[str, bool] | None:
+    """Our name for a Google TF variable and whether its matrix is transposed; None to skip.
+
+    >>> tf_to_hf_name("bert/encoder/layer_3/attention/self/query/kernel")
+    ('bert.encoder.layer.3.attention.self.query.weight', True)
+    >>> tf_to_hf_name("bert/embeddings/LayerNorm/gamma")
+    ('bert.embeddings.LayerNorm.weight', False)
+    """
+    if _TF_SKIP.search(name):
+        return None
+    if name in _TF_NAMES:
+        return _TF_NAMES[name], False
+    parts = name.split("/")
+    last = parts[-1]
+    out = [p.replace("layer_", "layer.") if re.fullmatch(r"layer_\d+", p) else p for p in parts[:-1]]
+    if last == "kernel":
+        return ".".join(out + ["weight"]), True
+    if last in ("gamma", "beta"):
+        return ".".join(out + ["weight" if last == "gamma" else "bias"]), False
+    if last == "bias":
+        return ".".join(out + ["bias"]), False
+    if last.endswith("_embeddings"):
+        return ".".join(out + [last, "weight"]), False
+    return ".".join(out + [last]), False
+
+
+def hf_to_tf_name(name: str) -> tuple[str, bool]:
+    """The inverse of `tf_to_hf_name` for the tensors a BERT checkpoint holds."""
+    for tf_name, hf_name in _TF_NAMES.items():
+        if hf_name == name:
+            return tf_name, False
+    parts = name.split(".")
+    scope = []
+    for i, part in enumerate(parts[:-1]):
+        if part.isdigit() and i and parts[i - 1] == "layer":
+            scope[-1] = f"layer_{part}"
+        else:
+            scope.append(part)
+    last = parts[-1]
+    if scope and scope[-1].endswith("_embeddings") and last == "weight":
+        return "/".join(scope), False
+    if scope and scope[-1] == "LayerNorm":
+        return "/".join(scope + ["gamma" if last == "weight" else "beta"]), False
+    if last == "weight":
+        return "/".join(scope + ["kernel"]), True
+    return "/".join(scope + [last]), False
+
+
+# ---------------------------------------------------------------------------- reading
+def detect_format(path: Path) -> str:
+    """ "hf" or "google" for a checkpoint directory; FileNotFoundError naming what is missing."""
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: checkpoint directory not found")
+    if any((path / f).exists() for f in (SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN)):
+        return "hf"
+    if list(path.glob("*.ckpt*.index")) or list(path.glob("*.index")):
+        return "google"
+    raise FileNotFoundError(
+        f"{path}: no weights found (expected {SAFETENSORS}, {PYTORCH_BIN}, or a Google "
+        f"{GOOGLE_PREFIX}.index / .data-* pair)"
+    )
+
+
+def read_config(path: Path, *, strict: bool = False) -> BertConfig:
+    for name in (HF_CONFIG, GOOGLE_CONFIG):
+        if (path / name).exists():
+            return BertConfig.from_json_file(path / name, strict=strict)
+    raise FileNotFoundError(f"{path}: no {HF_CONFIG} or {GOOGLE_CONFIG}")
+
+
+def read_state_dict(path: str | os.PathLike, *, verify: bool = True) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint directory under our (Hugging Face) names, on the CPU."""
+    path = Path(path)
+    if detect_format(path) == "google":
+        return _read_google(bundle_prefix(path), verify=verify)
+    if (path / SAFETENSORS).exists():
+        state = _read_safetensors(path / SAFETENSORS)
+    elif (path / SAFETENSORS_INDEX).exists():
+        state = {}
+        index_file = path / SAFETENSORS_INDEX
+        try:
+            weight_map = json.loads(index_file.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as err:
+            raise ValueError(f"{index_file}: not a safetensors index ({err})") from None
+        for shard in sorted(set(weight_map.values())):
+            state.update(_read_safetensors(path / shard))
+    else:
+        state = _read_torch_bin(path / PYTORCH_BIN)
+    return _normalise_hf_names(state)
+
+
+def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not file.exists():
+        raise FileNotFoundError(f"{file}: weights file not found")
+    try:
+        return load_file(file, device="cpu")
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"{file}: cannot read safetensors weights, the file is truncated or corrupt ({err})") from None
+
+
+def _read_torch_bin(file: Path) -> dict[str, torch.Tensor]:
+    import pickle
+    import zipfile
+
+    try:
+        # weights_only: tensors and plain containers only, never arbitrary pickled code.
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(
+            f"{file}: refused to load: it holds more than tensors (unpickling arbitrary objects "
+            f"could run code): {err}"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
+        raise ValueError(f"{file}: cannot read PyTorch weights, the file is truncated or corrupt ({err})") from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{file}: expected a dictionary of tensors")
+    return state
+
+
+def _read_google(prefix: Path, *, verify: bool) -> dict[str, torch.Tensor]:
+    arrays = read_bundle(prefix, skip=lambda name: tf_to_hf_name(name) is None, verify=verify)
+    state = {}
+    for tf_name, array in arrays.items():
+        name, transpose = tf_to_hf_name(tf_name)  # type: ignore[misc]
+        if isinstance(array, _BFloat16):
+            tensor = torch.from_numpy(np.asarray(array).view(np.int16)).view(torch.bfloat16)
+        else:
+            tensor = torch.from_numpy(np.asarray(array))
+        state[name] = tensor.t().contiguous() if transpose else tensor
+    return state
+
+
+def _normalise_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, tensor in state.items():
+        # Old Hugging Face checkpoints (e.g. the original bert-base-uncased) say gamma/beta.
+        name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
+        name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
+        if name.endswith("embeddings.position_ids") or name == "cls.predictions.decoder.bias":
+            continue  # a non-persistent buffer some versions saved; a copy of cls.predictions.bias
+        out[name] = tensor
+    return out
+
+
+# ---------------------------------------------------------------------------- loading
+def _adapt_prefix(state: dict[str, torch.Tensor], model: BertPreTrainedModel) -> dict[str, torch.Tensor]:
+    """Match the checkpoint's `bert.` prefix to the model's (BertModel has none, heads have it)."""
+    prefix = model.base_model_prefix
+    encoder_keys = ("embeddings.", "encoder.", "pooler.")
+    has_prefix = any(k.startswith("bert.") for k in state)
+    if prefix and not has_prefix:
+        return {(f"{prefix}.{k}" if k.startswith(encoder_keys) else k): v for k, v in state.items()}
+    if not prefix and has_prefix:
+        return {k[len("bert.") :]: v for k, v in state.items() if k.startswith("bert.")} | {
+            k: v for k, v in state.items() if not k.startswith("bert.")
+        }
+    return state
+
+
+def load_state_dict_into(
+    model: BertPreTrainedModel,
+    state: dict[str, torch.Tensor],
+    *,
+    source: str = "checkpoint",
+    strict: bool = False,
+    ignore_mismatched_sizes: bool = False,
+) -> dict[str, list[str]]:
+    """Copy `state` into `model`, reporting what did not match.
+
+    - A tensor whose shape differs raises ValueError naming it and both shapes (unless
+      `ignore_mismatched_sizes`: it then keeps its fresh initialisation, with a warning).
+    - Missing encoder tensors raise ValueError: such a checkpoint is broken or not a BERT.
+    - Missing head tensors (e.g. a new classifier) keep their initialisation, with a warning.
+    - Unexpected tensors are logged: pre-training heads unused by a fine-tuning model at INFO,
+      anything else as a warning. `strict=True` makes every mismatch an error.
+    Returns {"missing": [...], "unexpected": [...], "mismatched": [...]}.
+    """
+    state = _adapt_prefix(state, model)
+    expected = model.state_dict()
+    tied = {TIED_DECODER, "decoder.weight"} & set(expected)
+    mismatched, loadable = [], {}
+    for name, tensor in state.items():
+        if name not in expected:
+            continue
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            if not ignore_mismatched_sizes:
+                raise ValueError(
+                    f"{source}: tensor {name!r} has shape {tuple(tensor.shape)} in the checkpoint "
+                    f"but {tuple(expected[name].shape)} in {type(model).__name__} "
+                    f"(config: {_shape_hint(name)}); pass ignore_mismatched_sizes=True to "
+                    "re-initialise it"
+                )
+            mismatched.append(name)
+            continue
+        loadable[name] = tensor
+    missing = sorted(set(expected) - set(state) - tied)
+    unexpected = sorted(set(state) - set(expected))
+    if TIED_DECODER in state and TIED_DECODER in expected:
+        embeddings = state.get(
+            "bert.embeddings.word_embeddings.weight", state.get("embeddings.word_embeddings.weight")
+        )
+        if embeddings is not None and not torch.equal(state[TIED_DECODER], embeddings):
+            logger.warning("%s: the MLM decoder is not tied to the word embeddings; using the embeddings", source)
+
+    encoder_missing = [m for m in missing if _is_encoder(m, model)]
+    if encoder_missing:
+        raise ValueError(
+            f"{source}: the checkpoint lacks {len(encoder_missing)} encoder tensors needed by "
+            f"{type(model).__name__}, e.g. {encoder_missing[:5]}"
+        )
+    if strict and (missing or unexpected or mismatched):
+        raise ValueError(
+            f"{source}: strict load failed: missing {missing}, unexpected {unexpected}, "
+            f"mismatched {mismatched}"
+        )
+    with torch.no_grad():
+        for name, tensor in loadable.items():
+            expected[name].copy_(tensor)
+    model.tie_weights()
+    if missing:
+        logger.warning(
+            "%s: %s tensors not in the checkpoint were newly initialised: %s",
+            source,
+            type(model).__name__,
+            missing,
+        )
+    if mismatched:
+        logger.warning("%s: re-initialised tensors of another shape: %s", source, mismatched)
+    heads = [u for u in unexpected if u.startswith(("cls.", "classifier.", "qa_outputs."))]
+    others = [u for u in unexpected if u not in heads]
+    if heads:
+        logger.info("%s: head tensors not used by %s: %s", source, type(model).__name__, heads)
+    if others:
+        logger.warning("%s: unexpected tensors ignored: %s", source, others)
+    return {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
+
+
+def _is_encoder(name: str, model: BertPreTrainedModel) -> bool:
+    prefix = f"{model.base_model_prefix}." if model.base_model_prefix else ""
+    # The pooler is left out: checkpoints saved without one (BertForMaskedLM) are common.
+    return name.startswith((prefix + "embeddings.", prefix + "encoder."))
+
+
+def _shape_hint(name: str) -> str:
+    if "word_embeddings" in name or name.endswith("predictions.bias"):
+        return "vocab_size"
+    if "position_embeddings" in name:
+        return "max_position_embeddings"
+    if "token_type_embeddings" in name:
+        return "type_vocab_size"
+    if name.startswith("classifier"):
+        return "number of labels"
+    if "intermediate" in name or "output.dense" in name:
+        return "hidden_size / intermediate_size"
+    return "hidden_size"
+
+
+def load_pretrained(
+    cls: type[BertPreTrainedModel],
+    path: str | os.PathLike,
+    *,
+    config: BertConfig | None = None,
+    num_labels: int | None = None,
+    strict: bool = False,
+    ignore_mismatched_sizes: bool = False,
+    verify: bool = True,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+) -> BertPreTrainedModel:
+    """Build `cls` from a checkpoint directory, Hugging Face or Google layout (auto-detected).
+
+    `config` replaces the directory's; `num_labels` sets the classification head's size (e.g.
+    a fresh classifier on a pre-trained encoder). `verify` checks Google checkpoints' CRCs.
+    """
+    path = Path(path)
+    fmt = detect_format(path)
+    if config is None:
+        config = read_config(path)
+    state = read_state_dict(path, verify=verify)
+    if num_labels is None and config.id2label is None:
+        num_labels = _labels_in(state)  # Google's configs never name the labels
+    if num_labels is not None and num_labels != config.num_labels:
+        config = config.with_labels(num_labels)
+    model = cls(config)
+    load_state_dict_into(
+        model,
+        state,
+        source=str(path),
+        strict=strict,
+        ignore_mismatched_sizes=ignore_mismatched_sizes,
+    )
+    logger.info("loaded %s from %s (%s layout)", cls.__name__, path, fmt)
+    model.source_dir = str(path)
+    if dtype is not None or device is not None:
+        model.to(device=device, dtype=dtype)
+    model.eval()
+    return model
+
+
+# ---------------------------------------------------------------------------- saving
+def state_dict_for_saving(model: BertPreTrainedModel) -> dict[str, torch.Tensor]:
+    """The model's tensors, tied copies dropped (safetensors refuses shared storage)."""
+    state = model.state_dict()
+    state.pop(TIED_DECODER, None)
+    return {k: v.detach().contiguous().cpu() for k, v in state.items()}
+
+
+def save_pretrained(
+    model: BertPreTrainedModel,
+    directory: str | os.PathLike,
+    *,
+    tokenizer: Any = None,
+    safe_serialization: bool = True,
+) -> None:
+    """Write `config.json`, `model.safetensors` (or `pytorch_model.bin`) and `vocab.txt`.
+
+    Each file is written to a temporary name and renamed into place. The vocabulary comes from
+    `tokenizer` when given, else it is copied from the directory the model was loaded from.
+    Hugging Face transformers loads the result with the class of the same name.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = state_dict_for_saving(model)
+    if safe_serialization:
+        from safetensors.torch import save_file
+
+        with atomic_path(directory / SAFETENSORS) as tmp:
+            save_file(state, str(tmp), metadata={"format": "pt"})
+        stale = directory / PYTORCH_BIN
+    else:
+        with atomic_path(directory / PYTORCH_BIN) as tmp:
+            torch.save(state, tmp)
+        stale = directory / SAFETENSORS
+    stale.unlink(missing_ok=True)  # never leave two disagreeing weight files
+    model.config.to_json_file(
+        directory / HF_CONFIG, architectures=[type(model).__name__]
+    )
+    _write_vocab(model, directory, tokenizer)
+
+
+def _write_vocab(model: BertPreTrainedModel, directory: Path, tokenizer: Any) -> None:
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+        return
+    source = Path(model.source_dir) if model.source_dir else None
+    if source is None or source.resolve() == directory.resolve():
+        return
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        if (source / name).exists():
+            with atomic_path(directory / name) as tmp:
+                shutil.copyfile(source / name, tmp)
+
+
+# ---------------------------------------------------------------------------- conversion
+def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "hf") -> Path:
+    """Convert a checkpoint directory to the Hugging Face (`to="hf"`) or Google (`"google"`)
+    layout, keeping every head it has. The vocabulary and tokenizer settings are copied."""
+    src, dst = Path(src), Path(dst)
+    config = read_config(src)
+    state = read_state_dict(src)
+    labels = _labels_in(state)
+    if labels is not None and config.id2label is None and labels != config.num_labels:
+        config = config.with_labels(labels)
+    dst.mkdir(parents=True, exist_ok=True)
+    if to == "hf":
+        from safetensors.torch import save_file
+
+        state.pop(TIED_DECODER, None)
+        state = {k: v.contiguous() for k, v in state.items()}
+        with atomic_path(dst / SAFETENSORS) as tmp:
+            save_file(state, str(tmp), metadata={"format": "pt"})
+        config.to_json_file(dst / HF_CONFIG, architectures=[_architecture(state)])
+    elif to == "google":
+        arrays = {}
+        for name, tensor in state.items():
+            if name == TIED_DECODER:
+                continue
+            if not name.startswith(("bert.", "cls.", "classifier.", "qa_outputs.")):
+                name = f"bert.{name}"
+            tf_name, transpose = hf_to_tf_name(name)
+            tensor = tensor.float() if tensor.dtype == torch.bfloat16 else tensor
+            array = tensor.t().contiguous().numpy() if transpose else tensor.numpy()
+            arrays[tf_name] = array
+        write_bundle(dst / GOOGLE_PREFIX, arrays)
+        atomic_write_text(dst / GOOGLE_CONFIG, json.dumps(config.to_dict("google"), indent=2) + "\n")
+    else:
+        raise ValueError(f"unknown target format {to!r}; expected 'hf' or 'google'")
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        if (src / name).exists() and src.resolve() != dst.resolve():
+            shutil.copyfile(src / name, dst / name)
+    return dst
+
+
+def _labels_in(state: dict[str, torch.Tensor]) -> int | None:
+    classifier = state.get("classifier.weight")
+    return None if classifier is None or classifier.shape[0] == 1 else int(classifier.shape[0])
+
+
+def _architecture(state: dict[str, torch.Tensor]) -> str:
+    if "cls.seq_relationship.weight" in state:
+        return "BertForPreTraining"
+    if "cls.predictions.bias" in state:
+        return "BertForMaskedLM"
+    if "qa_outputs.weight" in state:
+        return "BertForQuestionAnswering"
+    if "classifier.weight" in state:
+        return "BertForSequenceClassification"
+    return "BertModel"

@@ -1,0 +1,410 @@
+"""Task heads on top of `BertModel`: pre-training (MLM + NSP), masked LM, sequence
+classification/regression, token tagging, span QA and multiple choice.
+
+Attribute names follow the checkpoints (`bert`, `cls.predictions`, `classifier`, `qa_outputs`), so
+Hugging Face and Google weights load by name. Labels use -100 for "no label" (ignored by the loss).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertkit.config import BertConfig
+from bertkit.model import BertModel, BertPreTrainedModel, activation
+
+IGNORE_INDEX = -100
+
+
+# ------------------------------------------------------------------------------- outputs
+@dataclass
+class BertForPreTrainingOutput:
+    mlm_logits: torch.Tensor  # (B, P, V) at masked_positions, else (B, S, V)
+    nsp_logits: torch.Tensor  # (B, 2): index 0 = IsNext, 1 = NotNext (Google's convention)
+    loss: torch.Tensor | None = None  # mlm_loss + nsp_loss, given labels
+    mlm_loss: torch.Tensor | None = None
+    nsp_loss: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class BertHeadOutput:
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class BertQuestionAnsweringOutput:
+    start_logits: torch.Tensor  # (B, S)
+    end_logits: torch.Tensor  # (B, S)
+    loss: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+# ------------------------------------------------------------------------------- pieces
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """transform -> vocabulary logits with the word-embedding matrix (tied) + an output bias."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # tied
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., H) -> (..., V)
+        return F.linear(self.transform(x), self.decoder.weight, self.bias)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+
+
+def gather_positions(sequence: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Hidden states at the given positions: (B, S, H), (B, P) -> (B, P, H).
+
+    >>> gather_positions(torch.arange(6.).view(1, 3, 2), torch.tensor([[2, 0]])).tolist()
+    [[[4.0, 5.0], [0.0, 1.0]]]
+    """
+    if positions.dim() != 2 or positions.shape[0] != sequence.shape[0]:
+        raise ValueError(
+            f"masked_positions must be (batch={sequence.shape[0]}, P), got {tuple(positions.shape)}"
+        )
+    index = positions.long().unsqueeze(-1).expand(-1, -1, sequence.shape[-1])
+    return torch.gather(sequence, 1, index)
+
+
+def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over labels that are not -100; 0 (not NaN) when there are none."""
+    if labels.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"labels {tuple(labels.shape)} must match logits {tuple(logits.shape[:-1])}"
+        )
+    flat_labels = labels.reshape(-1)
+    total = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(),
+        flat_labels,
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
+    return total / (flat_labels != IGNORE_INDEX).sum().clamp(min=1)
+
+
+class _MaskedLMMixin:
+    """Vocabulary logits only where asked: the paper predicts just the masked tokens, and the
+    H x V decoder is most of a pre-training step's cost when run at every position."""
+
+    cls: BertPreTrainingHeads | BertOnlyMLMHead
+    bert: BertModel
+
+    def tie_weights(self) -> None:
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def _mlm_logits(
+        self, sequence: torch.Tensor, masked_positions: torch.Tensor | None
+    ) -> torch.Tensor:
+        if masked_positions is not None:
+            sequence = gather_positions(sequence, masked_positions)  # (B, P, H)
+        return self.cls.predictions(sequence)
+
+
+# ------------------------------------------------------------------------------- models
+class BertForPreTraining(_MaskedLMMixin, BertPreTrainedModel):
+    """BERT with the paper's two pre-training heads: masked LM and next-sentence prediction.
+
+    `masked_positions` (B, P) selects where MLM logits are computed (Google's
+    `masked_lm_positions`; pad with any position and label -100); `labels` then is (B, P).
+    Without `masked_positions`, logits and labels cover all S positions.
+    """
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        masked_positions: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,  # (B,): 0 IsNext, 1 NotNext
+        *,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> BertForPreTrainingOutput:
+        out = self.bert(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+        )
+        mlm_logits = self._mlm_logits(out.last_hidden_state, masked_positions)
+        nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
+        mlm_loss = token_cross_entropy(mlm_logits, labels) if labels is not None else None
+        nsp_loss = (
+            F.cross_entropy(nsp_logits.float(), next_sentence_label.view(-1))
+            if next_sentence_label is not None
+            else None
+        )
+        parts = [x for x in (mlm_loss, nsp_loss) if x is not None]
+        loss = sum(parts) if parts else None
+        return BertForPreTrainingOutput(
+            mlm_logits, nsp_logits, loss, mlm_loss, nsp_loss, out.hidden_states, out.attentions
+        )
+
+
+class BertForMaskedLM(_MaskedLMMixin, BertPreTrainedModel):
+    """Masked LM head only (the "No NSP" ablation; fill-mask). Same `masked_positions` contract
+    as `BertForPreTraining`."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = BertOnlyMLMHead(config)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        masked_positions: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        *,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> BertHeadOutput:
+        out = self.bert(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+        )
+        logits = self._mlm_logits(out.last_hidden_state, masked_positions)
+        loss = token_cross_entropy(logits, labels) if labels is not None else None
+        return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    """A linear layer on the pooled [CLS] vector. `config.num_labels == 1` is regression (MSE,
+    e.g. STS-B); otherwise softmax cross-entropy, or sigmoid BCE for multi-label
+    (`problem_type`, as in Hugging Face)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.classifier = nn.Linear(config.hidden_size, self.num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,  # (B,) class ids, (B,) floats, or (B, C) multi-label
+        *,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> BertHeadOutput:
+        out = self.bert(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+        )
+        logits = self.classifier(self.dropout(out.pooler_output))  # (B, C)
+        loss = None
+        if labels is not None:
+            problem = self.config.problem_type or (
+                "regression"
+                if self.num_labels == 1
+                else "single_label_classification"
+                if not labels.is_floating_point()
+                else "multi_label_classification"
+            )
+            if problem == "regression":
+                loss = F.mse_loss(logits.float().view(-1), labels.float().view(-1))
+            elif problem == "single_label_classification":
+                loss = F.cross_entropy(logits.float(), labels.view(-1))
+            else:
+                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+        return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    """A linear layer on every token's final hidden state (NER tagging; label -100 = ignore,
+    e.g. the non-first pieces of a word)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.classifier = nn.Linear(config.hidden_size, self.num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,  # (B, S)
+        *,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> BertHeadOutput:
+        out = self.bert(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+        )
+        logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, S, C)
+        loss = token_cross_entropy(logits, labels) if labels is not None else None
+        return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    """Span extraction: a start vector S and an end vector E (the paper, Sec. 4.2) scored against
+    every token; the loss is the mean of the start and end cross-entropies."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,  # (B,)
+        end_positions: torch.Tensor | None = None,  # (B,)
+        *,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> BertQuestionAnsweringOutput:
+        out = self.bert(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+        )
+        logits = self.qa_outputs(out.last_hidden_state)  # (B, S, 2)
+        start_logits, end_logits = logits[..., 0], logits[..., 1]  # (B, S) each
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            # A position outside the window (answer cut off) is ignored, as in Hugging Face.
+            seq_len = start_logits.shape[1]
+            start = start_positions.view(-1).clamp(0, seq_len)
+            end = end_positions.view(-1).clamp(0, seq_len)
+            loss = (
+                F.cross_entropy(start_logits.float(), start, ignore_index=seq_len)
+                + F.cross_entropy(end_logits.float(), end, ignore_index=seq_len)
+            ) / 2
+        return BertQuestionAnsweringOutput(
+            start_logits, end_logits, loss, out.hidden_states, out.attentions
+        )
+
+
+class BertForMultipleChoice(BertPreTrainedModel):
+    """One `[CLS] context [SEP] choice [SEP]` per choice, a score from the pooled vector, softmax
+    over the choices (SWAG)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (B, C, S)
+        token_type_ids: torch.Tensor | None = None,  # (B, C, S)
+        attention_mask: torch.Tensor | None = None,  # (B, C, S)
+        labels: torch.Tensor | None = None,  # (B,) index of the right choice
+        *,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> BertHeadOutput:
+        if input_ids.dim() != 3:
+            raise ValueError(
+                f"input_ids must be (batch, choices, seq_len), got {tuple(input_ids.shape)}"
+            )
+        batch, choices, seq_len = input_ids.shape
+
+        def flat(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.reshape(batch * choices, seq_len)
+
+        out = self.bert(
+            flat(input_ids),
+            flat(token_type_ids),
+            flat(attention_mask),
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+        )
+        scores = self.classifier(self.dropout(out.pooler_output))  # (B*C, 1)
+        logits = scores.view(batch, choices)
+        loss = F.cross_entropy(logits.float(), labels.view(-1)) if labels is not None else None
+        return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
+
+
+def _classifier_dropout(config: BertConfig) -> float:
+    return (
+        config.classifier_dropout
+        if config.classifier_dropout is not None
+        else config.hidden_dropout_prob
+    )
+
+
+# Architectures by the name written in config.json "architectures".
+MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
+    cls.__name__: cls
+    for cls in (
+        BertModel,
+        BertForPreTraining,
+        BertForMaskedLM,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+        BertForQuestionAnswering,
+        BertForMultipleChoice,
+    )
+}

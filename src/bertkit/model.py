@@ -1,0 +1,332 @@
+"""The BERT encoder: embeddings, L post-LayerNorm Transformer layers, pooler.
+
+Module and attribute names equal the checkpoints' own (`attention.self.query`, `LayerNorm`, ...),
+so Hugging Face state dicts load unchanged and Google's TF names convert by a table
+(`bertkit.checkpoint`). Nothing here knows about tasks, data or training.
+
+Shapes: B batch, S sequence length, H hidden size, A attention heads, D = H / A head size.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint as activation_checkpoint
+
+from bertkit.config import BertConfig
+
+
+def activation(name: str):
+    """The feed-forward non-linearity a config names ("gelu" is the exact erf GELU of the paper)."""
+    if name == "gelu":
+        return F.gelu
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    if name in ("silu", "swish"):
+        return F.silu
+    if name == "tanh":
+        return torch.tanh
+    raise ValueError(f"unknown activation {name!r}")
+
+
+class _Group(nn.Module):
+    """A named group of sub-modules, so state-dict keys read like the checkpoints'
+    (`attention.output.LayerNorm.weight`); the arithmetic lives in `BertLayer.forward`."""
+
+    def __init__(group, /, **modules: nn.Module) -> None:  # noqa: N805 ("self" is a module name here)
+        super().__init__()
+        for name, module in modules.items():
+            group.add_module(name, module)
+
+
+@dataclass
+class BertModelOutput:
+    last_hidden_state: torch.Tensor  # (B, S, H)
+    pooler_output: torch.Tensor | None  # (B, H): tanh(W h_[CLS] + b); None without a pooler
+    hidden_states: tuple[torch.Tensor, ...] | None = None  # L+1 x (B, S, H): embeddings, layer 1..L
+    attentions: tuple[torch.Tensor, ...] | None = None  # L x (B, A, S, S) attention probabilities
+
+
+class BertEmbeddings(nn.Module):
+    """Token + segment + learned position embeddings, then LayerNorm and dropout (the paper's Fig. 2)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (B, S)
+        token_type_ids: torch.Tensor | None = None,  # (B, S), 0 for segment A, 1 for B
+        position_ids: torch.Tensor | None = None,  # (B, S) or (S,), default 0..S-1
+    ) -> torch.Tensor:  # (B, S, H)
+        seq_len = input_ids.shape[1]
+        if position_ids is None:
+            positions = self.position_embeddings.weight[:seq_len]  # (S, H)
+        else:
+            positions = self.position_embeddings(position_ids)
+        if token_type_ids is None:
+            segments = self.token_type_embeddings.weight[0]  # (H,): all segment A
+        else:
+            segments = self.token_type_embeddings(token_type_ids)  # (B, S, H)
+        embeddings = self.word_embeddings(input_ids) + segments + positions
+        return self.dropout(self.LayerNorm(embeddings))
+
+
+class BertLayer(nn.Module):
+    """One post-LN Transformer layer: x = LN(x + MHA(x)); x = LN(x + FFN(x))."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.layer_norm_eps
+        self.num_heads = config.num_attention_heads
+        self.head_size = config.head_size
+        self.attention_dropout = config.attention_probs_dropout_prob
+        self.attention = _Group(
+            self=_Group(
+                query=nn.Linear(hidden, hidden),
+                key=nn.Linear(hidden, hidden),
+                value=nn.Linear(hidden, hidden),
+            ),
+            output=_Group(
+                dense=nn.Linear(hidden, hidden),
+                LayerNorm=nn.LayerNorm(hidden, eps=eps),
+            ),
+        )
+        self.intermediate = _Group(dense=nn.Linear(hidden, config.intermediate_size))
+        self.output = _Group(
+            dense=nn.Linear(config.intermediate_size, hidden),
+            LayerNorm=nn.LayerNorm(hidden, eps=eps),
+        )
+        self.act = activation(config.hidden_act)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (B, S, H)
+        mask: torch.Tensor | None,  # (B, 1, 1|S, S) bool, True = may attend; None = attend to all
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, seq_len, hidden = x.shape
+        attn = self.attention.self
+        # (B, S, H) -> (B, A, S, D)
+        q = attn.query(x).view(batch, seq_len, self.num_heads, self.head_size).transpose(1, 2)
+        k = attn.key(x).view(batch, seq_len, self.num_heads, self.head_size).transpose(1, 2)
+        v = attn.value(x).view(batch, seq_len, self.num_heads, self.head_size).transpose(1, 2)
+        dropout_p = self.attention_dropout if self.training else 0.0
+        probs = None
+        if output_attentions:
+            # Explicit softmax(QK^T / sqrt(D)) so the probabilities can be returned.
+            scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_size)  # (B, A, S, S)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            probs = scores.softmax(dim=-1)
+            context = F.dropout(probs, dropout_p, self.training) @ v  # (B, A, S, D)
+        else:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        context = context.transpose(1, 2).reshape(batch, seq_len, hidden)  # (B, S, H)
+        out = self.attention.output
+        x = out.LayerNorm(x + self.dropout(out.dense(context)))
+        h = self.act(self.intermediate.dense(x))  # (B, S, I)
+        x = self.output.LayerNorm(x + self.dropout(self.output.dense(h)))
+        return x, probs
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        # Recompute each layer's activations in the backward pass: less memory, ~30% more compute.
+        self.gradient_checkpointing = False
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, tuple | None, tuple | None]:
+        hidden_states = [x] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        for layer in self.layer:
+            if self.gradient_checkpointing and self.training and not output_attentions:
+                x, probs = activation_checkpoint(layer, x, mask, False, use_reentrant=False)
+            else:
+                x, probs = layer(x, mask, output_attentions)
+            if hidden_states is not None:
+                hidden_states.append(x)
+            if attentions is not None:
+                attentions.append(probs)
+        return (
+            x,
+            tuple(hidden_states) if hidden_states is not None else None,
+            tuple(attentions) if attentions is not None else None,
+        )
+
+
+class BertPooler(nn.Module):
+    """tanh(W h_[CLS] + b): the sentence representation NSP and classifiers read."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # (B, S, H) -> (B, H)
+        return torch.tanh(self.dense(hidden_states[:, 0]))
+
+
+def attention_mask_for(
+    attention_mask: torch.Tensor | None, seq_len: int, causal: bool, device: torch.device
+) -> torch.Tensor | None:
+    """Boolean mask (True = may attend) for scaled_dot_product_attention.
+
+    `attention_mask` is (B, S) with 1 for real tokens and 0 for padding; the result broadcasts
+    over heads: (B, 1, 1, S), or (B, 1, S, S) / (1, 1, S, S) with the left-to-right constraint.
+    """
+    mask = None
+    if attention_mask is not None:
+        if attention_mask.dim() != 2 or attention_mask.shape[1] != seq_len:
+            raise ValueError(
+                f"attention_mask must be (batch, {seq_len}), got {tuple(attention_mask.shape)}"
+            )
+        mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+    if causal:
+        lower = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+        mask = lower[None, None] if mask is None else mask & lower  # (B|1, 1, S, S)
+    return mask
+
+
+class BertPreTrainedModel(nn.Module):
+    """Shared by the encoder and every head: config, initialisation, checkpoint I/O."""
+
+    # Sub-module holding the encoder in head models; empty for BertModel itself.
+    base_model_prefix = "bert"
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.source_dir: str | None = None  # where from_pretrained read it (for its vocab)
+
+    def init_weights(self) -> None:
+        """Google's initialisation: weights ~ N(0, initializer_range) truncated at 2 sigma
+        (tf.truncated_normal_initializer), biases 0, LayerNorm gain 1 / bias 0; then tie weights."""
+        encoder = getattr(self, "bert", None)  # a head model's BertModel initialised itself
+        for child in self.children():
+            if child is not encoder:
+                child.apply(self._init_module)
+        self.tie_weights()
+
+    def _init_module(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.trunc_normal_(module.weight, mean=0.0, std=std, a=-2 * std, b=2 * std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LSTM):
+            module.reset_parameters()
+
+    def tie_weights(self) -> None:
+        """Heads that decode to the vocabulary share the word-embedding matrix (see heads.py)."""
+
+    @property
+    def num_parameters(self) -> int:
+        """Distinct parameters (a tied matrix counts once)."""
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, **kwargs: Any):
+        """Load from a Hugging Face directory (config.json + model.safetensors / pytorch_model.bin)
+        or a Google TF checkpoint directory (bert_config.json + bert_model.ckpt.*); see
+        `bertkit.checkpoint.load_pretrained` for the options."""
+        from bertkit.checkpoint import load_pretrained
+
+        return load_pretrained(cls, path, **kwargs)
+
+    def save_pretrained(self, directory: str | os.PathLike, **kwargs: Any) -> None:
+        """Write config.json + model.safetensors (+ vocab.txt) that transformers loads unchanged;
+        see `bertkit.checkpoint.save_pretrained`."""
+        from bertkit.checkpoint import save_pretrained
+
+        save_pretrained(self, directory, **kwargs)
+
+
+class BertModel(BertPreTrainedModel):
+    """The bidirectional Transformer encoder of the paper, with the pooler on [CLS].
+
+    >>> model = BertModel(BertConfig.from_preset("tiny", vocab_size=100))
+    >>> out = model(torch.tensor([[2, 5, 7, 3]]))
+    >>> out.last_hidden_state.shape, out.pooler_output.shape
+    (torch.Size([1, 4, 128]), torch.Size([1, 128]))
+    """
+
+    base_model_prefix = ""
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
+        super().__init__(config)
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (B, S) token ids
+        token_type_ids: torch.Tensor | None = None,  # (B, S) segment ids, default all 0
+        attention_mask: torch.Tensor | None = None,  # (B, S) 1 = token, 0 = padding
+        position_ids: torch.Tensor | None = None,
+        *,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        causal: bool | None = None,  # left-to-right mask; default config.is_decoder
+    ) -> BertModelOutput:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, seq_len), got {tuple(input_ids.shape)}")
+        seq_len = input_ids.shape[1]
+        if seq_len > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds max_position_embeddings "
+                f"({self.config.max_position_embeddings}); truncate the input (the tokenizer's "
+                "max_length) or use a model with more positions"
+            )
+        if token_type_ids is not None and token_type_ids.shape != input_ids.shape:
+            raise ValueError(
+                f"token_type_ids {tuple(token_type_ids.shape)} must match input_ids "
+                f"{tuple(input_ids.shape)}"
+            )
+        if input_ids.device.type == "cpu":  # a cheap check here; on GPU it would force a sync
+            _check_ids(input_ids, self.config.vocab_size, "input_ids", "vocab_size")
+            if token_type_ids is not None:
+                _check_ids(token_type_ids, self.config.type_vocab_size, "token_type_ids", "type_vocab_size")
+        causal = self.config.is_decoder if causal is None else causal
+        mask = attention_mask_for(attention_mask, seq_len, causal, input_ids.device)
+
+        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, S, H)
+        x, hidden_states, attentions = self.encoder(
+            x, mask, output_hidden_states=output_hidden_states, output_attentions=output_attentions
+        )
+        pooled = self.pooler(x) if self.pooler is not None else None  # (B, H)
+        return BertModelOutput(x, pooled, hidden_states, attentions)
+
+
+def _check_ids(ids: torch.Tensor, limit: int, name: str, field: str) -> None:
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= limit):
+        raise ValueError(
+            f"{name} holds ids in [{int(ids.min())}, {int(ids.max())}] but the model's {field} is "
+            f"{limit}: the tokenizer's vocabulary does not match this model"
+        )

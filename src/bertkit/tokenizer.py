@@ -1,0 +1,485 @@
+"""WordPiece tokenisation exactly as Google's BERT does it, on the `tokenizers` library.
+
+The pipeline is Google's `FullTokenizer`: text cleanup (control characters dropped, every
+whitespace character made a space), spaces around CJK ideographs, lower-casing and accent
+stripping for uncased vocabularies, a split on whitespace and punctuation, then greedy
+longest-match-first WordPiece with `##` continuations; a word of more than 100 characters or with
+no matching piece becomes `[UNK]`. The special tokens (`[CLS]`, `[SEP]`, `[MASK]`, ...) written
+literally in the text are recognised as such, as in Hugging Face's tokenizers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import processors, trainers
+
+from bertkit._io import atomic_write_text
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+_REQUIRED_TOKENS = (PAD, UNK, CLS, SEP)
+MAX_INPUT_CHARS_PER_WORD = 100  # Google's WordpieceTokenizer default
+
+TextInput = str | Sequence[str]
+
+
+def load_vocab(path: str | os.PathLike) -> list[str]:
+    """Read a `vocab.txt`: one token per line, the line number is the id.
+
+    Raises ValueError naming the file and line for an empty or duplicated token, and when one of
+    [PAD] [UNK] [CLS] [SEP] is missing.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: vocabulary file not found") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 (byte offset {err.start})") from None
+    tokens = text.split("\n")
+    if tokens and tokens[-1] == "":
+        tokens.pop()  # the final newline
+    seen: dict[str, int] = {}
+    for number, token in enumerate(tokens, start=1):
+        token = token.rstrip("\r")
+        tokens[number - 1] = token
+        if not token:
+            raise ValueError(f"{path}:{number}: empty token in vocabulary")
+        if token in seen:
+            raise ValueError(
+                f"{path}:{number}: token {token!r} repeats line {seen[token]} (ids must be unique)"
+            )
+        seen[token] = number
+    if not tokens:
+        raise ValueError(f"{path}: vocabulary is empty")
+    missing = [t for t in _REQUIRED_TOKENS if t not in seen]
+    if missing:
+        raise ValueError(f"{path}: not a BERT vocabulary, special tokens {missing} are missing")
+    return tokens
+
+
+def looks_uncased(tokens: Iterable[str]) -> bool:
+    """True when no ordinary token has an upper-case letter (Google's uncased vocabularies).
+
+    >>> looks_uncased(["[PAD]", "[UNK]", "the", "##s"]), looks_uncased(["[CLS]", "The"])
+    (True, False)
+    """
+    for token in tokens:
+        if token.startswith("[") and token.endswith("]"):
+            continue
+        if token != token.lower():
+            return False
+    return True
+
+
+class BertTokenizer:
+    """Google's BERT tokenizer over a WordPiece `vocab.txt`.
+
+    >>> tok = BertTokenizer.from_pretrained("path/to/model")      # doctest: +SKIP
+    >>> tok("Hello, world!")["input_ids"]                        # doctest: +SKIP
+    [101, 7592, 1010, 2088, 999, 102]
+    """
+
+    def __init__(
+        self,
+        vocab_file: str | os.PathLike | None = None,
+        lowercase: bool = True,
+        *,
+        vocab: Sequence[str] | None = None,
+        strip_accents: bool | None = None,
+        tokenize_chinese_chars: bool = True,
+        model_max_length: int = 512,
+    ) -> None:
+        if (vocab_file is None) == (vocab is None):
+            raise ValueError("give exactly one of vocab_file and vocab")
+        self.vocab_file = Path(vocab_file) if vocab_file is not None else None
+        tokens = load_vocab(vocab_file) if vocab_file is not None else list(vocab)  # type: ignore[arg-type]
+        self._tokens = tokens
+        self._ids = {t: i for i, t in enumerate(tokens)}
+        self.lowercase = bool(lowercase)
+        # Google strips accents exactly when lower-casing; HF lets `strip_accents` override.
+        self.strip_accents = strip_accents
+        self.tokenize_chinese_chars = tokenize_chinese_chars
+        self.model_max_length = int(model_max_length)
+
+        backend = Tokenizer(
+            models.WordPiece(
+                self._ids, unk_token=UNK, max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD
+            )
+        )
+        backend.normalizer = normalizers.BertNormalizer(
+            clean_text=True,
+            handle_chinese_chars=tokenize_chinese_chars,
+            strip_accents=strip_accents,
+            lowercase=self.lowercase,
+        )
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        backend.decoder = decoders.WordPiece(prefix="##")
+        cls, sep = self._ids[CLS], self._ids[SEP]
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{CLS}:0 $A:0 {SEP}:0",
+            pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
+            special_tokens=[(CLS, cls), (SEP, sep)],
+        )
+        backend.add_special_tokens(
+            [AddedToken(t, normalized=False, special=True) for t in SPECIAL_TOKENS if t in self._ids]
+        )
+        self.backend = backend
+        self._settings: tuple | None = None
+
+    # ----------------------------------------------------------------------- construction
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, **overrides: Any) -> BertTokenizer:
+        """Load from a model directory (or a `vocab.txt` path).
+
+        `do_lower_case` comes from `tokenizer_config.json` when present, otherwise from the
+        vocabulary itself (an uncased vocabulary has no upper-case tokens); keyword arguments
+        override both.
+        """
+        path = Path(path)
+        directory = path.parent if path.is_file() else path
+        vocab_file = path if path.is_file() else path / "vocab.txt"
+        if not vocab_file.exists():
+            raise FileNotFoundError(f"{directory}: no vocab.txt (a BERT WordPiece vocabulary)")
+        settings: dict[str, Any] = {}
+        config_file = directory / "tokenizer_config.json"
+        if config_file.exists():
+            try:
+                data = json.loads(config_file.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{config_file}:{err.lineno}: invalid JSON: {err.msg}") from None
+            if "do_lower_case" in data:
+                settings["lowercase"] = bool(data["do_lower_case"])
+            if data.get("strip_accents") is not None:
+                settings["strip_accents"] = bool(data["strip_accents"])
+            if "tokenize_chinese_chars" in data:
+                settings["tokenize_chinese_chars"] = bool(data["tokenize_chinese_chars"])
+            max_length = data.get("model_max_length")
+            if isinstance(max_length, int) and 0 < max_length < 1_000_000:
+                settings["model_max_length"] = max_length
+        if "model_max_length" not in settings:
+            for name in ("config.json", "bert_config.json"):
+                model_config = directory / name
+                if model_config.exists():
+                    try:
+                        positions = json.loads(model_config.read_text(encoding="utf-8")).get(
+                            "max_position_embeddings"
+                        )
+                    except (json.JSONDecodeError, AttributeError):
+                        positions = None
+                    if isinstance(positions, int) and positions > 0:
+                        settings["model_max_length"] = positions
+                    break
+        settings.update(overrides)
+        if "lowercase" not in settings:
+            settings["lowercase"] = looks_uncased(load_vocab(vocab_file))
+        return cls(vocab_file, **settings)
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Write `vocab.txt` and a Hugging Face compatible `tokenizer_config.json`, atomically."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(directory / "vocab.txt", "".join(t + "\n" for t in self._tokens))
+        config = {
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": self.lowercase,
+            "strip_accents": self.strip_accents,
+            "tokenize_chinese_chars": self.tokenize_chinese_chars,
+            "model_max_length": self.model_max_length,
+            "unk_token": UNK,
+            "sep_token": SEP,
+            "pad_token": PAD,
+            "cls_token": CLS,
+            "mask_token": MASK,
+        }
+        atomic_write_text(directory / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
+
+    # ----------------------------------------------------------------------- vocabulary
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokens)
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        return dict(self._ids)
+
+    @property
+    def vocab_hash(self) -> str:
+        """sha256 of the token list and the casing: equal hashes give equal token ids."""
+        digest = hashlib.sha256()
+        digest.update(f"lowercase={self.lowercase};strip_accents={self.strip_accents};".encode())
+        digest.update("\n".join(self._tokens).encode("utf-8"))
+        return digest.hexdigest()
+
+    def _special_id(self, token: str) -> int | None:
+        return self._ids.get(token)
+
+    pad_token_id = property(lambda self: self._ids[PAD])
+    unk_token_id = property(lambda self: self._ids[UNK])
+    cls_token_id = property(lambda self: self._ids[CLS])
+    sep_token_id = property(lambda self: self._ids[SEP])
+    mask_token_id = property(lambda self: self._ids.get(MASK))
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return [self._ids[t] for t in SPECIAL_TOKENS if t in self._ids]
+
+    def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | list[int]:
+        """Ids of tokens; a token not in the vocabulary maps to [UNK]'s id."""
+        unk = self._ids[UNK]
+        if isinstance(tokens, str):
+            return self._ids.get(tokens, unk)
+        return [self._ids.get(t, unk) for t in tokens]
+
+    def convert_ids_to_tokens(self, ids: int | Sequence[int]) -> str | list[str]:
+        if isinstance(ids, (int, np.integer)):
+            return self._tokens[int(ids)]
+        return [self._tokens[int(i)] for i in ids]
+
+    # ----------------------------------------------------------------------- encoding
+    def tokenize(self, text: str) -> list[str]:
+        """WordPiece tokens of one text, without [CLS]/[SEP].
+
+        >>> tok.tokenize("Unaffable!")               # doctest: +SKIP
+        ['una', '##ffa', '##ble', '!']
+        """
+        try:
+            return self.backend.encode(text, add_special_tokens=False).tokens
+        except TypeError:
+            _check_texts([text], "text")
+            raise
+
+    def __call__(
+        self,
+        text: TextInput,
+        text_pair: TextInput | None = None,
+        *,
+        max_length: int | None = None,
+        truncation: bool | str = "longest_first",
+        padding: bool | str = False,
+        pad_to_multiple_of: int | None = None,
+        return_tensors: str | None = None,
+        return_offsets: bool = False,
+        return_word_ids: bool = False,
+        add_special_tokens: bool = True,
+    ) -> dict[str, Any]:
+        """Encode one text (or pair) or a batch as `[CLS] A [SEP]` / `[CLS] A [SEP] B [SEP]`.
+
+        Returns a dict with `input_ids`, `token_type_ids` (0 for A, 1 for B), `attention_mask`
+        and, on request, `offset_mapping` ((start, end) character offsets into the text each token
+        came from; (0, 0) for special tokens) and `word_ids`.
+
+        - `truncation`: "longest_first" (default; Google's: drop from the end of the longer of A
+          and B, one token at a time), "only_first", "only_second", True (= longest_first) or False.
+          Sequences are cut to `max_length`, default `model_max_length`.
+        - `padding`: False, True/"longest" (to the longest in the batch) or "max_length".
+        - `return_tensors`: None (lists), "pt" (torch) or "np" (numpy); a single text gets a batch
+          dimension of 1 with tensors.
+        """
+        single = isinstance(text, str)
+        texts = [text] if single else list(text)
+        if text_pair is None:
+            pairs = None
+        else:
+            pairs = [text_pair] if isinstance(text_pair, str) else list(text_pair)
+            if single != isinstance(text_pair, str) or len(pairs) != len(texts):
+                raise ValueError(
+                    f"text and text_pair must both be strings or equal-length lists, got "
+                    f"{len(texts)} and {len(pairs)} items"
+                )
+
+        limit = self.model_max_length if max_length is None else int(max_length)
+        strategy = _truncation_strategy(truncation)
+        pad_mode = _padding_mode(padding)
+        self._configure(strategy, limit, pad_mode, pad_to_multiple_of)
+        inputs = texts if pairs is None else list(zip(texts, pairs, strict=True))
+        try:
+            encodings = self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
+        except TypeError:
+            # The Rust side rejects non-strings and lone surrogates with an opaque TypeError;
+            # find the culprit only on failure so the common path pays nothing.
+            _check_texts(texts, "text")
+            if pairs is not None:
+                _check_texts(pairs, "text_pair")
+            raise
+
+        result: dict[str, Any] = {
+            "input_ids": [e.ids for e in encodings],
+            "token_type_ids": [e.type_ids for e in encodings],
+            "attention_mask": [e.attention_mask for e in encodings],
+        }
+        if return_offsets:
+            result["offset_mapping"] = [e.offsets for e in encodings]
+        if return_word_ids:
+            result["word_ids"] = [
+                [-1 if w is None else w for w in e.word_ids] if return_tensors else e.word_ids
+                for e in encodings
+            ]
+        if return_tensors is not None:
+            lengths = {len(ids) for ids in result["input_ids"]}
+            if len(lengths) > 1:
+                raise ValueError(
+                    f"sequences have different lengths {sorted(lengths)}; pass padding=True to "
+                    "return tensors"
+                )
+            result = {k: _to_tensor(v, return_tensors) for k, v in result.items()}
+        elif single:
+            result = {k: v[0] for k, v in result.items()}
+        return result
+
+    def _configure(
+        self, strategy: str | None, limit: int, pad_mode: str | None, multiple: int | None
+    ) -> None:
+        # The Rust tokenizer keeps truncation/padding as state; set it only when it changes.
+        settings = (strategy, limit, pad_mode, multiple)
+        if settings == self._settings:
+            return
+        if strategy is None:
+            self.backend.no_truncation()
+        else:
+            if limit < 3:
+                raise ValueError(f"max_length must be at least 3 ([CLS] x [SEP]), got {limit}")
+            self.backend.enable_truncation(limit, strategy=strategy)
+        if pad_mode is None:
+            self.backend.no_padding()
+        else:
+            self.backend.enable_padding(
+                pad_id=self._ids[PAD],
+                pad_token=PAD,
+                pad_type_id=0,
+                length=limit if pad_mode == "max_length" else None,
+                pad_to_multiple_of=multiple,
+            )
+        self._settings = settings
+
+    def decode(self, ids: Sequence[int] | Any, skip_special_tokens: bool = True) -> str:
+        """Text of token ids: `##` pieces joined to their word, spaces around punctuation cleaned."""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def __repr__(self) -> str:
+        source = self.vocab_file or "<in memory>"
+        return (
+            f"BertTokenizer({source}, vocab_size={self.vocab_size}, lowercase={self.lowercase}, "
+            f"model_max_length={self.model_max_length})"
+        )
+
+
+def _check_texts(texts: Sequence[Any], name: str) -> None:
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"{name}[{index}] must be a string, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(
+                f"{name}[{index}] has a lone surrogate {text[err.start]!r} at character "
+                f"{err.start}; text must be valid Unicode"
+            ) from None
+
+
+def _truncation_strategy(truncation: bool | str) -> str | None:
+    if truncation is False or truncation is None or truncation == "do_not_truncate":
+        return None
+    if truncation is True:
+        return "longest_first"
+    if truncation in ("longest_first", "only_first", "only_second"):
+        return truncation
+    raise ValueError(
+        f"truncation must be True/False or 'longest_first', 'only_first', 'only_second'; "
+        f"got {truncation!r}"
+    )
+
+
+def _padding_mode(padding: bool | str) -> str | None:
+    if padding is False or padding is None or padding == "do_not_pad":
+        return None
+    if padding is True or padding == "longest":
+        return "longest"
+    if padding == "max_length":
+        return "max_length"
+    raise ValueError(f"padding must be True/False, 'longest' or 'max_length'; got {padding!r}")
+
+
+def _to_tensor(rows: list, kind: str) -> Any:
+    array = np.asarray(rows, dtype=np.int64)
+    if kind == "np":
+        return array
+    if kind == "pt":
+        import torch
+
+        return torch.from_numpy(array)
+    raise ValueError(f"return_tensors must be None, 'pt' or 'np', got {kind!r}")
+
+
+def train_vocab(
+    files: Iterable[str | os.PathLike] | None = None,
+    *,
+    texts: Iterable[str] | None = None,
+    vocab_size: int = 30522,
+    lowercase: bool = True,
+    min_frequency: int = 2,
+    limit_alphabet: int = 1000,
+    num_unused: int = 100,
+    out_dir: str | os.PathLike | None = None,
+    show_progress: bool = True,
+) -> BertTokenizer:
+    """Learn a WordPiece vocabulary from text files (or an iterable of `texts`).
+
+    The vocabulary starts like Google's: `[PAD] [UNK] [CLS] [SEP] [MASK]`, then `num_unused`
+    `[unusedN]` slots (for tokens a user adds later without resizing the model), then the learnt
+    characters and pieces. Text goes through the same normalisation and pre-tokenisation as at
+    encoding time. With `out_dir`, the tokenizer is also saved there.
+    """
+    if (files is None) == (texts is None):
+        raise ValueError("give exactly one of files and texts")
+    reserved = list(SPECIAL_TOKENS) + [f"[unused{i}]" for i in range(num_unused)]
+    if vocab_size <= len(reserved):
+        raise ValueError(f"vocab_size {vocab_size} leaves no room after {len(reserved)} reserved tokens")
+    model = Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
+    model.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+    )
+    model.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=reserved,
+        limit_alphabet=limit_alphabet,
+        continuing_subword_prefix="##",
+        show_progress=show_progress,
+    )
+    if files is not None:
+        paths = [str(f) for f in files]
+        if not paths:
+            raise ValueError("train_vocab: no input files")
+        for path in paths:
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"{path}: corpus file not found")
+        model.train(paths, trainer)
+    else:
+        model.train_from_iterator(texts, trainer)  # type: ignore[arg-type]
+    learnt = model.get_vocab()
+    tokens = [t for t, _ in sorted(learnt.items(), key=lambda item: item[1])]
+    if len(tokens) <= len(reserved):
+        raise ValueError("train_vocab: the corpus is empty (no word was learnt)")
+    tokenizer = BertTokenizer(vocab=tokens, lowercase=lowercase)
+    if out_dir is not None:
+        tokenizer.save_pretrained(out_dir)
+        tokenizer.vocab_file = Path(out_dir) / "vocab.txt"
+    return tokenizer
