@@ -427,6 +427,12 @@ def _to_tensor(rows: list, kind: str) -> Any:
     raise ValueError(f"return_tensors must be None, 'pt' or 'np', got {kind!r}")
 
 
+def _canonical_order(token: str) -> tuple[int, str]:
+    """Characters first (as Google's vocabularies), then `##` characters, words, `##` pieces."""
+    body = token.removeprefix("##")
+    return (int(body != token) + (2 if len(body) > 1 else 0), token)
+
+
 def train_vocab(
     files: Iterable[str | os.PathLike] | None = None,
     *,
@@ -451,19 +457,6 @@ def train_vocab(
     reserved = list(SPECIAL_TOKENS) + [f"[unused{i}]" for i in range(num_unused)]
     if vocab_size <= len(reserved):
         raise ValueError(f"vocab_size {vocab_size} leaves no room after {len(reserved)} reserved tokens")
-    model = Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
-    model.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
-    )
-    model.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=reserved,
-        limit_alphabet=limit_alphabet,
-        continuing_subword_prefix="##",
-        show_progress=show_progress,
-    )
     if files is not None:
         paths = [str(f) for f in files]
         if not paths:
@@ -471,13 +464,43 @@ def train_vocab(
         for path in paths:
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"{path}: corpus file not found")
-        model.train(paths, trainer)
     else:
-        model.train_from_iterator(texts, trainer)  # type: ignore[arg-type]
-    learnt = model.get_vocab()
-    tokens = [t for t, _ in sorted(learnt.items(), key=lambda item: item[1])]
-    if len(tokens) <= len(reserved):
+        texts = list(texts)  # read twice below
+
+    def train(vocab_size: int, special_tokens: list[str], progress: bool) -> Tokenizer:
+        model = Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
+        model.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+        )
+        model.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=special_tokens,
+            limit_alphabet=limit_alphabet,
+            continuing_subword_prefix="##",
+            show_progress=progress,
+        )
+        if files is not None:
+            model.train(paths, trainer)
+        else:
+            model.train_from_iterator(texts, trainer)  # type: ignore[arg-type]
+        return model
+
+    # The trainer numbers the `##` characters in hash-map order, and breaks ties between equally
+    # frequent merges by those numbers, so the same corpus could give another vocabulary on the
+    # next run (huggingface/tokenizers#1794). A first pass without merges finds the `##`
+    # characters; registering them up front, sorted, makes every id and every merge reproducible.
+    alphabet = train(len(reserved) + 1, reserved, False).get_vocab()
+    continuations = sorted(t for t in alphabet if t.startswith("##") and len(t) == 3)
+    model = train(vocab_size, reserved + continuations, show_progress)
+    reserved_set = set(reserved)
+    learnt = [t for t in model.get_vocab() if t not in reserved_set]
+    if not learnt:
         raise ValueError("train_vocab: the corpus is empty (no word was learnt)")
+    # The trainer orders tokens of equal frequency differently from run to run (Rust hash maps);
+    # a canonical order makes the same corpus give the same ids, and the same vocab_hash.
+    tokens = reserved + sorted(learnt, key=_canonical_order)
     tokenizer = BertTokenizer(vocab=tokens, lowercase=lowercase)
     if out_dir is not None:
         tokenizer.save_pretrained(out_dir)

@@ -1,0 +1,125 @@
+import json
+
+import pytest
+
+from bertkit import BertConfig
+from bertkit.config import PRESETS
+
+
+def test_presets_are_googles_released_sizes():
+    expected = {
+        "tiny": (2, 128, 2),
+        "mini": (4, 256, 4),
+        "small": (4, 512, 8),
+        "medium": (8, 512, 8),
+        "base": (12, 768, 12),
+        "large": (24, 1024, 16),
+    }
+    assert PRESETS == expected
+    for name, (layers, hidden, heads) in expected.items():
+        config = BertConfig.from_preset(name)
+        assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (
+            layers,
+            hidden,
+            heads,
+        )
+        assert config.intermediate_size == 4 * hidden
+    assert BertConfig.from_preset("base") == BertConfig()  # the dataclass defaults are BERT-Base
+    assert BertConfig.from_preset("mini", vocab_size=100).vocab_size == 100
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        BertConfig.from_preset("huge")
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("num_attention_heads", 5, "divisible by num_attention_heads"),
+        ("hidden_size", 0, "hidden_size must be a positive integer"),
+        ("num_hidden_layers", -1, "num_hidden_layers must be a positive integer"),
+        ("vocab_size", 2.5, "vocab_size must be a positive integer"),
+        ("hidden_act", "gelu2", "hidden_act 'gelu2' is unknown"),
+        ("hidden_dropout_prob", 1.5, "hidden_dropout_prob must be in"),
+        ("pad_token_id", 30522, "pad_token_id"),
+        ("position_embedding_type", "relative_key", "position_embedding_type"),
+    ],
+)
+def test_invalid_configs_name_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        BertConfig(**{field: value})
+
+
+def test_google_bert_config_round_trip(tmp_path):
+    google = {
+        "attention_probs_dropout_prob": 0.1,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.1,
+        "hidden_size": 768,
+        "initializer_range": 0.02,
+        "intermediate_size": 3072,
+        "max_position_embeddings": 512,
+        "num_attention_heads": 12,
+        "num_hidden_layers": 12,
+        "type_vocab_size": 2,
+        "vocab_size": 30522,
+    }
+    path = tmp_path / "bert_config.json"
+    path.write_text(json.dumps(google))
+    config = BertConfig.from_json_file(path)
+    assert config == BertConfig.from_preset("base")
+    config.to_json_file(tmp_path / "out.json", flavour="google")
+    assert json.loads((tmp_path / "out.json").read_text()) == google
+
+
+def test_google_multilingual_pooler_keys_are_accepted():
+    config = BertConfig.from_dict(
+        {"vocab_size": 105879, "directionality": "bidi", "pooler_type": "first_token_transform"}
+    )
+    assert config.vocab_size == 105879
+
+
+def test_hf_config_round_trip_with_extras(tmp_path, minilm_dir):
+    config = BertConfig.from_json_file(minilm_dir / "config.json")
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (6, 384, 12)
+    config.to_json_file(tmp_path / "config.json", architectures=["BertModel"])
+    data = json.loads((tmp_path / "config.json").read_text())
+    assert data["model_type"] == "bert" and data["architectures"] == ["BertModel"]
+    assert BertConfig.from_json_file(tmp_path / "config.json") == config
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.BertConfig.from_pretrained(tmp_path)
+    assert hf.hidden_size == 384 and hf.layer_norm_eps == config.layer_norm_eps
+
+
+def test_labels_round_trip_and_hf_num_labels():
+    config = BertConfig.from_preset("tiny").with_labels(["neg", "neu", "pos"])
+    assert config.num_labels == 3 and config.label2id == {"neg": 0, "neu": 1, "pos": 2}
+    data = config.to_dict()
+    assert data["id2label"] == {"0": "neg", "1": "neu", "2": "pos"}
+    assert BertConfig.from_dict(data) == config
+    assert BertConfig.from_dict({"vocab_size": 10, "num_labels": 5}).num_labels == 5
+    assert BertConfig.from_preset("tiny").num_labels == 2
+
+
+def test_unknown_keys_rejected_unless_lenient(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"vocab_size": 10, "rotary_dim": 64}))
+    with pytest.raises(ValueError, match=r"config.json: unknown config keys \['rotary_dim'\]"):
+        BertConfig.from_json_file(path)
+    config = BertConfig.from_json_file(path, strict=False)
+    assert config.extra == {"rotary_dim": 64}
+    assert config.to_dict()["rotary_dim"] == 64
+
+
+def test_bad_json_names_file_and_line(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{\n  "vocab_size": 10,\n  "hidden_size": ,\n}')
+    with pytest.raises(ValueError, match=r"config.json:3:\d+: invalid JSON"):
+        BertConfig.from_json_file(path)
+    path.write_text(json.dumps({"hidden_size": 10}))
+    with pytest.raises(ValueError, match="missing required config key 'vocab_size'"):
+        BertConfig.from_json_file(path)
+    path.write_text(json.dumps({"vocab_size": 10, "model_type": "roberta"}))
+    with pytest.raises(ValueError, match="model_type is 'roberta'"):
+        BertConfig.from_json_file(path)
+    path.write_text(json.dumps({"vocab_size": 10, "hidden_size": 30, "num_attention_heads": 4}))
+    with pytest.raises(ValueError, match=r"config.json: BertConfig.hidden_size \(30\)"):
+        BertConfig.from_json_file(path)
