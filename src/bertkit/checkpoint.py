@@ -233,7 +233,7 @@ def load_state_dict_into(
       anything else as a warning. `strict=True` makes every mismatch an error.
     Returns {"missing": [...], "unexpected": [...], "mismatched": [...]}.
     """
-    state = _adapt_prefix(state, model)
+    state = _adapt_prefix(_normalise_hf_names(state), model)
     expected = model.state_dict()
     tied = {TIED_DECODER, "decoder.weight"} & set(expected)
     mismatched, loadable = [], {}

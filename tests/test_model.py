@@ -1,0 +1,332 @@
+"""The encoder and every head against Hugging Face transformers (same weights, eval mode), and the
+left-to-right mask against an independent reference forward written here."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bertkit import (
+    BertConfig,
+    BertForMaskedLM,
+    BertForMultipleChoice,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
+from bertkit.checkpoint import load_state_dict_into
+
+transformers = pytest.importorskip("transformers")
+ATOL = 1e-5
+
+
+def hf_config(config: BertConfig, **extra):
+    data = config.to_dict()
+    data.pop("model_type")
+    data.update(extra)
+    return transformers.BertConfig(**data, attn_implementation="eager")
+
+
+def pair(cls, hf_cls, config, **hf_extra):
+    """A transformers model with its own random init, and ours loaded from its state dict."""
+    torch.manual_seed(0)
+    hf = getattr(transformers, hf_cls)(hf_config(config, **hf_extra)).eval()
+    ours = cls(config).eval()
+    report = load_state_dict_into(ours, hf.state_dict(), strict=True)
+    assert report == {"missing": [], "unexpected": [], "mismatched": []}
+    return ours, hf
+
+
+def close(a, b, atol=ATOL):
+    torch.testing.assert_close(a, b, atol=atol, rtol=0)
+
+
+@torch.no_grad()
+def test_bert_model_matches_hf_with_hidden_states_and_attentions(tiny_config, tiny_batch):
+    ours, hf = pair(BertModel, "BertModel", tiny_config)
+    a = ours(**tiny_batch, output_hidden_states=True, output_attentions=True)
+    b = hf(**tiny_batch, output_hidden_states=True, output_attentions=True)
+    close(a.last_hidden_state, b.last_hidden_state)
+    close(a.pooler_output, b.pooler_output)
+    assert len(a.hidden_states) == tiny_config.num_hidden_layers + 1
+    for x, y in zip(a.hidden_states, b.hidden_states, strict=True):
+        close(x, y)
+    for x, y in zip(a.attentions, b.attentions, strict=True):
+        assert x.shape == (3, 4, 11, 11)
+        close(x, y)
+    # the fast (SDPA) path and the explicit path agree
+    close(ours(**tiny_batch).last_hidden_state, a.last_hidden_state)
+
+
+@torch.no_grad()
+def test_pretraining_heads_and_losses_match_hf(tiny_config, tiny_batch):
+    ours, hf = pair(BertForPreTraining, "BertForPreTraining", tiny_config)
+    labels = torch.full_like(tiny_batch["input_ids"], -100)
+    labels[0, 2], labels[1, 5], labels[2, 1] = 7, 9, 11
+    nsp = torch.tensor([0, 1, 0])
+    a = ours(**tiny_batch, labels=labels, next_sentence_label=nsp)
+    b = hf(**tiny_batch, labels=labels, next_sentence_label=nsp)
+    close(a.mlm_logits, b.prediction_logits)
+    close(a.nsp_logits, b.seq_relationship_logits)
+    close(a.loss, b.loss)
+    assert ours.cls.predictions.decoder.weight is ours.bert.embeddings.word_embeddings.weight
+
+
+@torch.no_grad()
+def test_masked_positions_compute_logits_only_there(tiny_config, tiny_batch):
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny_config).eval()
+    full = model(**tiny_batch)
+    positions = torch.tensor([[2, 4, 0], [5, 1, 0], [1, 3, 0]])  # last slot is padding
+    labels = torch.tensor([[7, 8, -100], [9, 10, -100], [11, 12, -100]])
+    sparse = model(**tiny_batch, masked_positions=positions, labels=labels)
+    assert sparse.mlm_logits.shape == (3, 3, tiny_config.vocab_size)
+    expected = torch.stack([full.mlm_logits[i, positions[i]] for i in range(3)])
+    close(sparse.mlm_logits, expected)
+    # the same loss as labels on the full sequence
+    dense_labels = torch.full_like(tiny_batch["input_ids"], -100)
+    for i in range(3):
+        dense_labels[i, positions[i, :2]] = labels[i, :2]
+    close(sparse.mlm_loss, model(**tiny_batch, labels=dense_labels).mlm_loss)
+    # no labelled position: a zero loss, not NaN
+    assert model(**tiny_batch, labels=torch.full_like(labels, -100), masked_positions=positions).loss == 0
+
+
+@torch.no_grad()
+def test_masked_lm_matches_hf(tiny_config, tiny_batch):
+    ours, hf = pair(BertForMaskedLM, "BertForMaskedLM", tiny_config)
+    labels = torch.where(torch.rand(tiny_batch["input_ids"].shape) < 0.3, tiny_batch["input_ids"], -100)
+    a = ours(**tiny_batch, labels=labels)
+    b = hf(**tiny_batch, labels=labels)
+    close(a.logits, b.logits)
+    close(a.loss, b.loss)
+
+
+@pytest.mark.parametrize(
+    "labels,problem",
+    [(3, "single_label_classification"), (1, "regression"), (4, "multi_label_classification")],
+)
+@torch.no_grad()
+def test_sequence_classification_matches_hf(tiny_config, tiny_batch, labels, problem):
+    config = tiny_config.with_labels(labels)
+    config.problem_type = problem
+    ours, hf = pair(BertForSequenceClassification, "BertForSequenceClassification", config)
+    if problem == "single_label_classification":
+        target = torch.tensor([0, 2, 1])
+    elif problem == "regression":
+        target = torch.tensor([0.5, 3.2, 4.9])
+    else:
+        target = torch.tensor([[1.0, 0, 1, 0], [0, 0, 0, 1], [1, 1, 1, 1]])
+    a = ours(**tiny_batch, labels=target)
+    b = hf(**tiny_batch, labels=target)
+    assert a.logits.shape == (3, labels)
+    close(a.logits, b.logits)
+    close(a.loss, b.loss)
+
+
+@torch.no_grad()
+def test_token_classification_matches_hf(tiny_config, tiny_batch):
+    config = tiny_config.with_labels(9)
+    ours, hf = pair(BertForTokenClassification, "BertForTokenClassification", config)
+    labels = torch.randint(0, 9, tiny_batch["input_ids"].shape)
+    labels[tiny_batch["attention_mask"] == 0] = -100
+    a = ours(**tiny_batch, labels=labels)
+    b = hf(**tiny_batch, labels=labels)
+    assert a.logits.shape == (3, 11, 9)
+    close(a.logits, b.logits)
+    close(a.loss, b.loss)
+
+
+@torch.no_grad()
+def test_question_answering_matches_hf(tiny_config, tiny_batch):
+    ours, hf = pair(BertForQuestionAnswering, "BertForQuestionAnswering", tiny_config)
+    start, end = torch.tensor([1, 3, 40]), torch.tensor([2, 5, 40])  # 40: outside, ignored
+    a = ours(**tiny_batch, start_positions=start, end_positions=end)
+    b = hf(**tiny_batch, start_positions=start, end_positions=end)
+    close(a.start_logits, b.start_logits)
+    close(a.end_logits, b.end_logits)
+    close(a.loss, b.loss)
+
+
+@torch.no_grad()
+def test_multiple_choice_matches_hf(tiny_config):
+    ours, hf = pair(BertForMultipleChoice, "BertForMultipleChoice", tiny_config)
+    generator = torch.Generator().manual_seed(1)
+    inputs = {
+        "input_ids": torch.randint(5, 99, (2, 4, 9), generator=generator),
+        "token_type_ids": torch.randint(0, 2, (2, 4, 9), generator=generator),
+        "attention_mask": torch.ones(2, 4, 9, dtype=torch.long),
+    }
+    inputs["attention_mask"][1, :, 7:] = 0
+    labels = torch.tensor([3, 1])
+    a = ours(**inputs, labels=labels)
+    b = hf(**inputs, labels=labels)
+    assert a.logits.shape == (2, 4)
+    close(a.logits, b.logits)
+    close(a.loss, b.loss)
+
+
+# ----------------------------------------------------------------------------- causal mask
+def reference_forward(model: BertModel, input_ids, token_type_ids, attention_mask, causal):
+    """BERT written out from the paper with explicit loops over heads: an independent check."""
+    p = {k: v for k, v in model.state_dict().items()}
+    config = model.config
+    batch, seq_len = input_ids.shape
+    eps = config.layer_norm_eps
+
+    def ln(x, name):
+        return F.layer_norm(x, (x.shape[-1],), p[f"{name}.weight"], p[f"{name}.bias"], eps)
+
+    def dense(x, name):
+        return x @ p[f"{name}.weight"].T + p[f"{name}.bias"]
+
+    x = (
+        p["embeddings.word_embeddings.weight"][input_ids]
+        + p["embeddings.token_type_embeddings.weight"][token_type_ids]
+        + p["embeddings.position_embeddings.weight"][torch.arange(seq_len)]
+    )
+    x = ln(x, "embeddings.LayerNorm")
+    allowed = attention_mask[:, None, :].bool().expand(batch, seq_len, seq_len).clone()
+    if causal:
+        allowed &= torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+    heads, size = config.num_attention_heads, config.head_size
+    for i in range(config.num_hidden_layers):
+        pre = f"encoder.layer.{i}"
+        q = dense(x, f"{pre}.attention.self.query")
+        k = dense(x, f"{pre}.attention.self.key")
+        v = dense(x, f"{pre}.attention.self.value")
+        outputs = []
+        for h in range(heads):
+            part = slice(h * size, (h + 1) * size)
+            scores = q[..., part] @ k[..., part].transpose(1, 2) / math.sqrt(size)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            outputs.append(scores.softmax(-1) @ v[..., part])
+        context = torch.cat(outputs, dim=-1)
+        x = ln(x + dense(context, f"{pre}.attention.output.dense"), f"{pre}.attention.output.LayerNorm")
+        hidden = F.gelu(dense(x, f"{pre}.intermediate.dense"))
+        x = ln(x + dense(hidden, f"{pre}.output.dense"), f"{pre}.output.LayerNorm")
+    return x
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@torch.no_grad()
+def test_matches_reference_forward_with_and_without_causal_mask(tiny_config, tiny_batch, causal):
+    torch.manual_seed(0)
+    model = BertModel(tiny_config).eval()
+    expected = reference_forward(model, **tiny_batch, causal=causal)
+    got = model(**tiny_batch, causal=causal)
+    close(got.last_hidden_state, expected)
+    explicit = model(**tiny_batch, causal=causal, output_attentions=True)
+    close(explicit.last_hidden_state, expected)
+    if causal:  # no probability mass on later tokens
+        assert torch.all(explicit.attentions[0].triu(diagonal=1) == 0)
+
+
+@torch.no_grad()
+def test_causal_config_matches_hf_decoder_and_ignores_the_future(tiny_config, tiny_batch):
+    tiny_config.is_decoder = True
+    ours, hf = pair(BertModel, "BertModel", tiny_config)
+    a = ours(**tiny_batch).last_hidden_state
+    close(a, hf(**tiny_batch).last_hidden_state)
+    changed = tiny_batch["input_ids"].clone()
+    changed[:, 6:] = (changed[:, 6:] + 1) % 99
+    b = ours(changed, tiny_batch["token_type_ids"], tiny_batch["attention_mask"]).last_hidden_state
+    close(a[:, :6], b[:, :6])  # left context only
+    assert not torch.allclose(a[0, 6:], b[0, 6:])
+
+
+# ----------------------------------------------------------------------------- shapes & sizes
+@pytest.mark.parametrize(
+    "cls",
+    [
+        BertModel,
+        BertForPreTraining,
+        BertForMaskedLM,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+        BertForQuestionAnswering,
+    ],
+)
+def test_every_head_trains_a_step(cls, tiny_config, tiny_batch):
+    torch.manual_seed(0)
+    model = cls(tiny_config).train()
+    out = model(**tiny_batch)
+    assert not any(p.grad is not None for p in model.parameters())
+    outputs = [v for v in vars(out).values() if isinstance(v, torch.Tensor)]
+    sum(o.float().pow(2).mean() for o in outputs).backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad), cls
+
+
+def test_dropout_is_active_only_in_training(tiny_config, tiny_batch):
+    torch.manual_seed(0)
+    model = BertModel(tiny_config)
+    model.train()
+    a = model(**tiny_batch).last_hidden_state
+    b = model(**tiny_batch).last_hidden_state
+    assert not torch.allclose(a, b)
+    model.eval()
+    close(model(**tiny_batch).last_hidden_state, model(**tiny_batch).last_hidden_state)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_config, tiny_batch):
+    tiny_config.hidden_dropout_prob = tiny_config.attention_probs_dropout_prob = 0.0
+    torch.manual_seed(0)
+    model = BertModel(tiny_config).train()
+    out = model(**tiny_batch)
+    (out.last_hidden_state.sum() + out.pooler_output.sum()).backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.encoder.gradient_checkpointing = True
+    out = model(**tiny_batch)
+    (out.last_hidden_state.sum() + out.pooler_output.sum()).backward()
+    for g, p in zip(plain, model.parameters(), strict=True):
+        close(p.grad, g)
+
+
+def test_initialisation_is_googles_truncated_normal():
+    torch.manual_seed(0)
+    model = BertModel(BertConfig.from_preset("mini", vocab_size=5000))
+    weights = model.embeddings.word_embeddings.weight
+    assert weights.abs().max() <= 0.04 + 1e-7  # truncated at 2 sigma
+    assert 0.015 < weights.std() < 0.02  # a 2-sigma truncated N(0, 0.02) has std 0.0176
+    assert torch.all(model.encoder.layer[0].attention.self.query.bias == 0)
+    assert torch.all(model.encoder.layer[0].output.LayerNorm.weight == 1)
+
+
+@pytest.mark.parametrize("preset,paper_millions", [("base", 110), ("large", 340)])
+def test_parameter_counts_match_the_paper(preset, paper_millions):
+    config = BertConfig.from_preset(preset)
+    with torch.device("meta"):
+        model = BertModel(config)
+    count = model.num_parameters
+    formula = 30_000 * config.hidden_size + 12 * config.num_hidden_layers * config.hidden_size**2
+    print(
+        f"\nBERT-{preset}: {count / 1e6:.1f}M parameters; 30k*H + 12*L*H^2 = {formula / 1e6:.1f}M; "
+        f"paper {paper_millions}M"
+    )
+    assert abs(count / (paper_millions * 1e6) - 1) <= 0.015
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ({"input_ids": torch.zeros(2, 65, dtype=torch.long)}, "sequence length 65 exceeds max_position_embeddings"),
+        ({"input_ids": torch.full((1, 4), 99)}, r"ids in \[99, 99\] but the model's vocab_size is 99"),
+        ({"input_ids": torch.zeros(4, dtype=torch.long)}, r"input_ids must be \(batch, seq_len\)"),
+        (
+            {"input_ids": torch.zeros(1, 4, dtype=torch.long), "token_type_ids": torch.full((1, 4), 2)},
+            "type_vocab_size",
+        ),
+        (
+            {"input_ids": torch.zeros(1, 4, dtype=torch.long), "attention_mask": torch.ones(1, 5)},
+            r"attention_mask must be \(batch, 4\)",
+        ),
+    ],
+)
+def test_bad_inputs_get_clear_errors(tiny_config, bad, message):
+    model = BertModel(tiny_config)
+    with pytest.raises(ValueError, match=message):
+        model(**bad)
