@@ -7,6 +7,7 @@ Hugging Face and Google weights load by name. Labels use -100 for "no label" (ig
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -304,6 +305,9 @@ class BertForQuestionAnswering(BertPreTrainedModel):
     every token; the loss is the mean of the start and end cross-entropies."""
 
     def __init__(self, config: BertConfig) -> None:
+        # Always two outputs (start, end); a label map would make transformers size the layer
+        # by len(id2label), so a QA config carries none.
+        config = dataclasses.replace(config, id2label=None, label2id=None)
         super().__init__(config)
         self.bert = BertModel(config, add_pooling_layer=False)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
