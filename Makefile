@@ -4,6 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 # The CPU build of torch 2.13.0 lies on local disk; any other spec downloads a multi-GB CUDA build.
 TORCH := torch==2.13.0
+# Real data for the tests that need it (../shared/data beside a checkout); unset if absent.
+BERTKIT_DATA ?= $(abspath $(wildcard ../shared/data))
+export BERTKIT_DATA
 
 .PHONY: demo test lint bench clean
 
@@ -25,7 +28,9 @@ demo: $(VENV)/.installed
 	$(BIN)/bertkit demo
 
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests benchmarks

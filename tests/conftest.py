@@ -47,7 +47,11 @@ def tiny_batch():
     attention_mask[1, 8:] = 0  # padded rows
     attention_mask[2, 4:] = 0
     input_ids[attention_mask == 0] = 0
-    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+    return {
+        "input_ids": input_ids,
+        "token_type_ids": token_type_ids,
+        "attention_mask": attention_mask,
+    }
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from bertkit import (
-    BertConfig,
     BertForMaskedLM,
     BertForMultipleChoice,
     BertForPreTraining,
@@ -71,8 +70,12 @@ def test_google_tf_checkpoint_reproduces_reference_without_tensorflow(google_tin
     encoder = BertModel.from_pretrained(google_tiny)
     with torch.no_grad():
         out = encoder(**reference_inputs(reference))
-    np.testing.assert_allclose(out.last_hidden_state.numpy(), reference["sequence_output"], atol=1e-5, rtol=0)
-    np.testing.assert_allclose(out.pooler_output.numpy(), reference["pooled_output"], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(
+        out.last_hidden_state.numpy(), reference["sequence_output"], atol=1e-5, rtol=0
+    )
+    np.testing.assert_allclose(
+        out.pooler_output.numpy(), reference["pooled_output"], atol=1e-5, rtol=0
+    )
 
 
 def test_bundle_reader_skips_optimizer_slots(google_tiny):
@@ -121,8 +124,12 @@ def test_convert_google_to_hf_loads_in_transformers(google_tiny, tmp_path):
     hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
     with torch.no_grad():
         out = hf(**reference_inputs(reference))
-    np.testing.assert_allclose(out.prediction_logits.numpy(), reference["mlm_logits"], atol=1e-5, rtol=0)
-    np.testing.assert_allclose(out.seq_relationship_logits.numpy(), reference["nsp_logits"], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(
+        out.prediction_logits.numpy(), reference["mlm_logits"], atol=1e-5, rtol=0
+    )
+    np.testing.assert_allclose(
+        out.seq_relationship_logits.numpy(), reference["nsp_logits"], atol=1e-5, rtol=0
+    )
     check_reference(BertForPreTraining.from_pretrained(tmp_path / "hf"), reference)
 
 
@@ -192,7 +199,9 @@ def test_encoder_checkpoint_into_head_model_and_back(tiny_config, tmp_path, capl
     encoder = BertModel(tiny_config).eval()
     encoder.save_pretrained(tmp_path / "encoder")
     with caplog.at_level(logging.WARNING, logger="bertkit"):
-        classifier = BertForSequenceClassification.from_pretrained(tmp_path / "encoder", num_labels=5)
+        classifier = BertForSequenceClassification.from_pretrained(
+            tmp_path / "encoder", num_labels=5
+        )
     assert "classifier.weight" in caplog.text and "newly initialised" in caplog.text
     assert classifier.classifier.out_features == 5
     torch.testing.assert_close(
@@ -209,7 +218,12 @@ def test_encoder_checkpoint_into_head_model_and_back(tiny_config, tmp_path, capl
 def test_legacy_gamma_beta_names_and_decoder_bias_are_understood(tiny_config, tmp_path):
     torch.manual_seed(0)
     model = BertForPreTraining(tiny_config).eval()
-    state = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v.clone() for k, v in model.state_dict().items()}
+    state = {
+        k.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+            "LayerNorm.bias", "LayerNorm.beta"
+        ): v.clone()
+        for k, v in model.state_dict().items()
+    }
     state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"].clone()
     state["bert.embeddings.position_ids"] = torch.arange(64)[None]
     (tmp_path / "config.json").write_text(tiny_config.to_json_string())
@@ -293,7 +307,10 @@ def test_missing_and_unexpected_tensors_reported_by_name(tiny_config, tmp_path, 
     with caplog.at_level(logging.WARNING, logger="bertkit"):
         BertForSequenceClassification.from_pretrained(tmp_path)
     assert "classifier.bias" in caplog.text and "bert.encoder.layer.0.extra.weight" in caplog.text
-    with pytest.raises(ValueError, match=r"strict load failed: missing \['classifier.bias'\], unexpected \['bert.encoder.layer.0.extra.weight'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"strict load failed: missing \['classifier.bias'\], unexpected \['bert.encoder.layer.0.extra.weight'\]",
+    ):
         BertForSequenceClassification.from_pretrained(tmp_path, strict=True)
 
 
@@ -302,7 +319,10 @@ def test_truncated_and_corrupt_weight_files(tiny_config, tmp_path):
     model.save_pretrained(tmp_path / "st")
     data = (tmp_path / "st" / "model.safetensors").read_bytes()
     (tmp_path / "st" / "model.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(ValueError, match=r"model.safetensors: cannot read safetensors weights, the file is truncated or corrupt"):
+    with pytest.raises(
+        ValueError,
+        match=r"model.safetensors: cannot read safetensors weights, the file is truncated or corrupt",
+    ):
         BertModel.from_pretrained(tmp_path / "st")
     model.save_pretrained(tmp_path / "bin", safe_serialization=False)
     data = (tmp_path / "bin" / "pytorch_model.bin").read_bytes()

@@ -79,7 +79,11 @@ def test_google_multilingual_pooler_keys_are_accepted():
 
 def test_hf_config_round_trip_with_extras(tmp_path, minilm_dir):
     config = BertConfig.from_json_file(minilm_dir / "config.json")
-    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (6, 384, 12)
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (
+        6,
+        384,
+        12,
+    )
     config.to_json_file(tmp_path / "config.json", architectures=["BertModel"])
     data = json.loads((tmp_path / "config.json").read_text())
     assert data["model_type"] == "bert" and data["architectures"] == ["BertModel"]

@@ -1,6 +1,7 @@
 """The encoder and every head against Hugging Face transformers (same weights, eval mode), and the
 left-to-right mask against an independent reference forward written here."""
 
+import dataclasses
 import math
 
 import pytest
@@ -92,13 +93,18 @@ def test_masked_positions_compute_logits_only_there(tiny_config, tiny_batch):
         dense_labels[i, positions[i, :2]] = labels[i, :2]
     close(sparse.mlm_loss, model(**tiny_batch, labels=dense_labels).mlm_loss)
     # no labelled position: a zero loss, not NaN
-    assert model(**tiny_batch, labels=torch.full_like(labels, -100), masked_positions=positions).loss == 0
+    assert (
+        model(**tiny_batch, labels=torch.full_like(labels, -100), masked_positions=positions).loss
+        == 0
+    )
 
 
 @torch.no_grad()
 def test_masked_lm_matches_hf(tiny_config, tiny_batch):
     ours, hf = pair(BertForMaskedLM, "BertForMaskedLM", tiny_config)
-    labels = torch.where(torch.rand(tiny_batch["input_ids"].shape) < 0.3, tiny_batch["input_ids"], -100)
+    labels = torch.where(
+        torch.rand(tiny_batch["input_ids"].shape) < 0.3, tiny_batch["input_ids"], -100
+    )
     a = ours(**tiny_batch, labels=labels)
     b = hf(**tiny_batch, labels=labels)
     close(a.logits, b.logits)
@@ -205,7 +211,9 @@ def reference_forward(model: BertModel, input_ids, token_type_ids, attention_mas
             scores = scores.masked_fill(~allowed, float("-inf"))
             outputs.append(scores.softmax(-1) @ v[..., part])
         context = torch.cat(outputs, dim=-1)
-        x = ln(x + dense(context, f"{pre}.attention.output.dense"), f"{pre}.attention.output.LayerNorm")
+        x = ln(
+            x + dense(context, f"{pre}.attention.output.dense"), f"{pre}.attention.output.LayerNorm"
+        )
         hidden = F.gelu(dense(x, f"{pre}.intermediate.dense"))
         x = ln(x + dense(hidden, f"{pre}.output.dense"), f"{pre}.output.LayerNorm")
     return x
@@ -313,11 +321,20 @@ def test_parameter_counts_match_the_paper(preset, paper_millions):
 @pytest.mark.parametrize(
     "bad,message",
     [
-        ({"input_ids": torch.zeros(2, 65, dtype=torch.long)}, "sequence length 65 exceeds max_position_embeddings"),
-        ({"input_ids": torch.full((1, 4), 99)}, r"ids in \[99, 99\] but the model's vocab_size is 99"),
+        (
+            {"input_ids": torch.zeros(2, 65, dtype=torch.long)},
+            "sequence length 65 exceeds max_position_embeddings",
+        ),
+        (
+            {"input_ids": torch.full((1, 4), 99)},
+            r"ids in \[99, 99\] but the model's vocab_size is 99",
+        ),
         ({"input_ids": torch.zeros(4, dtype=torch.long)}, r"input_ids must be \(batch, seq_len\)"),
         (
-            {"input_ids": torch.zeros(1, 4, dtype=torch.long), "token_type_ids": torch.full((1, 4), 2)},
+            {
+                "input_ids": torch.zeros(1, 4, dtype=torch.long),
+                "token_type_ids": torch.full((1, 4), 2),
+            },
             "type_vocab_size",
         ),
         (
@@ -330,3 +347,68 @@ def test_bad_inputs_get_clear_errors(tiny_config, bad, message):
     model = BertModel(tiny_config)
     with pytest.raises(ValueError, match=message):
         model(**bad)
+
+
+# ----------------------------------------------------------------------------- unpadded path
+def test_unpadded_encoder_equals_padded_on_real_tokens(tiny_config, tiny_batch):
+    torch.manual_seed(0)
+    model = BertModel(tiny_config).eval()
+    real = tiny_batch["attention_mask"].bool()
+    with torch.no_grad():
+        padded = model(**tiny_batch, output_hidden_states=True)
+        packed = model(**tiny_batch, output_hidden_states=True, unpad=True)
+        causal = model(**tiny_batch, unpad=True, causal=True)
+    close(packed.last_hidden_state[real], padded.last_hidden_state[real])
+    assert torch.all(packed.last_hidden_state[~real] == 0)
+    close(packed.pooler_output, padded.pooler_output)
+    for x, y in zip(packed.hidden_states, padded.hidden_states, strict=True):
+        close(x[real], y[real])
+    close(causal.last_hidden_state[real], model(**tiny_batch, causal=True).last_hidden_state[real])
+    # gradients flow the same way
+    model.train()
+    tiny_config.hidden_dropout_prob = 0
+    grads = []
+    for unpad in (False, True):
+        model = BertModel(
+            dataclasses.replace(
+                tiny_config, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+            )
+        )
+        torch.manual_seed(0)
+        model.init_weights()
+        out = model(**tiny_batch, unpad=unpad)
+        (out.last_hidden_state[real].sum() + out.pooler_output.sum()).backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        close(a, b)
+
+
+@torch.no_grad()
+def test_heads_skip_padding_only_where_it_cannot_be_seen(tiny_config, tiny_batch, monkeypatch):
+    seen = []
+    original = BertModel.forward
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("unpad", False))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(BertModel, "forward", spy)
+    positions = torch.tensor([[1, 2], [1, 3], [1, 2]])
+    cases = [
+        (BertForSequenceClassification, {}, True),
+        (BertForSequenceClassification, {"output_hidden_states": True}, False),
+        (BertForPreTraining, {"masked_positions": positions}, True),
+        (BertForPreTraining, {}, False),  # logits at every position are returned
+        (BertForTokenClassification, {}, False),
+        (BertForQuestionAnswering, {}, False),
+    ]
+    for cls, extra, expected in cases:
+        torch.manual_seed(0)
+        model = cls(tiny_config).eval()
+        seen.clear()
+        model(**tiny_batch, **extra)
+        assert seen == [expected], (cls, extra)
+    model = BertForTokenClassification(tiny_config).train()
+    seen.clear()
+    model(**tiny_batch)
+    assert seen == [True]  # training: the loss ignores padding

@@ -60,7 +60,11 @@ def _real_lines() -> list[str]:
         elif not line.startswith("-DOCSTART-"):
             words.append(line.split()[0])
     wiki = 0
-    for line in data_path("corpus", "wikipedia_2015", "AB", "wiki_00").read_text(encoding="utf-8").splitlines():
+    for line in (
+        data_path("corpus", "wikipedia_2015", "AB", "wiki_00")
+        .read_text(encoding="utf-8")
+        .splitlines()
+    ):
         if line.strip() and not line.startswith(("<doc", "</doc")) and wiki < 4000:
             lines.append(line)
             wiki += 1
@@ -123,7 +127,9 @@ def test_cased_mode_keeps_case_and_accents():
 def _check_offsets(tok: BertTokenizer, texts: list[str]) -> int:
     encoded = tok(texts, truncation=False, return_offsets=True)
     checked = exact = 0
-    for text, ids, offsets in zip(texts, encoded["input_ids"], encoded["offset_mapping"], strict=True):
+    for text, ids, offsets in zip(
+        texts, encoded["input_ids"], encoded["offset_mapping"], strict=True
+    ):
         for token_id, (start, end) in zip(ids, offsets, strict=True):
             token = tok.convert_ids_to_tokens(token_id)
             if token_id in tok.all_special_ids and token_id != tok.unk_token_id:
@@ -207,7 +213,9 @@ def test_decode_and_conversions():
 
 def test_bad_text_and_vocab_errors(tmp_path):
     tok = BertTokenizer.from_pretrained(data_path("vocab", "bert-base-uncased"))
-    with pytest.raises(ValueError, match=r"text\[1\] has a lone surrogate '\\ud800' at character 1"):
+    with pytest.raises(
+        ValueError, match=r"text\[1\] has a lone surrogate '\\ud800' at character 1"
+    ):
         tok(["fine", "a\ud800b"])
     with pytest.raises(TypeError, match=r"text\[0\] must be a string, got int"):
         tok([3])
@@ -236,7 +244,9 @@ def test_casing_detected_from_config_or_vocab(tmp_path):
     assert looks_uncased(load_vocab(data_path("vocab", "bert-base-uncased", "vocab.txt")))
     (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nThe\nthe\n")
     assert not BertTokenizer.from_pretrained(tmp_path).lowercase
-    (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": true, "model_max_length": 128}')
+    (tmp_path / "tokenizer_config.json").write_text(
+        '{"do_lower_case": true, "model_max_length": 128}'
+    )
     tok = BertTokenizer.from_pretrained(tmp_path)
     assert tok.lowercase and tok.model_max_length == 128
 
@@ -259,7 +269,9 @@ def test_train_vocab_layout_and_use(tmp_path):
     ] * 50
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(lines), encoding="utf-8")
-    tok = train_vocab([corpus], vocab_size=300, num_unused=10, out_dir=tmp_path / "vocab", show_progress=False)
+    tok = train_vocab(
+        [corpus], vocab_size=300, num_unused=10, out_dir=tmp_path / "vocab", show_progress=False
+    )
     tokens = load_vocab(tmp_path / "vocab" / "vocab.txt")
     assert tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     assert tokens[5:15] == [f"[unused{i}]" for i in range(10)]

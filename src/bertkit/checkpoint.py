@@ -48,7 +48,9 @@ _TF_NAMES = {
     "cls/squad/output_bias": "qa_outputs.bias",
 }
 # Optimiser state and bookkeeping that a training checkpoint carries beside the weights.
-_TF_SKIP = re.compile(r"(/adam_[mv]$|/Adam(_1)?$|/Momentum$|^global_step$|^good_steps$|^loss_scale$)")
+_TF_SKIP = re.compile(
+    r"(/adam_[mv]$|/Adam(_1)?$|/Momentum$|^global_step$|^good_steps$|^loss_scale$)"
+)
 
 
 def tf_to_hf_name(name: str) -> tuple[str, bool] | None:
@@ -65,7 +67,9 @@ def tf_to_hf_name(name: str) -> tuple[str, bool] | None:
         return _TF_NAMES[name], False
     parts = name.split("/")
     last = parts[-1]
-    out = [p.replace("layer_", "layer.") if re.fullmatch(r"layer_\d+", p) else p for p in parts[:-1]]
+    out = [
+        p.replace("layer_", "layer.") if re.fullmatch(r"layer_\d+", p) else p for p in parts[:-1]
+    ]
     if last == "kernel":
         return ".".join(out + ["weight"]), True
     if last in ("gamma", "beta"):
@@ -151,7 +155,9 @@ def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(file, device="cpu")
     except (SafetensorError, OSError, ValueError) as err:
-        raise ValueError(f"{file}: cannot read safetensors weights, the file is truncated or corrupt ({err})") from None
+        raise ValueError(
+            f"{file}: cannot read safetensors weights, the file is truncated or corrupt ({err})"
+        ) from None
 
 
 def _read_torch_bin(file: Path) -> dict[str, torch.Tensor]:
@@ -167,7 +173,9 @@ def _read_torch_bin(file: Path) -> dict[str, torch.Tensor]:
             f"could run code): {err}"
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
-        raise ValueError(f"{file}: cannot read PyTorch weights, the file is truncated or corrupt ({err})") from None
+        raise ValueError(
+            f"{file}: cannot read PyTorch weights, the file is truncated or corrupt ({err})"
+        ) from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -201,7 +209,9 @@ def _normalise_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 
 # ---------------------------------------------------------------------------- loading
-def _adapt_prefix(state: dict[str, torch.Tensor], model: BertPreTrainedModel) -> dict[str, torch.Tensor]:
+def _adapt_prefix(
+    state: dict[str, torch.Tensor], model: BertPreTrainedModel
+) -> dict[str, torch.Tensor]:
     """Match the checkpoint's `bert.` prefix to the model's (BertModel has none, heads have it)."""
     prefix = model.base_model_prefix
     encoder_keys = ("embeddings.", "encoder.", "pooler.")
@@ -258,7 +268,10 @@ def load_state_dict_into(
             "bert.embeddings.word_embeddings.weight", state.get("embeddings.word_embeddings.weight")
         )
         if embeddings is not None and not torch.equal(state[TIED_DECODER], embeddings):
-            logger.warning("%s: the MLM decoder is not tied to the word embeddings; using the embeddings", source)
+            logger.warning(
+                "%s: the MLM decoder is not tied to the word embeddings; using the embeddings",
+                source,
+            )
 
     encoder_missing = [m for m in missing if _is_encoder(m, model)]
     if encoder_missing:
@@ -390,9 +403,7 @@ def save_pretrained(
             torch.save(state, tmp)
         stale = directory / SAFETENSORS
     stale.unlink(missing_ok=True)  # never leave two disagreeing weight files
-    model.config.to_json_file(
-        directory / HF_CONFIG, architectures=[type(model).__name__]
-    )
+    model.config.to_json_file(directory / HF_CONFIG, architectures=[type(model).__name__])
     _write_vocab(model, directory, tokenizer)
 
 
@@ -440,7 +451,9 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "hf") -
             array = tensor.t().contiguous().numpy() if transpose else tensor.numpy()
             arrays[tf_name] = array
         write_bundle(dst / GOOGLE_PREFIX, arrays)
-        atomic_write_text(dst / GOOGLE_CONFIG, json.dumps(config.to_dict("google"), indent=2) + "\n")
+        atomic_write_text(
+            dst / GOOGLE_CONFIG, json.dumps(config.to_dict("google"), indent=2) + "\n"
+        )
     else:
         raise ValueError(f"unknown target format {to!r}; expected 'hf' or 'google'")
     for name in ("vocab.txt", "tokenizer_config.json"):

@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     vocab.add_argument("--size", type=int, default=30522, help="vocabulary size (default 30522)")
     vocab.add_argument("--out", required=True, help="directory for vocab.txt")
     vocab.add_argument("--cased", action="store_true", help="keep case and accents")
-    vocab.add_argument("--min-frequency", type=int, default=2, help="rarest pair merged (default 2)")
+    vocab.add_argument(
+        "--min-frequency", type=int, default=2, help="rarest pair merged (default 2)"
+    )
     vocab.add_argument("--num-unused", type=int, default=100, help="[unusedN] slots (default 100)")
     vocab.set_defaults(func=_vocab)
 

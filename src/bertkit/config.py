@@ -15,7 +15,16 @@ from typing import Any
 
 # Activations a BERT checkpoint may name. "gelu" is the exact (erf) GELU of the paper's code;
 # "gelu_new"/"gelu_pytorch_tanh" are the tanh approximation some later checkpoints use.
-ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
+ACTIVATIONS = (
+    "gelu",
+    "gelu_new",
+    "gelu_pytorch_tanh",
+    "gelu_fast",
+    "relu",
+    "silu",
+    "swish",
+    "tanh",
+)
 
 # Google's released sizes (google-research/bert README, "BERT-Tiny" ... "BERT-Large"):
 # name -> (num_hidden_layers L, hidden_size H, num_attention_heads A). intermediate = 4H.
@@ -114,7 +123,9 @@ class BertConfig:
     # Task heads (Hugging Face's names). `id2label` fixes num_labels of classification heads.
     id2label: dict[int, str] | None = None
     label2id: dict[str, int] | None = None
-    problem_type: str | None = None  # "regression" | "single_label_classification" | "multi_label_classification"
+    problem_type: str | None = (
+        None  # "regression" | "single_label_classification" | "multi_label_classification"
+    )
     classifier_dropout: float | None = None  # None: use hidden_dropout_prob
     # Anything else the file held, when read with strict=False; written back unchanged.
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -165,7 +176,9 @@ class BertConfig:
                 f"BertConfig.initializer_range must be positive, got {self.initializer_range!r}"
             )
         if not float(self.layer_norm_eps) > 0:
-            raise ValueError(f"BertConfig.layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+            raise ValueError(
+                f"BertConfig.layer_norm_eps must be positive, got {self.layer_norm_eps!r}"
+            )
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(
                 f"BertConfig.pad_token_id ({self.pad_token_id}) must be within the vocabulary "
@@ -228,7 +241,9 @@ class BertConfig:
 
     # ----------------------------------------------------------------------------- JSON
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, strict: bool = True, source: str = "config") -> BertConfig:
+    def from_dict(
+        cls, data: dict[str, Any], *, strict: bool = True, source: str = "config"
+    ) -> BertConfig:
         """Build from a Google `bert_config.json` or Hugging Face `config.json` dictionary.
 
         Unknown keys raise ValueError (naming them and `source`) unless `strict=False`, in which

@@ -59,7 +59,9 @@ def run_demo(out_dir: str | Path = "runs/demo", *, corpus: list[str] | None = No
     if corpus:
         texts = []
         for file in corpus:
-            texts.extend(line.strip() for line in Path(file).read_text(encoding="utf-8").splitlines())
+            texts.extend(
+                line.strip() for line in Path(file).read_text(encoding="utf-8").splitlines()
+            )
         texts = [t for t in texts if t]
         source = ", ".join(corpus)
     else:
@@ -104,9 +106,10 @@ def run_demo(out_dir: str | Path = "runs/demo", *, corpus: list[str] | None = No
     model.save_pretrained(out_dir, tokenizer=tokenizer)
     reloaded = BertForPreTraining.from_pretrained(out_dir)
     reloaded_tokenizer = BertTokenizer.from_pretrained(out_dir)
-    assert reloaded_tokenizer(texts[:64], max_length=128, padding=True)["input_ids"] == batch[
-        "input_ids"
-    ].tolist()
+    assert (
+        reloaded_tokenizer(texts[:64], max_length=128, padding=True)["input_ids"]
+        == batch["input_ids"].tolist()
+    )
     with torch.no_grad():
         difference = (reloaded(**batch).mlm_logits - out.mlm_logits).abs().max().item()
     print(f"saved to {out_dir} and reloaded: max |difference| of MLM logits = {difference:.1e}")

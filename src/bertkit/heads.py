@@ -168,6 +168,9 @@ class BertForPreTraining(_MaskedLMMixin, BertPreTrainedModel):
             attention_mask,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
+            unpad=_skip_padding(
+                self, masked_positions is None, output_hidden_states, output_attentions
+            ),
         )
         mlm_logits = self._mlm_logits(out.last_hidden_state, masked_positions)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
@@ -211,6 +214,9 @@ class BertForMaskedLM(_MaskedLMMixin, BertPreTrainedModel):
             attention_mask,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
+            unpad=_skip_padding(
+                self, masked_positions is None, output_hidden_states, output_attentions
+            ),
         )
         logits = self._mlm_logits(out.last_hidden_state, masked_positions)
         loss = token_cross_entropy(logits, labels) if labels is not None else None
@@ -246,6 +252,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
             attention_mask,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
+            unpad=_skip_padding(self, False, output_hidden_states, output_attentions),
         )
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, C)
         loss = None
@@ -294,6 +301,7 @@ class BertForTokenClassification(BertPreTrainedModel):
             attention_mask,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
+            unpad=_skip_padding(self, True, output_hidden_states, output_attentions),
         )
         logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, S, C)
         loss = token_cross_entropy(logits, labels) if labels is not None else None
@@ -330,6 +338,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
             attention_mask,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
+            unpad=_skip_padding(self, True, output_hidden_states, output_attentions),
         )
         logits = self.qa_outputs(out.last_hidden_state)  # (B, S, 2)
         start_logits, end_logits = logits[..., 0], logits[..., 1]  # (B, S) each
@@ -384,11 +393,20 @@ class BertForMultipleChoice(BertPreTrainedModel):
             flat(attention_mask),
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
+            unpad=_skip_padding(self, False, output_hidden_states, output_attentions),
         )
         scores = self.classifier(self.dropout(out.pooler_output))  # (B*C, 1)
         logits = scores.view(batch, choices)
         loss = F.cross_entropy(logits.float(), labels.view(-1)) if labels is not None else None
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
+
+
+def _skip_padding(model: nn.Module, per_position: bool, hidden: bool, attentions: bool) -> bool:
+    """Run the encoder on real tokens only (`BertModel(unpad=True)`) whenever no padded
+    position's value can be seen: the head reads [CLS] or chosen positions only, or the model is
+    training (losses ignore padding). Requested hidden states or attentions keep the padded path,
+    so they match other implementations everywhere."""
+    return not (hidden or attentions) and (model.training or not per_position)
 
 
 def _classifier_dropout(config: BertConfig) -> float:

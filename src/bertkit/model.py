@@ -48,6 +48,35 @@ class _Group(nn.Module):
 
 
 @dataclass
+class TokenLayout:
+    """Where the token rows a layer computes on sit in the (B, S) grid attention needs.
+
+    Padded: every grid cell is a row (N = B*S). Unpadded: only real tokens are rows (N = number
+    of ones in the attention mask), so the dense layers, which hold nearly all of BERT's FLOPs,
+    never compute on padding; attention scatters rows into the grid and gathers them back.
+    """
+
+    batch: int
+    seq_len: int
+    index: torch.Tensor | None = None  # (N,) positions in the flattened grid; None = all
+
+    @classmethod
+    def unpadded(cls, attention_mask: torch.Tensor) -> TokenLayout:
+        index = attention_mask.reshape(-1).nonzero().squeeze(1)
+        return cls(attention_mask.shape[0], attention_mask.shape[1], index)
+
+    def to_rows(self, grid: torch.Tensor) -> torch.Tensor:  # (B, S, ...) -> (N, F)
+        flat = grid.reshape(self.batch * self.seq_len, -1)
+        return flat if self.index is None else flat.index_select(0, self.index)
+
+    def to_grid(self, rows: torch.Tensor) -> torch.Tensor:  # (N, F) -> (B, S, F), zeros at padding
+        if self.index is not None:
+            empty = rows.new_zeros(self.batch * self.seq_len, rows.shape[-1])
+            rows = empty.index_copy(0, self.index, rows)
+        return rows.view(self.batch, self.seq_len, rows.shape[-1])
+
+
+@dataclass
 class BertModelOutput:
     last_hidden_state: torch.Tensor  # (B, S, H)
     pooler_output: torch.Tensor | None  # (B, H): tanh(W h_[CLS] + b); None without a pooler
@@ -115,31 +144,33 @@ class BertLayer(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # (B, S, H)
+        x: torch.Tensor,  # (N, H) token rows, see TokenLayout
         mask: torch.Tensor | None,  # (B, 1, 1|S, S) bool, True = may attend; None = attend to all
+        layout: TokenLayout,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        batch, seq_len, hidden = x.shape
+        batch, seq_len, heads, size = layout.batch, layout.seq_len, self.num_heads, self.head_size
         attn = self.attention.self
-        # (B, S, H) -> (B, A, S, D)
-        q = attn.query(x).view(batch, seq_len, self.num_heads, self.head_size).transpose(1, 2)
-        k = attn.key(x).view(batch, seq_len, self.num_heads, self.head_size).transpose(1, 2)
-        v = attn.value(x).view(batch, seq_len, self.num_heads, self.head_size).transpose(1, 2)
+
+        def split_heads(rows: torch.Tensor) -> torch.Tensor:  # (N, H) -> (B, A, S, D)
+            return layout.to_grid(rows).view(batch, seq_len, heads, size).transpose(1, 2)
+
+        q, k, v = split_heads(attn.query(x)), split_heads(attn.key(x)), split_heads(attn.value(x))
         dropout_p = self.attention_dropout if self.training else 0.0
         probs = None
         if output_attentions:
             # Explicit softmax(QK^T / sqrt(D)) so the probabilities can be returned.
-            scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_size)  # (B, A, S, S)
+            scores = q @ k.transpose(-1, -2) / math.sqrt(size)  # (B, A, S, S)
             if mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             probs = scores.softmax(dim=-1)
             context = F.dropout(probs, dropout_p, self.training) @ v  # (B, A, S, D)
         else:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        context = context.transpose(1, 2).reshape(batch, seq_len, hidden)  # (B, S, H)
+        context = layout.to_rows(context.transpose(1, 2))  # (B, S, A, D) -> (N, H)
         out = self.attention.output
         x = out.LayerNorm(x + self.dropout(out.dense(context)))
-        h = self.act(self.intermediate.dense(x))  # (B, S, I)
+        h = self.act(self.intermediate.dense(x))  # (N, I)
         x = self.output.LayerNorm(x + self.dropout(self.output.dense(h)))
         return x, probs
 
@@ -153,8 +184,9 @@ class BertEncoder(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,
+        x: torch.Tensor,  # (N, H) token rows
         mask: torch.Tensor | None,
+        layout: TokenLayout,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, tuple | None, tuple | None]:
@@ -162,9 +194,9 @@ class BertEncoder(nn.Module):
         attentions = [] if output_attentions else None
         for layer in self.layer:
             if self.gradient_checkpointing and self.training and not output_attentions:
-                x, probs = activation_checkpoint(layer, x, mask, False, use_reentrant=False)
+                x, probs = activation_checkpoint(layer, x, mask, layout, False, use_reentrant=False)
             else:
-                x, probs = layer(x, mask, output_attentions)
+                x, probs = layer(x, mask, layout, output_attentions)
             if hidden_states is not None:
                 hidden_states.append(x)
             if attentions is not None:
@@ -294,7 +326,11 @@ class BertModel(BertPreTrainedModel):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         causal: bool | None = None,  # left-to-right mask; default config.is_decoder
+        unpad: bool = False,
     ) -> BertModelOutput:
+        """Encode a batch. With `unpad=True` and an `attention_mask`, the dense layers run on
+        real tokens only (faster by the padding fraction) and every output is zero at padded
+        positions; the outputs at real tokens are the same either way."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_len), got {tuple(input_ids.shape)}")
         seq_len = input_ids.shape[1]
@@ -312,14 +348,24 @@ class BertModel(BertPreTrainedModel):
         if input_ids.device.type == "cpu":  # a cheap check here; on GPU it would force a sync
             _check_ids(input_ids, self.config.vocab_size, "input_ids", "vocab_size")
             if token_type_ids is not None:
-                _check_ids(token_type_ids, self.config.type_vocab_size, "token_type_ids", "type_vocab_size")
+                _check_ids(
+                    token_type_ids, self.config.type_vocab_size, "token_type_ids", "type_vocab_size"
+                )
         causal = self.config.is_decoder if causal is None else causal
         mask = attention_mask_for(attention_mask, seq_len, causal, input_ids.device)
 
-        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, S, H)
+        batch = input_ids.shape[0]
+        if unpad and attention_mask is not None:
+            layout = TokenLayout.unpadded(attention_mask)
+        else:
+            layout = TokenLayout(batch, seq_len)
+        x = layout.to_rows(self.embeddings(input_ids, token_type_ids, position_ids))  # (N, H)
         x, hidden_states, attentions = self.encoder(
-            x, mask, output_hidden_states=output_hidden_states, output_attentions=output_attentions
+            x, mask, layout, output_hidden_states, output_attentions
         )
+        x = layout.to_grid(x)  # (B, S, H)
+        if hidden_states is not None:
+            hidden_states = tuple(layout.to_grid(h) for h in hidden_states)
         pooled = self.pooler(x) if self.pooler is not None else None  # (B, H)
         return BertModelOutput(x, pooled, hidden_states, attentions)
 

