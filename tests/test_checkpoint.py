@@ -379,3 +379,24 @@ def test_missing_files_are_named(tmp_path, tiny_config):
     with pytest.raises(FileNotFoundError, match="no config.json or bert_config.json"):
         BertModel.from_pretrained(tmp_path)
     assert main(["convert", str(tmp_path / "nowhere"), str(tmp_path / "out")]) == 2
+
+
+def test_tensors_missing_from_the_checkpoint_get_a_real_initialisation(tiny_config, tmp_path):
+    """from_pretrained allocates without initialising; whatever the checkpoint lacks must still
+    get Google's initialisation, never leftover memory."""
+    torch.manual_seed(0)
+    BertModel(tiny_config, add_pooling_layer=False).save_pretrained(tmp_path)
+    model = BertForPreTraining.from_pretrained(tmp_path)
+    heads = model.cls
+    assert torch.all(heads.predictions.bias == 0)  # a bare Parameter of its module
+    assert torch.all(heads.predictions.transform.LayerNorm.weight == 1)
+    assert torch.all(heads.seq_relationship.bias == 0)
+    for weight in (heads.seq_relationship.weight, model.bert.pooler.dense.weight):
+        assert torch.isfinite(weight).all() and 0 < weight.abs().max() <= 0.04 + 1e-7
+    assert heads.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    # a mismatched head keeps nothing of the checkpoint and is initialised too
+    BertForSequenceClassification(tiny_config.with_labels(3)).save_pretrained(tmp_path / "c")
+    clf = BertForSequenceClassification.from_pretrained(
+        tmp_path / "c", num_labels=5, ignore_mismatched_sizes=True
+    )
+    assert torch.all(clf.classifier.bias == 0) and clf.classifier.weight.abs().max() <= 0.04 + 1e-7

@@ -287,6 +287,7 @@ def load_state_dict_into(
     with torch.no_grad():
         for name, tensor in loadable.items():
             expected[name].copy_(tensor)
+    _initialise(model, missing + mismatched, loadable)
     model.tie_weights()
     if missing:
         logger.warning(
@@ -304,6 +305,28 @@ def load_state_dict_into(
     if others:
         logger.warning("%s: unexpected tensors ignored: %s", source, others)
     return {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
+
+
+@torch.no_grad()
+def _initialise(
+    model: BertPreTrainedModel, names: list[str], loadable: dict[str, torch.Tensor]
+) -> None:
+    """Give the tensors a checkpoint lacked their fresh initialisation (`from_pretrained` builds
+    the model without one), keeping what was loaded into the same modules."""
+    by_module: dict[str, list[str]] = {}
+    for name in names:
+        module_name, _, attribute = name.rpartition(".")
+        by_module.setdefault(module_name, []).append(attribute)
+    for module_name, attributes in by_module.items():
+        module = model.get_submodule(module_name)
+        model._init_module(module)
+        if not isinstance(module, (torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm)):
+            for attribute in attributes:  # a bare parameter, e.g. the MLM output bias
+                getattr(module, attribute).zero_()
+        for attribute, parameter in module.named_parameters(recurse=False):
+            full_name = f"{module_name}.{attribute}" if module_name else attribute
+            if full_name in loadable:
+                parameter.copy_(loadable[full_name])
 
 
 def _is_encoder(name: str, model: BertPreTrainedModel) -> bool:
@@ -352,7 +375,12 @@ def load_pretrained(
         num_labels = _labels_in(state)  # Google's configs never name the labels
     if num_labels is not None and num_labels != config.num_labels:
         config = config.with_labels(num_labels)
-    model = cls(config)
+    # Built without initialising (meta device, then uninitialised memory): the checkpoint
+    # overwrites nearly every tensor, and load_state_dict_into initialises the rest.
+    with torch.device("meta"):
+        model = cls(config)
+    model = model.to_empty(device="cpu")
+    model.tie_weights()  # to_empty makes separate tensors of tied ones
     load_state_dict_into(
         model,
         state,

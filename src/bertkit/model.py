@@ -240,6 +240,22 @@ def attention_mask_for(
     return mask
 
 
+@torch.no_grad()
+def truncated_normal_(tensor: torch.Tensor, std: float) -> torch.Tensor:
+    """Fill with N(0, std) truncated at +-2 std, TensorFlow's `truncated_normal_initializer`,
+    by redrawing the values outside (4.6%, then 0.2%, ...): exact, and several times faster than
+    torch.nn.init.trunc_normal_ on CPU."""
+    if tensor.is_meta:
+        return tensor
+    flat = tensor.view(-1).normal_(0.0, std)
+    redraw = (flat.abs() > 2 * std).nonzero().squeeze(1)  # one pass over the whole tensor
+    while redraw.numel():
+        values = flat.new_empty(redraw.numel()).normal_(0.0, std)
+        flat[redraw] = values
+        redraw = redraw[values.abs() > 2 * std]
+    return tensor
+
+
 class BertPreTrainedModel(nn.Module):
     """Shared by the encoder and every head: config, initialisation, checkpoint I/O."""
 
@@ -264,7 +280,7 @@ class BertPreTrainedModel(nn.Module):
     def _init_module(self, module: nn.Module) -> None:
         std = self.config.initializer_range
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.trunc_normal_(module.weight, mean=0.0, std=std, a=-2 * std, b=2 * std)
+            truncated_normal_(module.weight, std)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.LayerNorm):
