@@ -11,30 +11,20 @@ import pytest
 import torch
 
 from bertkit import (
-    BertForMaskedLM,
     BertForMultipleChoice,
     BertForPreTraining,
-    BertForQuestionAnswering,
     BertForSequenceClassification,
-    BertForTokenClassification,
     BertModel,
     BertTokenizer,
 )
 from bertkit._tf_bundle import read_bundle
 from bertkit.checkpoint import convert, hf_to_tf_name, read_state_dict, tf_to_hf_name
 from bertkit.cli import main
+from bertkit.heads import MODEL_CLASSES
 
 transformers = pytest.importorskip("transformers")
 
-ALL_CLASSES = [
-    BertModel,
-    BertForPreTraining,
-    BertForMaskedLM,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-    BertForQuestionAnswering,
-    BertForMultipleChoice,
-]
+ALL_CLASSES = list(MODEL_CLASSES.values())
 
 
 def reference_inputs(reference):

@@ -117,6 +117,37 @@ def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Ten
     return total / (flat_labels != IGNORE_INDEX).sum().clamp(min=1)
 
 
+class _Head(BertPreTrainedModel):
+    """A task head on `self.bert`."""
+
+    bert: BertModel
+
+    def _encode(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        per_position: bool,  # the head's output has a value at every position
+        output_hidden_states: bool,
+        output_attentions: bool,
+    ):
+        """Run the encoder, on real tokens only (`unpad=True`) whenever no padded position's
+        value can be seen: the head reads [CLS] or chosen positions (`per_position=False`), or
+        the model is training (losses ignore padding). Requested hidden states or attentions keep
+        the padded path, so they match other implementations everywhere."""
+        unpad = not (output_hidden_states or output_attentions) and (
+            self.training or not per_position
+        )
+        return self.bert(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            unpad=unpad,
+        )
+
+
 class _MaskedLMMixin:
     """Vocabulary logits only where asked: the paper predicts just the masked tokens, and the
     H x V decoder is most of a pre-training step's cost when run at every position."""
@@ -136,7 +167,7 @@ class _MaskedLMMixin:
 
 
 # ------------------------------------------------------------------------------- models
-class BertForPreTraining(_MaskedLMMixin, BertPreTrainedModel):
+class BertForPreTraining(_MaskedLMMixin, _Head):
     """BERT with the paper's two pre-training heads: masked LM and next-sentence prediction.
 
     `masked_positions` (B, P) selects where MLM logits are computed (Google's
@@ -162,15 +193,13 @@ class BertForPreTraining(_MaskedLMMixin, BertPreTrainedModel):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> BertForPreTrainingOutput:
-        out = self.bert(
+        out = self._encode(
             input_ids,
             token_type_ids,
             attention_mask,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            unpad=_skip_padding(
-                self, masked_positions is None, output_hidden_states, output_attentions
-            ),
+            masked_positions is None,
+            output_hidden_states,
+            output_attentions,
         )
         mlm_logits = self._mlm_logits(out.last_hidden_state, masked_positions)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
@@ -187,7 +216,7 @@ class BertForPreTraining(_MaskedLMMixin, BertPreTrainedModel):
         )
 
 
-class BertForMaskedLM(_MaskedLMMixin, BertPreTrainedModel):
+class BertForMaskedLM(_MaskedLMMixin, _Head):
     """Masked LM head only (the "No NSP" ablation; fill-mask). Same `masked_positions` contract
     as `BertForPreTraining`."""
 
@@ -208,22 +237,20 @@ class BertForMaskedLM(_MaskedLMMixin, BertPreTrainedModel):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> BertHeadOutput:
-        out = self.bert(
+        out = self._encode(
             input_ids,
             token_type_ids,
             attention_mask,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            unpad=_skip_padding(
-                self, masked_positions is None, output_hidden_states, output_attentions
-            ),
+            masked_positions is None,
+            output_hidden_states,
+            output_attentions,
         )
         logits = self._mlm_logits(out.last_hidden_state, masked_positions)
         loss = token_cross_entropy(logits, labels) if labels is not None else None
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
 
 
-class BertForSequenceClassification(BertPreTrainedModel):
+class BertForSequenceClassification(_Head):
     """A linear layer on the pooled [CLS] vector. `config.num_labels == 1` is regression (MSE,
     e.g. STS-B); otherwise softmax cross-entropy, or sigmoid BCE for multi-label
     (`problem_type`, as in Hugging Face)."""
@@ -246,13 +273,13 @@ class BertForSequenceClassification(BertPreTrainedModel):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> BertHeadOutput:
-        out = self.bert(
+        out = self._encode(
             input_ids,
             token_type_ids,
             attention_mask,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            unpad=_skip_padding(self, False, output_hidden_states, output_attentions),
+            False,
+            output_hidden_states,
+            output_attentions,
         )
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, C)
         loss = None
@@ -273,7 +300,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
 
 
-class BertForTokenClassification(BertPreTrainedModel):
+class BertForTokenClassification(_Head):
     """A linear layer on every token's final hidden state (NER tagging; label -100 = ignore,
     e.g. the non-first pieces of a word)."""
 
@@ -295,20 +322,20 @@ class BertForTokenClassification(BertPreTrainedModel):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> BertHeadOutput:
-        out = self.bert(
+        out = self._encode(
             input_ids,
             token_type_ids,
             attention_mask,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            unpad=_skip_padding(self, True, output_hidden_states, output_attentions),
+            True,
+            output_hidden_states,
+            output_attentions,
         )
         logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, S, C)
         loss = token_cross_entropy(logits, labels) if labels is not None else None
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
 
 
-class BertForQuestionAnswering(BertPreTrainedModel):
+class BertForQuestionAnswering(_Head):
     """Span extraction: a start vector S and an end vector E (the paper, Sec. 4.2) scored against
     every token; the loss is the mean of the start and end cross-entropies."""
 
@@ -332,13 +359,13 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> BertQuestionAnsweringOutput:
-        out = self.bert(
+        out = self._encode(
             input_ids,
             token_type_ids,
             attention_mask,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            unpad=_skip_padding(self, True, output_hidden_states, output_attentions),
+            True,
+            output_hidden_states,
+            output_attentions,
         )
         logits = self.qa_outputs(out.last_hidden_state)  # (B, S, 2)
         start_logits, end_logits = logits[..., 0], logits[..., 1]  # (B, S) each
@@ -357,7 +384,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         )
 
 
-class BertForMultipleChoice(BertPreTrainedModel):
+class BertForMultipleChoice(_Head):
     """One `[CLS] context [SEP] choice [SEP]` per choice, a score from the pooled vector, softmax
     over the choices (SWAG)."""
 
@@ -387,26 +414,18 @@ class BertForMultipleChoice(BertPreTrainedModel):
         def flat(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.reshape(batch * choices, seq_len)
 
-        out = self.bert(
+        out = self._encode(
             flat(input_ids),
             flat(token_type_ids),
             flat(attention_mask),
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            unpad=_skip_padding(self, False, output_hidden_states, output_attentions),
+            False,
+            output_hidden_states,
+            output_attentions,
         )
         scores = self.classifier(self.dropout(out.pooler_output))  # (B*C, 1)
         logits = scores.view(batch, choices)
         loss = F.cross_entropy(logits.float(), labels.view(-1)) if labels is not None else None
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
-
-
-def _skip_padding(model: nn.Module, per_position: bool, hidden: bool, attentions: bool) -> bool:
-    """Run the encoder on real tokens only (`BertModel(unpad=True)`) whenever no padded
-    position's value can be seen: the head reads [CLS] or chosen positions only, or the model is
-    training (losses ignore padding). Requested hidden states or attentions keep the padded path,
-    so they match other implementations everywhere."""
-    return not (hidden or attentions) and (model.training or not per_position)
 
 
 def _classifier_dropout(config: BertConfig) -> float:
