@@ -1,29 +1,53 @@
-"""bertkit: BERT (Devlin et al., NAACL 2019) on PyTorch, exact to the paper and to real checkpoints."""
+"""bertkit: BERT (Devlin et al., NAACL 2019) on PyTorch, exact to the paper and to real checkpoints.
 
-from bertkit.config import BertConfig
-from bertkit.heads import (
-    BertForMaskedLM,
-    BertForMultipleChoice,
-    BertForPreTraining,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-)
-from bertkit.model import BertModel, BertModelOutput
-from bertkit.tokenizer import BertTokenizer, train_vocab
+Names are imported on first use (PEP 562), so tools that need only the tokenizer, such as the
+shard-preparation workers, start without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BertConfig",
-    "BertTokenizer",
-    "BertModel",
-    "BertModelOutput",
-    "BertForPreTraining",
-    "BertForMaskedLM",
-    "BertForSequenceClassification",
-    "BertForTokenClassification",
-    "BertForQuestionAnswering",
-    "BertForMultipleChoice",
-    "train_vocab",
-]
+_EXPORTS = {
+    "BertConfig": "bertkit.config",
+    "BertTokenizer": "bertkit.tokenizer",
+    "train_vocab": "bertkit.tokenizer",
+    "BertModel": "bertkit.model",
+    "BertModelOutput": "bertkit.model",
+    "BertForPreTraining": "bertkit.heads",
+    "BertForMaskedLM": "bertkit.heads",
+    "BertForSequenceClassification": "bertkit.heads",
+    "BertForTokenClassification": "bertkit.heads",
+    "BertForQuestionAnswering": "bertkit.heads",
+    "BertForMultipleChoice": "bertkit.heads",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'bertkit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)
+
+
+if TYPE_CHECKING:
+    from bertkit.config import BertConfig
+    from bertkit.heads import (
+        BertForMaskedLM,
+        BertForMultipleChoice,
+        BertForPreTraining,
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+    )
+    from bertkit.model import BertModel, BertModelOutput
+    from bertkit.tokenizer import BertTokenizer, train_vocab

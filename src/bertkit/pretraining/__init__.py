@@ -1,0 +1,1 @@
+"""Pre-training data: corpus -> shards -> NSP/MLM instances -> batches."""

@@ -1,0 +1,352 @@
+"""Tokenise a corpus in parallel into memory-mapped shards.
+
+A shards directory holds `meta.json` and, per shard, three flat binary arrays:
+
+- `shard-NNNNN.tokens`: every sentence's WordPiece ids back to back (`uint16` when the vocabulary
+  fits, else `int32`);
+- `shard-NNNNN.sentences`: `int64` start offset of each sentence in the tokens, plus the end;
+- `shard-NNNNN.documents`: `int64` index of each document's first sentence, plus the end.
+
+`meta.json` records the vocabulary hash (training refuses shards made with another vocabulary),
+counts and sources. The main process only reads lines; worker processes split sentences and
+tokenise, a bounded number of chunks in flight, so memory stays flat however large the corpus;
+results are written in submission order, so the shards do not depend on the number of workers.
+The directory is built under a temporary name and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertkit._io import atomic_write_text
+from bertkit.pretraining.corpus import CorpusStats, expand_paths, raw_documents, sentences_of
+from bertkit.tokenizer import BertTokenizer
+
+FORMAT_VERSION = 1
+META = "meta.json"
+DEFAULT_SHARD_TOKENS = 1 << 27  # 128M tokens, 256 MB of uint16 per shard
+CHUNK_CHARS = 1 << 20  # text per task sent to a worker
+
+_WORKER_TOKENIZER: BertTokenizer | None = None
+
+
+@dataclass
+class EncodedChunk:
+    tokens: np.ndarray  # (T,) ids of every kept sentence
+    sentence_lengths: np.ndarray  # (N,) int64
+    document_sentences: np.ndarray  # (D,) int64 sentences per kept document
+    dropped_documents: int  # documents left with no token
+
+
+def _init_worker(vocab: list[str], lowercase: bool) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the processes are the parallelism
+    global _WORKER_TOKENIZER
+    _WORKER_TOKENIZER = BertTokenizer(vocab=vocab, lowercase=lowercase)
+
+
+def encode_documents(
+    documents: list[tuple[list[str], bool]], tokenizer: BertTokenizer, dtype: np.dtype
+) -> EncodedChunk:
+    """Split and tokenise raw documents (no special tokens, no truncation); drop sentences that
+    tokenise to nothing and documents left empty."""
+    sentences: list[str] = []
+    per_document: list[int] = []
+    for units, needs_split in documents:
+        found = sentences_of(units, needs_split)
+        sentences.extend(found)
+        per_document.append(len(found))
+    tokenizer.backend.no_truncation()
+    tokenizer.backend.no_padding()
+    tokenizer._settings = None  # the next __call__ sets its own truncation again
+    encodings = tokenizer.backend.encode_batch(sentences, add_special_tokens=False)
+    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+    tokens = np.fromiter(
+        (i for e in encodings for i in e.ids), dtype=dtype, count=int(lengths.sum())
+    )
+    # sentences and documents that tokenise to nothing (e.g. only control characters) go
+    kept_sentences = lengths > 0
+    bounds = np.concatenate([[0], np.cumsum(per_document)])
+    kept_per_document = np.add.reduceat(kept_sentences, bounds[:-1]) if len(per_document) else []
+    kept_per_document = np.asarray(
+        [k if n else 0 for k, n in zip(kept_per_document, per_document, strict=True)],
+        dtype=np.int64,
+    )
+    return EncodedChunk(
+        tokens,
+        lengths[kept_sentences],
+        kept_per_document[kept_per_document > 0],
+        int((kept_per_document == 0).sum()),
+    )
+
+
+def _encode_in_worker(documents: list[tuple[list[str], bool]], dtype: str) -> EncodedChunk:
+    assert _WORKER_TOKENIZER is not None
+    return encode_documents(documents, _WORKER_TOKENIZER, np.dtype(dtype))
+
+
+def _chunks(documents: Iterable[tuple[list[str], bool]]) -> Iterator[list[tuple[list[str], bool]]]:
+    chunk: list[tuple[list[str], bool]] = []
+    size = 0
+    for document in documents:
+        chunk.append(document)
+        size += sum(len(u) for u in document[0])
+        if size >= CHUNK_CHARS:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+class _ShardWriter:
+    def __init__(self, directory: Path, dtype: np.dtype, shard_tokens: int) -> None:
+        self.directory, self.dtype, self.shard_tokens = directory, dtype, shard_tokens
+        self.shards: list[dict[str, Any]] = []
+        self._open_next()
+
+    def _open_next(self) -> None:
+        name = f"shard-{len(self.shards):05d}"
+        self.name = name
+        self.files = {
+            kind: open(self.directory / f"{name}.{kind}", "wb")
+            for kind in ("tokens", "sentences", "documents")
+        }
+        self.num_tokens = self.num_sentences = self.num_documents = 0
+        self.files["sentences"].write(np.zeros(1, np.int64).tobytes())
+        self.files["documents"].write(np.zeros(1, np.int64).tobytes())
+
+    def write(self, chunk: EncodedChunk) -> None:
+        sentence_start = 0
+        token_start = 0
+        for count in chunk.document_sentences.tolist():
+            lengths = chunk.sentence_lengths[sentence_start : sentence_start + count]
+            size = int(lengths.sum())
+            if self.num_tokens and self.num_tokens + size > self.shard_tokens:
+                self._close()
+                self._open_next()
+            self.files["tokens"].write(chunk.tokens[token_start : token_start + size].tobytes())
+            ends = self.num_tokens + np.cumsum(lengths)
+            self.files["sentences"].write(ends.astype(np.int64).tobytes())
+            self.num_tokens += size
+            self.num_sentences += count
+            self.num_documents += 1
+            self.files["documents"].write(np.int64(self.num_sentences).tobytes())
+            sentence_start += count
+            token_start += size
+
+    def _close(self) -> None:
+        for handle in self.files.values():
+            handle.flush()
+            os.fsync(handle.fileno())
+            handle.close()
+        self.shards.append(
+            {
+                "name": self.name,
+                "tokens": self.num_tokens,
+                "sentences": self.num_sentences,
+                "documents": self.num_documents,
+            }
+        )
+
+    def finish(self) -> list[dict[str, Any]]:
+        self._close()
+        if len(self.shards) > 1 and self.shards[-1]["documents"] == 0:
+            last = self.shards.pop()
+            for kind in ("tokens", "sentences", "documents"):
+                (self.directory / f"{last['name']}.{kind}").unlink()
+        return self.shards
+
+
+def prepare_shards(
+    corpus: Iterable[str | os.PathLike],
+    tokenizer: BertTokenizer,
+    out_dir: str | os.PathLike,
+    *,
+    workers: int | None = None,
+    format: str = "auto",
+    on_error: str = "fail",
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Tokenise `corpus` (files or directories) into shards in `out_dir`; returns the metadata."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True / --overwrite)")
+    files = expand_paths(corpus)
+    total_bytes = sum(f.stat().st_size for f in files)
+    workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    stats = CorpusStats()
+    started = time.perf_counter()
+    dropped = 0
+    try:
+        writer = _ShardWriter(tmp, dtype, shard_tokens)
+        chunks = _chunks(raw_documents(files, format=format, on_error=on_error, stats=stats))
+        bar = _progress(total_bytes, progress)
+        done_bytes = 0
+        for chunk in _encoded(chunks, tokenizer, dtype, workers):
+            writer.write(chunk)
+            dropped += chunk.dropped_documents
+            # progress by text consumed: close enough to bytes read, and cheap
+            advanced = int(chunk.tokens.nbytes / dtype.itemsize * 4.5)
+            done_bytes += advanced
+            if bar is not None:
+                bar.update(min(advanced, max(0, total_bytes - bar.n)))
+        if bar is not None:
+            bar.update(total_bytes - bar.n)
+            bar.close()
+        shards = writer.finish()
+        num_documents = sum(s["documents"] for s in shards)
+        if num_documents == 0:
+            raise ValueError(
+                f"no documents with text in {[str(f) for f in files]}: the corpus is empty"
+            )
+        elapsed = time.perf_counter() - started
+        meta = {
+            "format": "bertkit-shards",
+            "version": FORMAT_VERSION,
+            "vocab_hash": tokenizer.vocab_hash,
+            "vocab_size": tokenizer.vocab_size,
+            "lowercase": tokenizer.lowercase,
+            "dtype": dtype.name,
+            "num_tokens": sum(s["tokens"] for s in shards),
+            "num_sentences": sum(s["sentences"] for s in shards),
+            "num_documents": num_documents,
+            "shards": shards,
+            "sources": [str(f) for f in files],
+            "source_bytes": total_bytes,
+            "skipped": {
+                "empty_documents": stats.empty_documents + dropped,
+                "bad_lines": stats.bad_lines,
+                "problems": stats.problems,
+            },
+            "seconds": round(elapsed, 3),
+            "workers": workers,
+        }
+        atomic_write_text(tmp / META, json.dumps(meta, indent=2) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc="prepare", smoothing=0.1)
+
+
+def _encoded(
+    chunks, tokenizer: BertTokenizer, dtype: np.dtype, workers: int
+) -> Iterator[EncodedChunk]:
+    if workers == 1:
+        for chunk in chunks:
+            yield encode_documents(chunk, tokenizer, dtype)
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        workers,
+        mp_context=context,
+        initializer=_init_worker,
+        initargs=(tokenizer._tokens, tokenizer.lowercase),
+    ) as pool:
+        pending: deque[Future] = deque()
+        for chunk in chunks:
+            pending.append(pool.submit(_encode_in_worker, chunk, dtype.name))
+            if len(pending) >= 2 * workers:  # bounded: memory stays flat
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+# ------------------------------------------------------------------------------------ reading
+class Shards:
+    """Read-only, memory-mapped view of a shards directory.
+
+    `tokens[s]`, `sentences[s]`, `documents[s]` are the arrays of shard `s`; documents are
+    numbered globally in shard order by `document_span`.
+    """
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = Path(directory)
+        meta_path = self.directory / META
+        if not meta_path.exists():
+            raise FileNotFoundError(
+                f"{self.directory}: not a shards directory (no {META}; run bertkit prepare)"
+            )
+        try:
+            self.meta = json.loads(meta_path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{meta_path}:{err.lineno}: invalid JSON: {err.msg}") from None
+        if (
+            self.meta.get("format") != "bertkit-shards"
+            or self.meta.get("version") != FORMAT_VERSION
+        ):
+            raise ValueError(f"{meta_path}: not bertkit shards of version {FORMAT_VERSION}")
+        dtype = np.dtype(self.meta["dtype"])
+        self.tokens, self.sentences, self.documents = [], [], []
+        for shard in self.meta["shards"]:
+            base = self.directory / shard["name"]
+            self.tokens.append(self._map(f"{base}.tokens", dtype, shard["tokens"]))
+            self.sentences.append(self._map(f"{base}.sentences", np.int64, shard["sentences"] + 1))
+            self.documents.append(self._map(f"{base}.documents", np.int64, shard["documents"] + 1))
+        counts = [s["documents"] for s in self.meta["shards"]]
+        self.document_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    @staticmethod
+    def _map(path: str, dtype, count: int) -> np.ndarray:
+        expected = count * np.dtype(dtype).itemsize
+        size = os.path.getsize(path) if os.path.exists(path) else -1
+        if size != expected:
+            raise ValueError(
+                f"{path}: {size} bytes, expected {expected}: the shard is truncated or was not finished"
+            )
+        if count == 0:
+            return np.zeros(0, dtype=dtype)
+        return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+
+    @property
+    def num_documents(self) -> int:
+        return int(self.document_offsets[-1])
+
+    def check_vocab(self, tokenizer: BertTokenizer) -> None:
+        """Refuse shards tokenised with another vocabulary (their ids would mean other words)."""
+        if self.meta["vocab_hash"] != tokenizer.vocab_hash:
+            raise ValueError(
+                f"{self.directory} was prepared with another vocabulary (hash "
+                f"{self.meta['vocab_hash'][:12]}, {self.meta['vocab_size']} tokens, lowercase="
+                f"{self.meta['lowercase']}) than the tokenizer given (hash {tokenizer.vocab_hash[:12]}, "
+                f"{tokenizer.vocab_size} tokens, lowercase={tokenizer.lowercase}); re-run "
+                "bertkit prepare with this vocabulary"
+            )
+
+    def locate(self, document: int) -> tuple[int, int]:
+        """(shard, document index within it) of a global document number."""
+        shard = int(np.searchsorted(self.document_offsets, document, side="right") - 1)
+        return shard, document - int(self.document_offsets[shard])
+
+    def sentence_bounds(self, document: int) -> tuple[int, np.ndarray]:
+        """(shard, token offsets of the document's sentences: start of each, then the end)."""
+        shard, local = self.locate(document)
+        first, last = self.documents[shard][local], self.documents[shard][local + 1]
+        return shard, np.asarray(self.sentences[shard][first : last + 1])
