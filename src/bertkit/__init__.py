@@ -24,7 +24,19 @@ _EXPORTS = {
     "BertForQuestionAnswering": "bertkit.heads",
     "BertForMultipleChoice": "bertkit.heads",
 }
-__all__ = list(_EXPORTS)
+__all__ = [
+    "BertConfig",
+    "BertTokenizer",
+    "train_vocab",
+    "BertModel",
+    "BertModelOutput",
+    "BertForPreTraining",
+    "BertForMaskedLM",
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
+    "BertForQuestionAnswering",
+    "BertForMultipleChoice",
+]
 
 
 def __getattr__(name: str) -> Any:
