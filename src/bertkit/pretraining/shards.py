@@ -188,35 +188,67 @@ def prepare_shards(
     total_bytes = sum(f.stat().st_size for f in files)
     workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32)
+    stats = CorpusStats()
+    chunks = _chunks(raw_documents(files, format=format, on_error=on_error, stats=stats))
+    bar = _progress(total_bytes, progress)
+
+    def encoded() -> Iterator[EncodedChunk]:
+        for chunk in _encoded(chunks, tokenizer, dtype, workers):
+            if bar is not None:  # progress by text consumed, ~4.5 bytes a token: cheap, close
+                bar.update(min(int(len(chunk.tokens) * 4.5), max(0, total_bytes - bar.n)))
+            yield chunk
+        if bar is not None:
+            bar.update(total_bytes - bar.n)
+            bar.close()
+
+    extra = {
+        "sources": [str(f) for f in files],
+        "source_bytes": total_bytes,
+        "workers": workers,
+    }
+    return write_shards(
+        encoded(),
+        tokenizer,
+        out_dir,
+        shard_tokens=shard_tokens,
+        overwrite=True,
+        stats=stats,
+        extra=extra,
+    )
+
+
+def write_shards(
+    chunks: Iterable[EncodedChunk],
+    tokenizer: BertTokenizer,
+    out_dir: str | os.PathLike,
+    *,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    overwrite: bool = False,
+    stats: CorpusStats | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write tokenised documents as a shards directory (built under a temporary name, renamed
+    into place when complete); returns the metadata written to meta.json."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True / --overwrite)")
+    stats = stats if stats is not None else CorpusStats()
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    stats = CorpusStats()
     started = time.perf_counter()
     dropped = 0
     try:
         writer = _ShardWriter(tmp, dtype, shard_tokens)
-        chunks = _chunks(raw_documents(files, format=format, on_error=on_error, stats=stats))
-        bar = _progress(total_bytes, progress)
-        done_bytes = 0
-        for chunk in _encoded(chunks, tokenizer, dtype, workers):
+        for chunk in chunks:
             writer.write(chunk)
             dropped += chunk.dropped_documents
-            # progress by text consumed: close enough to bytes read, and cheap
-            advanced = int(chunk.tokens.nbytes / dtype.itemsize * 4.5)
-            done_bytes += advanced
-            if bar is not None:
-                bar.update(min(advanced, max(0, total_bytes - bar.n)))
-        if bar is not None:
-            bar.update(total_bytes - bar.n)
-            bar.close()
         shards = writer.finish()
         num_documents = sum(s["documents"] for s in shards)
         if num_documents == 0:
-            raise ValueError(
-                f"no documents with text in {[str(f) for f in files]}: the corpus is empty"
-            )
-        elapsed = time.perf_counter() - started
+            sources = (extra or {}).get("sources", [])
+            raise ValueError(f"no documents with text in {sources}: the corpus is empty")
         meta = {
             "format": "bertkit-shards",
             "version": FORMAT_VERSION,
@@ -228,15 +260,13 @@ def prepare_shards(
             "num_sentences": sum(s["sentences"] for s in shards),
             "num_documents": num_documents,
             "shards": shards,
-            "sources": [str(f) for f in files],
-            "source_bytes": total_bytes,
             "skipped": {
                 "empty_documents": stats.empty_documents + dropped,
                 "bad_lines": stats.bad_lines,
                 "problems": stats.problems,
             },
-            "seconds": round(elapsed, 3),
-            "workers": workers,
+            "seconds": round(time.perf_counter() - started, 3),
+            **(extra or {}),
         }
         atomic_write_text(tmp / META, json.dumps(meta, indent=2) + "\n")
         if out_dir.exists():
@@ -246,6 +276,20 @@ def prepare_shards(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return meta
+
+
+def chunk_from_token_documents(
+    documents: Iterable[list[np.ndarray]], dtype=np.uint16
+) -> EncodedChunk:
+    """An `EncodedChunk` of documents given as lists of sentence token-id arrays."""
+    sentences = [np.asarray(s) for doc in documents for s in doc if len(s)]
+    per_document = [sum(1 for s in doc if len(s)) for doc in documents]
+    return EncodedChunk(
+        np.concatenate(sentences).astype(dtype) if sentences else np.zeros(0, dtype),
+        np.asarray([len(s) for s in sentences], np.int64),
+        np.asarray([n for n in per_document if n], np.int64),
+        sum(1 for n in per_document if not n),
+    )
 
 
 def _progress(total: int, enabled: bool):

@@ -1,0 +1,228 @@
+"""Batches of pre-training instances: deterministic, resumable, sharded by rank.
+
+Each epoch has a plan: the instances of every document (`instances.document_instances`), in a
+shuffled order that depends only on (seed, version). Every rank walks the same plan; a global
+batch is the next `world_size * batch_size` plan rows and rank r takes its r-th slice, so one
+process with the whole global batch sees exactly what several ranks see together. Masks are drawn
+when an instance is drawn, from a generator seeded by (seed, version, plan row): dynamic masking
+(the default) gives every epoch its own version, static masking cycles through `dupe_factor`
+versions (Google's `dupe_factor` copies). The position (epoch, row) is the whole state to resume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from bertkit.pretraining.instances import (
+    OBJECTIVES,
+    document_instances,
+    mask_tokens,
+)
+from bertkit.pretraining.shards import Shards
+from bertkit.tokenizer import CLS, MASK, PAD, SEP, BertTokenizer
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class MaskingConfig:
+    mask_prob: float = 0.15
+    max_predictions: int = 20
+    whole_word: bool = False
+    static: bool = False  # fixed masks cycling through dupe_factor versions (Google's default)
+    dupe_factor: int = 10
+
+
+class PretrainingData:
+    """The batch stream of one rank. `next_batch()` gives a dict of tensors ready for
+    `BertForPreTraining` (`input_ids`, `token_type_ids`, `attention_mask`, `masked_positions`,
+    `labels`, and `next_sentence_label` for the NSP objective)."""
+
+    def __init__(
+        self,
+        shards: Shards,
+        tokenizer: BertTokenizer,
+        *,
+        batch_size: int,
+        max_seq_length: int = 128,
+        short_seq_prob: float = 0.1,
+        objective: str = "mlm+nsp",
+        masking: MaskingConfig = MaskingConfig(),
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+        shards.check_vocab(tokenizer)
+        if max_seq_length > 1 << 15:
+            raise ValueError(f"max_seq_length {max_seq_length} is unreasonably large")
+        self.shards = shards
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.max_seq_length, self.short_seq_prob = max_seq_length, short_seq_prob
+        self.objective, self.masking, self.seed = objective, masking, seed
+        vocab = tokenizer.vocab
+        self.cls_id, self.sep_id, self.pad_id = vocab[CLS], vocab[SEP], vocab[PAD]
+        if MASK not in vocab:
+            raise ValueError("the vocabulary has no [MASK] token: it cannot pre-train a masked LM")
+        self.mask_id = vocab[MASK]
+        tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
+        # random replacements: ordinary tokens only (Google draws from the whole vocabulary,
+        # [CLS], [PAD] and [unusedN] included)
+        ordinary = [i for i, t in enumerate(tokens) if not (t.startswith("[") and t.endswith("]"))]
+        self.random_ids = np.asarray(ordinary, dtype=np.int64)
+        self.is_continuation = np.asarray([t.startswith("##") for t in tokens], dtype=bool)
+        self.epoch, self.row = 0, 0
+        self._plan_version: int | None = None
+        self._plan = np.zeros((0, 7), np.int64)
+
+    # ------------------------------------------------------------------ plan and position
+    def _version(self, epoch: int) -> int:
+        return epoch % self.masking.dupe_factor if self.masking.static else epoch
+
+    def plan(self, epoch: int) -> np.ndarray:
+        """(n, 7) instance spans of an epoch, in training order."""
+        version = self._version(epoch)
+        if version != self._plan_version:
+            self._plan = build_plan(
+                self.shards,
+                np.random.default_rng([self.seed, version, 0]),
+                max_seq_length=self.max_seq_length,
+                short_seq_prob=self.short_seq_prob,
+                objective=self.objective,
+            )
+            self._plan_version = version
+        return self._plan
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world_size
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "row": self.row}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.row = int(state["epoch"]), int(state["row"])
+
+    # ------------------------------------------------------------------ batches
+    def next_batch(self) -> dict[str, torch.Tensor]:
+        plan = self.plan(self.epoch)
+        if len(plan) < self.global_batch:
+            raise ValueError(
+                f"the corpus gives only {len(plan)} instances per epoch, fewer than one global "
+                f"batch of {self.global_batch}"
+            )
+        if self.row + self.global_batch > len(plan):  # drop the incomplete last batch
+            self.epoch, self.row = self.epoch + 1, 0
+            plan = self.plan(self.epoch)
+        start = self.row + self.rank * self.batch_size
+        rows = range(start, start + self.batch_size)
+        self.row += self.global_batch
+        version = self._version(self.epoch)
+        return self.collate([self.instance(plan[r], (self.seed, version, r)) for r in rows])
+
+    def instance(self, span: np.ndarray, key: tuple[int, ...]) -> dict[str, np.ndarray]:
+        shard_a, a0, a1, shard_b, b0, b1, is_random = (int(x) for x in span)
+        a = np.asarray(self.shards.tokens[shard_a][a0:a1], dtype=np.int64)
+        b = np.asarray(self.shards.tokens[shard_b][b0:b1], dtype=np.int64)
+        if self.objective == "mlm+nsp":
+            ids = np.concatenate([[self.cls_id], a, [self.sep_id], b, [self.sep_id]])
+            segments = np.zeros(len(ids), np.int64)
+            segments[len(a) + 2 :] = 1
+        else:
+            ids = np.concatenate([[self.cls_id], a, [self.sep_id]])
+            segments = np.zeros(len(ids), np.int64)
+        if self.objective == "ltr":  # predict every next token, left to right
+            positions = np.arange(len(ids) - 1)
+            return {
+                "input_ids": ids,
+                "segments": segments,
+                "positions": positions,
+                "labels": ids[1:],
+                "nsp": -1,
+            }
+        maskable = (ids != self.cls_id) & (ids != self.sep_id)
+        rng = np.random.default_rng(key)
+        corrupted, positions, labels = mask_tokens(
+            ids,
+            maskable,
+            rng,
+            mask_id=self.mask_id,
+            random_ids=self.random_ids,
+            mask_prob=self.masking.mask_prob,
+            max_predictions=self.masking.max_predictions,
+            word_starts=~self.is_continuation[ids] if self.masking.whole_word else None,
+        )
+        nsp = is_random if self.objective == "mlm+nsp" else -1
+        return {
+            "input_ids": corrupted,
+            "segments": segments,
+            "positions": positions,
+            "labels": labels,
+            "nsp": nsp,
+        }
+
+    def collate(self, items: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+        """Pad to the longest sequence of the batch (not to max_seq_length)."""
+        batch = len(items)
+        length = max(len(x["input_ids"]) for x in items)
+        predictions = max(len(x["positions"]) for x in items)
+        ids = np.full((batch, length), self.pad_id, np.int64)
+        segments = np.zeros((batch, length), np.int64)
+        attention = np.zeros((batch, length), np.int64)
+        positions = np.zeros((batch, predictions), np.int64)
+        labels = np.full((batch, predictions), IGNORE_INDEX, np.int64)
+        for row, item in enumerate(items):
+            n, p = len(item["input_ids"]), len(item["positions"])
+            ids[row, :n] = item["input_ids"]
+            segments[row, :n] = item["segments"]
+            attention[row, :n] = 1
+            positions[row, :p] = item["positions"]
+            labels[row, :p] = item["labels"]
+        out = {
+            "input_ids": torch.from_numpy(ids),
+            "token_type_ids": torch.from_numpy(segments),
+            "attention_mask": torch.from_numpy(attention),
+            "masked_positions": torch.from_numpy(positions),
+            "labels": torch.from_numpy(labels),
+        }
+        if self.objective == "mlm+nsp":
+            out["next_sentence_label"] = torch.tensor([x["nsp"] for x in items], dtype=torch.long)
+        return out
+
+
+def build_plan(
+    shards: Shards,
+    rng: np.random.Generator,
+    *,
+    max_seq_length: int,
+    short_seq_prob: float,
+    objective: str,
+) -> np.ndarray:
+    """Every document's instances, shuffled: an (n, 7) int64 array of `SPAN_FIELDS`."""
+    num_documents = shards.num_documents
+
+    def bounds_of(document: int) -> tuple[int, np.ndarray]:
+        return shards.sentence_bounds(document)
+
+    rows: list[tuple[int, ...]] = []
+    for document in range(num_documents):
+        shard, bounds = bounds_of(document)
+        rows.extend(
+            document_instances(
+                shard,
+                bounds,
+                document,
+                num_documents,
+                bounds_of,
+                rng,
+                max_seq_length=max_seq_length,
+                short_seq_prob=short_seq_prob,
+                objective=objective,
+            )
+        )
+    plan = np.asarray(rows, dtype=np.int64).reshape(-1, 7)
+    return plan[rng.permutation(len(plan))]
