@@ -268,6 +268,7 @@ def write_shards(
             "seconds": round(time.perf_counter() - started, 3),
             **(extra or {}),
         }
+        tokenizer.save_pretrained(tmp)  # the vocabulary travels with its ids
         atomic_write_text(tmp / META, json.dumps(meta, indent=2) + "\n")
         if out_dir.exists():
             shutil.rmtree(out_dir)

@@ -1,0 +1,1 @@
+"""The one training loop (pre-training and fine-tuning), its optimiser and distribution."""

@@ -1,0 +1,75 @@
+"""Process groups, DDP wrapping and reductions: the one module that talks to torch.distributed.
+
+Launch with torchrun (`torchrun --nproc_per_node N -m bertkit.cli pretrain ...`): it sets RANK,
+LOCAL_RANK and WORLD_SIZE; gloo is used on CPU, NCCL on GPU. Without them everything runs in one
+process and every function here is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Distributed:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def setup(device: str | None = None) -> Distributed:
+    """Join the process group torchrun describes (if any) and pick this process's device."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    chosen = torch.device(f"cuda:{local_rank}" if device == "cuda" else device)
+    if chosen.type == "cuda":
+        torch.cuda.set_device(chosen)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if chosen.type == "cuda" else "gloo")
+    return Distributed(rank, world_size, local_rank, chosen)
+
+
+def wrap(model: nn.Module, info: Distributed) -> nn.Module:
+    if not info.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [info.device.index] if info.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model)
+
+
+def all_reduce_sum(tensor: torch.Tensor, info: Distributed) -> torch.Tensor:
+    if info.enabled:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def barrier(info: Distributed) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def cleanup(info: Distributed) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,300 @@
+"""The one training loop, for pre-training and fine-tuning alike.
+
+What a task brings is an `Objective`: how many units (masked tokens, sequences) a step's loss
+averages over, and the loss of a micro-batch as a *sum* over those units. The loop divides by the
+step's global count (all micro-batches, all ranks), so gradient accumulation and any number of
+DDP processes give exactly the gradients of one process with the whole batch.
+
+Each optimiser step: micro-batches (gradient sync on the last one only), clipping, AdamW, the
+schedule; logs to `log.jsonl` (rank 0); evaluation and checkpoints every N steps. A checkpoint is
+one file, `trainer_state.pt` (model, optimiser, schedule, RNG states, data position, step), written
+to a temporary name and renamed, so a run killed at any moment resumes from the last one and
+follows the same trajectory; the model is also saved in the Hugging Face layout beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from bertkit._io import atomic_path
+from bertkit.training import distributed
+from bertkit.training.optim import build_optimizer, build_schedule
+
+logger = logging.getLogger("bertkit")
+STATE_FILE = "trainer_state.pt"
+LOG_FILE = "log.jsonl"
+
+
+@dataclass
+class TrainingConfig:
+    out_dir: str
+    max_steps: int
+    learning_rate: float = 1e-4
+    warmup_steps: int = 10_000
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    accumulation: int = 1  # micro-batches per optimiser step
+    precision: str = "auto"  # auto (bf16 on GPUs that have it, fp32 on CPU) | fp32 | bf16 | fp16
+    log_every: int = 10
+    eval_every: int = 0  # 0: only at the end
+    save_every: int = 1000
+    seed: int = 0
+    resume: bool = False
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)  # recorded in the checkpoint
+
+
+class Objective(Protocol):
+    def counts(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Units each loss term averages over in this micro-batch, e.g. [masked tokens, pairs]."""
+
+    def loss(
+        self, model: torch.nn.Module, batch: dict[str, torch.Tensor], totals: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss divided by the step's global `totals`, statistics to sum for logging)."""
+
+    def log_entry(self, sums: torch.Tensor) -> dict[str, float]:
+        """Turn summed statistics into logged numbers."""
+
+
+class Data(Protocol):
+    def next_batch(self) -> dict[str, torch.Tensor]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Trainer:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        objective: Objective,
+        data: Data,
+        config: TrainingConfig,
+        *,
+        dist_info: distributed.Distributed | None = None,
+        evaluate: Callable[[torch.nn.Module], dict[str, float]] | None = None,
+        save_model: Callable[[torch.nn.Module, Path], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.dist = dist_info or distributed.Distributed()
+        self.objective, self.data = objective, data
+        self.evaluate, self.save_model = evaluate, save_model
+        self.out_dir = Path(config.out_dir)
+        self.model = model.to(self.dist.device)
+        self.optimizer = build_optimizer(
+            self.model, lr=config.learning_rate, weight_decay=config.weight_decay
+        )
+        self.schedule = build_schedule(self.optimizer, config.warmup_steps, config.max_steps)
+        self.wrapped = distributed.wrap(self.model, self.dist)
+        self.step = 0
+        self.dtype = _autocast_dtype(config.precision, self.dist.device)
+        self.scaler = torch.amp.GradScaler(enabled=self.dtype == torch.float16)
+
+    # ------------------------------------------------------------------ state
+    def _rng_state(self) -> dict[str, Any]:
+        kind, keys, position, has_gauss, gauss = np.random.get_state()
+        state = {
+            "python": random.getstate(),
+            # plain values, so the file loads with torch.load(weights_only=True)
+            "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, gauss],
+            "torch": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def save(self) -> None:
+        """Rank 0 writes the checkpoint atomically (one file), then the HF-layout model."""
+        if self.dist.is_main:
+            state = {
+                "step": self.step,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "schedule": self.schedule.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "data": self.data.state_dict(),
+                "rng": self._rng_state(),
+                "config": asdict(self.config),
+            }
+            with atomic_path(self.out_dir / STATE_FILE) as tmp:
+                torch.save(state, tmp)
+            if self.save_model is not None:
+                self.save_model(self.model, self.out_dir)
+        distributed.barrier(self.dist)
+
+    def load(self) -> bool:
+        path = self.out_dir / STATE_FILE
+        if not path.exists():
+            return False
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - any unreadable state is reported the same way
+            raise ValueError(f"{path}: cannot read the trainer state ({err})") from None
+        try:
+            self.model.load_state_dict(state["model"])
+        except RuntimeError as err:
+            raise ValueError(
+                f"{path}: the checkpoint does not fit this model (another config?): {err}"
+            ) from None
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.data.load_state_dict(state["data"])
+        rng = state["rng"]
+        version, internal, gauss_next = rng["python"]
+        random.setstate((version, tuple(internal), gauss_next))
+        kind, keys, position, has_gauss, gauss = rng["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, gauss))
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.step = int(state["step"])
+        return True
+
+    # ------------------------------------------------------------------ loop
+    def train(self) -> list[dict[str, Any]]:
+        config = self.config
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(config.seed)
+        resumed = config.resume and self.load()
+        if config.resume and not resumed:
+            logger.warning("%s: no %s to resume from; starting afresh", self.out_dir, STATE_FILE)
+        log = _Log(
+            self.out_dir / LOG_FILE, self.dist.is_main, keep_until=self.step if resumed else 0
+        )
+        entries: list[dict[str, Any]] = []
+        bar = self._progress()
+        sums = None
+        tokens = 0
+        tick = time.perf_counter()
+        self.wrapped.train()
+        while self.step < config.max_steps:
+            batches = [self.data.next_batch() for _ in range(config.accumulation)]
+            totals = sum(self.objective.counts(b) for b in batches).double()
+            totals = distributed.all_reduce_sum(totals.to(self.dist.device), self.dist).cpu()
+            for index, batch in enumerate(batches):
+                batch = {k: v.to(self.dist.device, non_blocking=True) for k, v in batch.items()}
+                tokens += int(batch["attention_mask"].sum())
+                last = index == len(batches) - 1
+                sync = (
+                    contextlib.nullcontext()
+                    if last or not self.dist.enabled
+                    else self.wrapped.no_sync()
+                )
+                with (
+                    sync,
+                    torch.autocast(
+                        self.dist.device.type, dtype=self.dtype, enabled=self.dtype is not None
+                    ),
+                ):
+                    loss, stats = self.objective.loss(self.wrapped, batch, totals)
+                    # DDP averages gradients over ranks; the loss is already a global mean
+                    loss = loss * self.dist.world_size
+                self.scaler.scale(loss).backward()
+                stats = stats.detach().double().cpu()
+                sums = stats if sums is None else sums + stats
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            lr = self.schedule.get_last_lr()[0]
+            self.schedule.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            if self.step % config.log_every == 0 or self.step == config.max_steps:
+                sums = distributed.all_reduce_sum(sums.to(self.dist.device), self.dist).cpu()
+                elapsed = time.perf_counter() - tick
+                entry = {
+                    "step": self.step,
+                    "split": "train",
+                    **self.objective.log_entry(sums),
+                    "lr": lr,
+                }
+                entry["tokens_per_s"] = round(tokens * self.dist.world_size / max(elapsed, 1e-9), 1)
+                entries.append(entry)
+                log.write(entry)
+                if bar is not None:
+                    bar.set_postfix(
+                        loss=f"{entry['loss']:.4f}", tok_s=f"{entry['tokens_per_s']:.0f}"
+                    )
+                sums, tokens, tick = None, 0, time.perf_counter()
+            if bar is not None:
+                bar.update(1)
+            if self.evaluate is not None and (
+                (config.eval_every and self.step % config.eval_every == 0)
+                or self.step == config.max_steps
+            ):
+                entry = {"step": self.step, **self._evaluate()}
+                entries.append(entry)
+                log.write(entry)
+                self.wrapped.train()
+            if self.step % config.save_every == 0 or self.step == config.max_steps:
+                self.save()
+        if bar is not None:
+            bar.close()
+        return entries
+
+    def _evaluate(self) -> dict[str, float]:
+        self.wrapped.eval()
+        with (
+            torch.no_grad(),
+            torch.autocast(self.dist.device.type, dtype=self.dtype, enabled=self.dtype is not None),
+        ):
+            return self.evaluate(self.wrapped)
+
+    def _progress(self):
+        if not (self.config.progress and self.dist.is_main):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.config.max_steps, initial=self.step, desc="train", unit="step")
+
+
+class _Log:
+    """log.jsonl: one JSON object per line. On resume, lines past the checkpoint's step go, so
+    the file reads as if the run had never stopped."""
+
+    def __init__(self, path: Path, enabled: bool, keep_until: int) -> None:
+        self.path, self.enabled = path, enabled
+        if not enabled:
+            return
+        kept = []
+        if keep_until and path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    if json.loads(line)["step"] <= keep_until:
+                        kept.append(line)
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue  # a line cut short by the kill
+        with atomic_path(path) as tmp:
+            tmp.write_text("".join(line + "\n" for line in kept))
+        self.handle = open(path, "a")
+
+    def write(self, entry: dict[str, Any]) -> None:
+        if self.enabled:
+            clean = {
+                k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                for k, v in entry.items()
+            }
+            self.handle.write(json.dumps(clean) + "\n")
+            self.handle.flush()
+
+
+def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    if precision == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return None
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]

@@ -1,0 +1,298 @@
+"""The training loop: schedule, resume after a kill (identical losses), and DDP equivalence with
+torchrun on 2 CPU processes (identical parameters)."""
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertkit import BertConfig, BertForPreTraining
+from bertkit.pretraining.shards import chunk_from_token_documents, write_shards
+from bertkit.pretraining.train import run_pretraining
+from bertkit.training.optim import parameter_groups, warmup_linear_decay
+from tests.test_pretraining_data import synthetic_shards, synthetic_tokenizer
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    tokenizer = synthetic_tokenizer()
+    synthetic_shards(root, tokenizer, documents=400)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    config.to_json_file(root / "config.json")
+    dataclasses.replace(
+        config, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    ).to_json_file(root / "nodrop.json")
+    return root
+
+
+def cli(*args):
+    return [sys.executable, "-m", "bertkit.cli", *map(str, args)]
+
+
+def losses(out):
+    return {
+        e["step"]: e["loss"]
+        for e in map(json.loads, (out / "log.jsonl").read_text().splitlines())
+        if e["split"] == "train"
+    }
+
+
+def test_schedule_and_parameter_groups():
+    assert [round(warmup_linear_decay(s, 3, 8), 3) for s in range(8)] == [
+        0.333,
+        0.667,
+        1.0,
+        0.833,
+        0.667,
+        0.5,
+        0.333,
+        0.167,
+    ]
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=50))
+    decay, no_decay = parameter_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(names[id(p)].endswith(("bias", "LayerNorm.weight")) for p in no_decay["params"])
+    assert all(not names[id(p)].endswith(("bias", "LayerNorm.weight")) for p in decay["params"])
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    total = sum(p.numel() for p in decay["params"] + no_decay["params"])
+    assert total == model.num_parameters  # the tied decoder counted once
+
+
+def learnable_shards(root, tokenizer):
+    """Sentences that are runs of consecutive words (w17 w18 w19 ...): a masked word follows
+    from its neighbours, which even a tiny model learns in a few dozen steps."""
+    rng = np.random.default_rng(0)
+    words = np.asarray([tokenizer.vocab[f"w{i}"] for i in range(60)])
+
+    def sentence():
+        start = int(rng.integers(0, 40))
+        return words[start : start + int(rng.integers(6, 20))]
+
+    docs = [[sentence() for _ in range(int(rng.integers(3, 12)))] for _ in range(300)]
+    write_shards([chunk_from_token_documents(docs)], tokenizer, root / "learnable")
+    return root / "learnable"
+
+
+def test_pretraining_learns_and_writes_a_loadable_checkpoint(setup, tmp_path):
+    data = learnable_shards(tmp_path, synthetic_tokenizer())
+    entries = run_pretraining(
+        data,
+        tmp_path / "out",
+        config=str(setup / "config.json"),
+        max_steps=60,
+        batch_size=16,
+        seq_len=64,
+        eval_data=data,
+        eval_batches=4,
+        learning_rate=5e-3,
+        warmup_steps=4,
+        log_every=5,
+        eval_every=30,
+        save_every=20,
+        progress=False,
+    )
+    train = [e for e in entries if e["split"] == "train"]
+    evals = [e for e in entries if e["split"] == "eval"]
+    assert train[-1]["mlm_loss"] < train[0]["mlm_loss"] - 1.0
+    assert evals[-1]["mlm_loss"] < evals[0]["mlm_loss"]
+    assert {"step", "mlm_loss", "mlm_accuracy", "nsp_accuracy"} <= set(evals[-1])
+    model = BertForPreTraining.from_pretrained(tmp_path / "out")
+    assert model.config.hidden_size == 32
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "out").eval()
+    ids = torch.randint(10, 400, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            hf(ids).prediction_logits, model(ids).mlm_logits, atol=1e-5, rtol=0
+        )
+    with pytest.raises(FileExistsError, match="pass --resume"):
+        run_pretraining(
+            setup / "shards",
+            tmp_path / "out",
+            config=str(setup / "config.json"),
+            max_steps=50,
+            batch_size=16,
+            seq_len=64,
+            progress=False,
+        )
+    with pytest.raises(ValueError, match="does not fit this model"):
+        run_pretraining(
+            setup / "shards",
+            tmp_path / "out",
+            config="tiny",
+            max_steps=50,
+            batch_size=16,
+            seq_len=64,
+            resume=True,
+            progress=False,
+        )
+
+
+@pytest.mark.parametrize("objective", ["mlm", "ltr"])
+def test_ablation_objectives_train(setup, tmp_path, objective):
+    entries = run_pretraining(
+        setup / "shards",
+        tmp_path / objective,
+        config=str(setup / "config.json"),
+        max_steps=6,
+        batch_size=8,
+        seq_len=64,
+        objective=objective,
+        warmup_steps=1,
+        log_every=3,
+        learning_rate=1e-3,
+        progress=False,
+    )
+    assert all("nsp_loss" not in e for e in entries)
+    config = json.loads((tmp_path / objective / "config.json").read_text())
+    assert config["architectures"] == ["BertForMaskedLM"] and config["is_decoder"] == (
+        objective == "ltr"
+    )
+
+
+def test_killed_run_resumes_with_identical_losses(setup, tmp_path):
+    common = [
+        "--data",
+        setup / "shards",
+        "--config",
+        setup / "config.json",
+        "--max-steps",
+        60,
+        "--batch-size",
+        8,
+        "--seq-len",
+        64,
+        "--warmup-steps",
+        5,
+        "--log-every",
+        1,
+        "--save-every",
+        10,
+        "--lr",
+        1e-3,
+        "--device",
+        "cpu",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(
+        cli("pretrain", "--out", tmp_path / "whole", *common),
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    expected = losses(tmp_path / "whole")
+    assert len(expected) == 60
+    killed = subprocess.Popen(
+        cli("pretrain", "--out", tmp_path / "killed", *common),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    log = tmp_path / "killed" / "log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:  # kill it mid-run, after a checkpoint and some steps beyond it
+        if log.exists() and len(log.read_text().splitlines()) >= 25:
+            break
+        time.sleep(0.02)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    before = losses(tmp_path / "killed")
+    assert 25 <= max(before) < 60, "the run was not killed mid-run"
+    subprocess.run(
+        cli("pretrain", "--out", tmp_path / "killed", *common, "--resume"),
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    after = losses(tmp_path / "killed")
+    assert sorted(after) == list(range(1, 61))
+    for step in range(1, 61):
+        assert abs(after[step] - expected[step]) <= 1e-6, (step, after[step], expected[step])
+    final_a = load_file(tmp_path / "whole" / "model.safetensors")
+    final_b = load_file(tmp_path / "killed" / "model.safetensors")
+    assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_ddp_equals_one_process_with_the_same_global_batch(setup, tmp_path):
+    common = [
+        "--data",
+        setup / "shards",
+        "--config",
+        setup / "nodrop.json",
+        "--max-steps",
+        8,
+        "--batch-size",
+        8,
+        "--seq-len",
+        64,
+        "--warmup-steps",
+        2,
+        "--log-every",
+        1,
+        "--lr",
+        1e-3,
+        "--device",
+        "cpu",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+    ]
+    subprocess.run(
+        [
+            *torchrun,
+            "-m",
+            "bertkit.cli",
+            "pretrain",
+            "--out",
+            str(tmp_path / "ddp"),
+            *map(str, common),
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    subprocess.run(
+        cli("pretrain", "--out", tmp_path / "one", *common),
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    a = load_file(tmp_path / "ddp" / "model.safetensors")
+    b = load_file(tmp_path / "one" / "model.safetensors")
+    delta = max((a[k] - b[k]).abs().max().item() for k in a)
+    print(f"\nDDP (2 ranks) vs 1 process after 8 steps: max |parameter difference| = {delta:.1e}")
+    assert delta <= 1e-5
+    la, lb = losses(tmp_path / "ddp"), losses(tmp_path / "one")
+    assert all(abs(la[s] - lb[s]) <= 1e-5 for s in la)
