@@ -18,16 +18,18 @@ def test_docstring_corpus_reads_source_without_importing(tmp_path):
     assert len(stdlib) == 3 and all(stdlib)
 
 
-def test_demo_runs_on_a_given_corpus(tmp_path, capsys):
+def test_demo_pretrains_on_a_given_corpus(tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text(
-        "\n".join(f"Sentence number {i} about the quick brown fox." for i in range(300))
-    )
-    run_demo(tmp_path / "out", corpus=[str(corpus)])
+    documents = [
+        " ".join(f"Sentence {i} of document {d} is about the quick brown fox." for i in range(8))
+        for d in range(40)
+    ]
+    corpus.write_text("\n\n".join(documents))
+    run_demo(tmp_path / "out", corpus=[str(corpus)], max_steps=12, batch_size=8)
     printed = capsys.readouterr().out
-    assert "max |difference| of MLM logits = 0.0e+00" in printed
-    assert (tmp_path / "out" / "model.safetensors").exists()
-    assert (tmp_path / "out" / "vocab.txt").exists()
+    assert "held-out MLM loss" in printed and "fill-mask" in printed
+    for name in ("model.safetensors", "vocab.txt", "config.json", "log.jsonl"):
+        assert (tmp_path / "out" / name).exists()
 
 
 def test_vocab_command(tmp_path, capsys):
@@ -41,7 +43,7 @@ def test_vocab_command(tmp_path, capsys):
 
 def test_every_subcommand_has_help():
     parser = build_parser()
-    for command in ("vocab", "convert", "demo"):
+    for command in ("vocab", "prepare", "pretrain", "convert", "demo"):
         with pytest.raises(SystemExit) as exit_info:
             parser.parse_args([command, "--help"])
         assert exit_info.value.code == 0

@@ -90,7 +90,7 @@ def _pretrain(args: argparse.Namespace) -> None:
 def _demo(args: argparse.Namespace) -> None:
     from bertkit.demo import run_demo
 
-    run_demo(args.out, corpus=args.corpus or None)
+    run_demo(args.out, corpus=args.corpus or None, max_steps=args.steps)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -191,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run the main job on the embedded default corpus")
     demo.add_argument("corpus", nargs="*", help="text files to use instead of the default corpus")
     demo.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    demo.add_argument("--steps", type=int, default=600, help="pre-training steps (default 600)")
     demo.set_defaults(func=_demo)
     return parser
 

@@ -130,13 +130,16 @@ def run_pretraining(
     precision: str = "auto",
     device: str | None = None,
     progress: bool = True,
+    model: torch.nn.Module | None = None,
 ) -> list[dict[str, Any]]:
     """Pre-train on the shards in `data`; `out` ends up a checkpoint directory (config.json,
     model.safetensors, vocab.txt) with `log.jsonl` and `trainer_state.pt` beside the weights.
 
     `batch_size` is the global batch (sequences per optimiser step, as in the paper: 256), split
     over processes and `accumulation` micro-batches. `init_from` continues from a checkpoint with
-    a fresh schedule (the paper's phase 2 at length 512 after phase 1 at 128).
+    a fresh schedule (the paper's phase 2 at length 512 after phase 1 at 128). `model` replaces
+    the one `config` would build (it must take `masked_positions` and give `mlm_logits`, and
+    `nsp_logits` for NSP; the benchmarks pass transformers' model through an adapter).
     """
     dist = distributed.setup(device)
     try:
@@ -155,7 +158,9 @@ def run_pretraining(
         model_config = resolve_config(config, tokenizer.vocab_size, seq_len, objective)
         model_class = BertForPreTraining if objective == "mlm+nsp" else BertForMaskedLM
         torch.manual_seed(seed)
-        if init_from is not None:
+        if model is not None:
+            pass
+        elif init_from is not None:
             model = model_class.from_pretrained(init_from, config=model_config)
         else:
             model = model_class(model_config)

@@ -165,6 +165,20 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def train(self) -> list[dict[str, Any]]:
+        # On CPU in fp32, oneDNN compiles and caches a primitive for every new shape; with
+        # batches padded to their longest sequence and packed to their real tokens, shapes change
+        # every step and that cache grew resident memory by ~13 MB a step (2.9 GB after 300 steps
+        # of BERT-tiny) while buying no speed (measured: the same s/step without it).
+        if self.dist.device.type != "cpu" or self.dtype is not None:
+            return self._train()
+        previous = torch.backends.mkldnn.enabled  # (mkldnn.flags() also warns about TF32)
+        torch.backends.mkldnn.enabled = False
+        try:
+            return self._train()
+        finally:
+            torch.backends.mkldnn.enabled = previous
+
+    def _train(self) -> list[dict[str, Any]]:
         config = self.config
         self.out_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(config.seed)
