@@ -87,7 +87,7 @@ def main() -> None:
     tokenizer = BertTokenizer.from_pretrained(train)
     config = BertConfig.from_preset(args.config, vocab_size=tokenizer.vocab_size)
 
-    def run(name: str, model, steps: int, **extra):
+    def run(name: str, model, steps: int, evaluate: bool = True):
         directory = out / name
         for leftover in ("trainer_state.pt", "log.jsonl"):
             (directory / leftover).unlink(missing_ok=True)
@@ -99,7 +99,7 @@ def main() -> None:
             max_steps=steps,
             batch_size=args.batch_size,
             seq_len=args.seq_len,
-            eval_data=held_out,
+            eval_data=held_out if evaluate else None,
             eval_batches=20,
             learning_rate=args.lr,
             warmup_steps=max(1, int(steps * args.warmup_fraction)),
@@ -110,7 +110,6 @@ def main() -> None:
             precision="fp32",
             device="cpu",
             model=model,
-            **extra,
         )
         return entries, time.perf_counter() - start
 
@@ -133,8 +132,8 @@ def main() -> None:
 
     steps = args.max_steps
     if steps is None:  # calibrate: time a few steps after a warm-up
-        _, warm = run("calibrate", ours(), 3)
-        _, timed = run("calibrate", ours(), 13)
+        _, warm = run("calibrate", ours(), 3, evaluate=False)
+        _, timed = run("calibrate", ours(), 13, evaluate=False)
         per_step = (timed - warm) / 10
         steps = max(10, int(args.minutes * 60 / per_step))
         print(f"calibrated: {per_step:.2f} s/step -> {steps} steps for {args.minutes} minutes")

@@ -296,3 +296,44 @@ def test_two_process_ddp_equals_one_process_with_the_same_global_batch(setup, tm
     assert delta <= 1e-5
     la, lb = losses(tmp_path / "ddp"), losses(tmp_path / "one")
     assert all(abs(la[s] - lb[s]) <= 1e-5 for s in la)
+
+
+def test_two_phases_continue_with_a_fresh_schedule_and_resume(setup, tmp_path):
+    args = [
+        "--data",
+        setup / "shards",
+        "--config",
+        setup / "config.json",
+        "--batch-size",
+        8,
+        "--warmup-steps",
+        2,
+        "--log-every",
+        1,
+        "--device",
+        "cpu",
+        "--out",
+        tmp_path / "run",
+    ]
+    from bertkit.cli import main
+
+    assert main(["pretrain", *map(str, args), "--phases", "32:6,64:4"]) == 0
+    first = tmp_path / "run" / "phase1-seq32"
+    assert (first / "model.safetensors").exists() and (
+        tmp_path / "run" / "model.safetensors"
+    ).exists()
+    second = [
+        json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()
+    ]
+    assert [e["step"] for e in second] == [1, 2, 3, 4]  # a fresh schedule: steps and warmup restart
+    assert second[0]["lr"] < second[1]["lr"]
+    phase1 = load_file(first / "model.safetensors")
+    # resuming a finished run re-runs nothing
+    before = (tmp_path / "run" / "log.jsonl").read_text()
+    assert main(["pretrain", *map(str, args), "--phases", "32:6,64:4", "--resume"]) == 0
+    assert (tmp_path / "run" / "log.jsonl").read_text() == before
+    assert all(torch.equal(phase1[k], v) for k, v in load_file(first / "model.safetensors").items())
+    with pytest.raises(ValueError, match="is not SEQ_LEN:STEPS"):
+        from bertkit.pretraining.train import parse_phases
+
+        parse_phases("128-100")

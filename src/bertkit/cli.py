@@ -54,15 +54,20 @@ def _prepare(args: argparse.Namespace) -> None:
 
 def _pretrain(args: argparse.Namespace) -> None:
     from bertkit.pretraining.dataset import MaskingConfig
-    from bertkit.pretraining.train import run_pretraining
+    from bertkit.pretraining.train import parse_phases, run_phases
 
-    run_pretraining(
+    if args.phases:
+        phases = parse_phases(args.phases)
+    elif args.max_steps is not None:
+        phases = [(args.seq_len, args.max_steps)]
+    else:
+        raise ValueError("give --max-steps N (or --phases SEQ_LEN:STEPS,...)")
+    run_phases(
         args.data,
         args.out,
+        phases,
         config=args.config,
-        max_steps=args.max_steps,
         batch_size=args.batch_size,
-        seq_len=args.seq_len,
         objective=args.objective,
         eval_data=args.eval_data,
         eval_batches=args.eval_batches,
@@ -155,7 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="checkpoint directory (config.json, model.safetensors, log.jsonl)",
     )
-    pretrain.add_argument("--max-steps", type=int, required=True)
+    pretrain.add_argument("--max-steps", type=int, help="optimiser steps (one phase at --seq-len)")
+    pretrain.add_argument(
+        "--phases",
+        help="the paper's schedule as SEQ_LEN:STEPS,...; e.g. 128:90000,512:10000 (each phase "
+        "continues from the last with a fresh schedule; replaces --max-steps/--seq-len)",
+    )
     pretrain.add_argument(
         "--batch-size", type=int, default=256, help="global sequences per step (default 256)"
     )

@@ -232,3 +232,67 @@ def run_pretraining(
         return trainer.train()
     finally:
         distributed.cleanup(dist)
+
+
+def parse_phases(text: str) -> list[tuple[int, int]]:
+    """`"128:900,512:100"` -> [(128, 900), (512, 100)]: (sequence length, steps) per phase.
+
+    >>> parse_phases("128:900,512:100")
+    [(128, 900), (512, 100)]
+    """
+    phases = []
+    for part in text.split(","):
+        try:
+            length, steps = (int(x) for x in part.split(":"))
+        except ValueError:
+            raise ValueError(
+                f"--phases: {part!r} is not SEQ_LEN:STEPS (e.g. 128:90000,512:10000)"
+            ) from None
+        if length <= 0 or steps <= 0:
+            raise ValueError(f"--phases: {part!r} needs a positive length and step count")
+        phases.append((length, steps))
+    return phases
+
+
+def run_phases(
+    data: str | os.PathLike,
+    out: str | os.PathLike,
+    phases: list[tuple[int, int]],
+    *,
+    resume: bool = False,
+    init_from: str | os.PathLike | None = None,
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
+    """The paper's schedule: phases of (sequence length, steps), each continuing from the previous
+    phase's weights with a fresh optimiser and schedule. Earlier phases are kept in
+    `out/phase<N>-seq<L>`; the last one writes to `out`. With `resume`, finished phases are skipped
+    and the current one continues from its trainer state. `init_from` is where phase 1 starts."""
+    out = Path(out)
+    entries: list[dict[str, Any]] = []
+    previous = Path(init_from) if init_from is not None else None
+    for number, (seq_len, steps) in enumerate(phases, start=1):
+        last = number == len(phases)
+        directory = out if last else out / f"phase{number}-seq{seq_len}"
+        state = directory / STATE_FILE
+        if resume and state.exists() and _finished(state, steps):
+            logger.info(
+                "phase %d (%d x %d) already finished in %s", number, steps, seq_len, directory
+            )
+        else:
+            phase_entries = run_pretraining(
+                data,
+                directory,
+                seq_len=seq_len,
+                max_steps=steps,
+                init_from=previous,
+                resume=resume and state.exists(),
+                **kwargs,
+            )
+            entries.extend({**e, "phase": number} for e in phase_entries)
+        previous = directory
+    return entries
+
+
+def _finished(state_file: Path, steps: int) -> bool:
+    state = torch.load(state_file, map_location="cpu", weights_only=True)
+    return int(state["step"]) >= steps
