@@ -12,6 +12,7 @@ from bertkit.pretraining.instances import document_instances, mask_tokens
 from bertkit.pretraining.shards import (
     Shards,
     chunk_from_token_documents,
+    encode_documents,
     prepare_shards,
     write_shards,
 )
@@ -358,3 +359,23 @@ def test_prepare_shards_real_text_and_errors(tmp_path):
         PretrainingData(Shards(tmp_path / "one"), tok, batch_size=1).next_batch()
     mlm = PretrainingData(Shards(tmp_path / "one"), tok, batch_size=1, objective="mlm").next_batch()
     assert mlm["input_ids"].shape[0] == 1
+
+
+def test_encode_documents_drops_empty_sentences_and_documents_anywhere():
+    vocab = SPECIALS + ["the", "cat", "sat"]
+    tok = BertTokenizer(vocab=vocab, lowercase=True)
+    chunk = encode_documents(
+        [
+            ([], False),
+            (["the cat", "\x00"], False),
+            (["sat"], False),
+            (["\x01"], False),
+            ([], False),
+        ],
+        tok,
+        np.dtype(np.uint16),
+    )
+    assert chunk.tokens.tolist() == [5, 6, 7] and chunk.sentence_lengths.tolist() == [2, 1]
+    assert chunk.document_sentences.tolist() == [1, 1] and chunk.dropped_documents == 3
+    assert tok.encode_ids(["the cat", ""]) == [[5, 6], []]
+    assert tok("the cat sat", max_length=3)["input_ids"] == [2, 5, 3]  # __call__ settings restored

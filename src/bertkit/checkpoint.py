@@ -110,7 +110,7 @@ def detect_format(path: Path) -> str:
         raise FileNotFoundError(f"{path}: checkpoint directory not found")
     if any((path / f).exists() for f in (SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN)):
         return "hf"
-    if list(path.glob("*.ckpt*.index")) or list(path.glob("*.index")):
+    if any(path.glob("*.index")):
         return "google"
     raise FileNotFoundError(
         f"{path}: no weights found (expected {SAFETENSORS}, {PYTORCH_BIN}, or a Google "

@@ -263,10 +263,9 @@ class BertConfig:
                 values[key] = value
             elif key in _HF_IGNORED_KEYS or key in _GOOGLE_IGNORED_KEYS:
                 continue
-            elif key in ("num_labels",) and "id2label" not in data:
-                values["id2label"] = {i: f"LABEL_{i}" for i in range(int(value))}
-            elif key == "num_labels":
-                continue
+            elif key == "num_labels":  # Hugging Face's shorthand; id2label wins when both are given
+                if "id2label" not in data:
+                    values["id2label"] = {i: f"LABEL_{i}" for i in range(int(value))}
             else:
                 unknown.append(key)
                 extra[key] = value

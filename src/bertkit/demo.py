@@ -74,7 +74,7 @@ def run_demo(
     learning_rate: float = 1e-3,
 ) -> Path:
     """Pre-train a BERT-tiny from scratch on the default corpus (or `corpus` files) and show what
-    it learnt: vocabulary -> shards -> MLM + NSP pre-training -> fill-mask. About 3 minutes on 2
+    it learnt: vocabulary -> shards -> MLM + NSP pre-training -> fill-mask. About 2 minutes on 2
     CPU cores."""
     from bertkit import BertForPreTraining, BertTokenizer, train_vocab
     from bertkit.pretraining.shards import prepare_shards

@@ -237,9 +237,6 @@ class BertTokenizer:
         digest.update("\n".join(self._tokens).encode("utf-8"))
         return digest.hexdigest()
 
-    def _special_id(self, token: str) -> int | None:
-        return self._ids.get(token)
-
     pad_token_id = property(lambda self: self._ids[PAD])
     unk_token_id = property(lambda self: self._ids[UNK])
     cls_token_id = property(lambda self: self._ids[CLS])
@@ -274,6 +271,21 @@ class BertTokenizer:
         except TypeError:
             _check_texts([text], "text")
             raise
+
+    def encode_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """WordPiece ids of each text: no special tokens, no truncation, no padding (what
+        pre-training shards store).
+
+        >>> tok.encode_ids(["Hello world", "unaffable"])      # doctest: +SKIP
+        [[7592, 2088], [14477, 20961, 3085]]
+        """
+        self._configure(None, self.model_max_length, None, None)
+        try:
+            encodings = self.backend.encode_batch(list(texts), add_special_tokens=False)
+        except TypeError:
+            _check_texts(texts, "text")
+            raise
+        return [e.ids for e in encodings]
 
     def __call__(
         self,

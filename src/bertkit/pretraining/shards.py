@@ -16,6 +16,7 @@ The directory is built under a temporary name and renamed into place when comple
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
@@ -67,22 +68,13 @@ def encode_documents(
         found = sentences_of(units, needs_split)
         sentences.extend(found)
         per_document.append(len(found))
-    tokenizer.backend.no_truncation()
-    tokenizer.backend.no_padding()
-    tokenizer._settings = None  # the next __call__ sets its own truncation again
-    encodings = tokenizer.backend.encode_batch(sentences, add_special_tokens=False)
-    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
-    tokens = np.fromiter(
-        (i for e in encodings for i in e.ids), dtype=dtype, count=int(lengths.sum())
-    )
+    ids = tokenizer.encode_ids(sentences)
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
     # sentences and documents that tokenise to nothing (e.g. only control characters) go
     kept_sentences = lengths > 0
-    bounds = np.concatenate([[0], np.cumsum(per_document)])
-    kept_per_document = np.add.reduceat(kept_sentences, bounds[:-1]) if len(per_document) else []
-    kept_per_document = np.asarray(
-        [k if n else 0 for k, n in zip(kept_per_document, per_document, strict=True)],
-        dtype=np.int64,
-    )
+    owner = np.repeat(np.arange(len(per_document)), per_document)  # document of each sentence
+    kept_per_document = np.bincount(owner[kept_sentences], minlength=len(per_document))
     return EncodedChunk(
         tokens,
         lengths[kept_sentences],

@@ -199,8 +199,8 @@ class Trainer:
             totals = sum(self.objective.counts(b) for b in batches).double()
             totals = distributed.all_reduce_sum(totals.to(self.dist.device), self.dist).cpu()
             for index, batch in enumerate(batches):
+                tokens += int(batch["attention_mask"].sum())  # counted on the CPU: no device sync
                 batch = {k: v.to(self.dist.device, non_blocking=True) for k, v in batch.items()}
-                tokens += int(batch["attention_mask"].sum())
                 last = index == len(batches) - 1
                 sync = (
                     contextlib.nullcontext()
@@ -217,7 +217,7 @@ class Trainer:
                     # DDP averages gradients over ranks; the loss is already a global mean
                     loss = loss * self.dist.world_size
                 self.scaler.scale(loss).backward()
-                stats = stats.detach().double().cpu()
+                stats = stats.detach().double()  # stays on the device until a log step
                 sums = stats if sums is None else sums + stats
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
@@ -228,7 +228,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
             if self.step % config.log_every == 0 or self.step == config.max_steps:
-                sums = distributed.all_reduce_sum(sums.to(self.dist.device), self.dist).cpu()
+                sums = distributed.all_reduce_sum(sums, self.dist).cpu()
                 elapsed = time.perf_counter() - tick
                 entry = {
                     "step": self.step,
