@@ -23,6 +23,10 @@ _EXPORTS = {
     "BertForTokenClassification": "bertkit.heads",
     "BertForQuestionAnswering": "bertkit.heads",
     "BertForMultipleChoice": "bertkit.heads",
+    "finetune": "bertkit.finetune",
+    "FinetuneConfig": "bertkit.finetune",
+    "Predictor": "bertkit.predict",
+    "extract": "bertkit.features",
 }
 __all__ = [
     "BertConfig",
@@ -36,6 +40,10 @@ __all__ = [
     "BertForTokenClassification",
     "BertForQuestionAnswering",
     "BertForMultipleChoice",
+    "finetune",
+    "FinetuneConfig",
+    "Predictor",
+    "extract",
 ]
 
 

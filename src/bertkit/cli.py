@@ -92,6 +92,126 @@ def _pretrain(args: argparse.Namespace) -> None:
     )
 
 
+def _finetune(args: argparse.Namespace) -> None:
+    import json
+
+    from bertkit.finetune import FinetuneConfig, finetune, finetune_grid, finetune_seeds
+
+    config = FinetuneConfig(
+        epochs=args.epochs,
+        learning_rate=args.lr,
+        batch_size=args.batch_size,
+        max_seq_length=args.max_seq_length,
+        warmup_proportion=args.warmup,
+        seed=args.seed,
+        eval_batch_size=args.eval_batch_size,
+        precision=args.precision,
+        device=args.device,
+        resume=args.resume,
+        keep_state=args.keep_state,
+        max_train_examples=args.max_train_examples,
+        max_eval_examples=args.max_eval_examples,
+    )
+    if args.grid:
+        results = finetune_grid(args.task, args.model, args.data, args.out, config, args.seeds)
+    elif args.seeds > 1:
+        results = finetune_seeds(args.task, args.model, args.data, args.out, config, args.seeds)
+    else:
+        results = finetune(args.task, args.model, args.data, args.out, config)
+    print(json.dumps({"task": args.task, "dev": results["dev"]} | _spread(results), indent=1))
+    print(f"wrote {args.out}/results.json")
+
+
+def _spread(results: dict) -> dict:
+    return {k: results[k] for k in ("dev_std", "dev_min", "dev_max", "selected") if k in results}
+
+
+def _evaluate(args: argparse.Namespace) -> None:
+    import json
+
+    from bertkit.finetune import evaluate
+
+    result = evaluate(
+        args.model,
+        args.data,
+        task=args.task,
+        split=args.split,
+        out=args.out,
+        batch_size=args.batch_size,
+        device=args.device,
+    )
+    print(json.dumps(result, indent=1))
+
+
+def _predict(args: argparse.Namespace) -> None:
+    import json
+
+    from bertkit.predict import PAIR_TASKS, Predictor
+
+    predictor = Predictor(args.model, device=args.device, batch_size=args.batch_size)
+    name = predictor.task.name
+    items: list = []
+    if args.input:
+        with open(args.input, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{args.input}:{number}: not JSON ({err.msg})") from None
+                if isinstance(item, dict) and "text" in item:
+                    item = (
+                        (item["text"], item["text_pair"]) if "text_pair" in item else item["text"]
+                    )
+                items.append(item)
+    elif name.startswith("squad"):
+        if not (args.question and args.context):
+            raise ValueError(f"{name} takes --question and --context (or --input FILE.jsonl)")
+        items = [{"question": args.question, "context": args.context}]
+    elif name in PAIR_TASKS:
+        if len(args.text) != 2:
+            raise ValueError(f"{name} takes two texts: bertkit predict --model DIR 'A' 'B'")
+        items = [tuple(args.text)]
+    else:
+        items = list(args.text)
+    for result in predictor(items):
+        print(json.dumps(result, ensure_ascii=False))
+
+
+def _extract(args: argparse.Namespace) -> None:
+    from bertkit.features import extract, save_features
+    from bertkit.model import BertModel
+    from bertkit.tasks.ner import read_conll
+    from bertkit.tokenizer import BertTokenizer
+
+    if args.conll:
+        items = [list(s.words) for s in read_conll(args.input)]
+    else:
+        with open(args.input, encoding="utf-8") as handle:
+            lines = [line.rstrip("\n") for line in handle]
+        items = [line.split() for line in lines] if args.words else lines
+        empty = [n for n, item in enumerate(items, start=1) if not item or not str(item).strip()]
+        if empty:
+            raise ValueError(f"{args.input}:{empty[0]}: an empty line (one item per line)")
+    tokenizer = BertTokenizer.from_pretrained(args.model)
+    model = BertModel.from_pretrained(args.model)
+    selections = [s.strip() for s in args.layers.split(",") if s.strip()]
+    features = extract(
+        model,
+        tokenizer,
+        items,
+        selections,
+        max_seq_length=args.max_seq_length,
+        batch_size=args.batch_size,
+        device=args.device,
+    )
+    meta = {"model": args.model, "input": args.input, "per_word": bool(args.words or args.conll)}
+    path = save_features(features, args.out, meta)
+    widths = {s: tuple(v[0].shape[1:]) for s, v in features.items()}
+    print(f"wrote {path}: {len(items)} items, features {widths}")
+
+
 def _demo(args: argparse.Namespace) -> None:
     from bertkit.demo import run_demo
 
@@ -197,6 +317,81 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
     pretrain.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     pretrain.set_defaults(func=_pretrain)
+
+    from bertkit.tasks import TASK_NAMES
+
+    finetune = commands.add_parser(
+        "finetune", help="fine-tune on a task of the paper (GLUE, SQuAD, CoNLL-2003, SWAG)"
+    )
+    finetune.add_argument("task", choices=TASK_NAMES)
+    finetune.add_argument("--model", required=True, help="checkpoint directory (ours, HF, Google)")
+    finetune.add_argument("--data", required=True, help="folder with the task's official files")
+    finetune.add_argument("--out", required=True, help="output directory")
+    finetune.add_argument("--epochs", type=int, help="default: the paper's (3; SQuAD 2.0: 2)")
+    finetune.add_argument("--lr", type=float, help="default: 5e-5 (SWAG: 2e-5)")
+    finetune.add_argument("--batch-size", type=int, help="default 32 (SQuAD 2.0: 48, SWAG: 16)")
+    finetune.add_argument("--max-seq-length", type=int, help="default 128 (SQuAD: 384)")
+    finetune.add_argument("--warmup", type=float, default=0.1, help="warm-up fraction (0.1)")
+    finetune.add_argument("--seed", type=int, default=42)
+    finetune.add_argument("--seeds", type=int, default=1, help="repeat with K seeds: mean/std")
+    finetune.add_argument(
+        "--grid",
+        action="store_true",
+        help="the paper's grid: batch 16/32 x lr 5e-5/3e-5/2e-5 x 2/3/4 epochs",
+    )
+    finetune.add_argument("--eval-batch-size", type=int, default=64)
+    finetune.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
+    finetune.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    finetune.add_argument("--resume", action="store_true", help="continue a killed run in OUT")
+    finetune.add_argument("--keep-state", action="store_true", help="keep trainer_state.pt")
+    finetune.add_argument("--max-train-examples", type=int, help="the first N (quick runs)")
+    finetune.add_argument("--max-eval-examples", type=int, help="the first N (quick runs)")
+    finetune.set_defaults(func=_finetune)
+
+    evaluate = commands.add_parser("evaluate", help="score a fine-tuned model on a split")
+    evaluate.add_argument("--model", required=True, help="a directory `bertkit finetune` wrote")
+    evaluate.add_argument("--data", required=True, help="folder with the task's official files")
+    evaluate.add_argument("--task", choices=TASK_NAMES, help="default: the model's own task")
+    evaluate.add_argument("--split", default="dev", help="dev, test, dev_mismatched, ...")
+    evaluate.add_argument("--out", help="write predictions (test: GLUE submission files) here")
+    evaluate.add_argument("--batch-size", type=int, default=64)
+    evaluate.add_argument("--device")
+    evaluate.set_defaults(func=_evaluate)
+
+    predict = commands.add_parser("predict", help="labels, spans or tags for raw text")
+    predict.add_argument("--model", required=True, help="a directory `bertkit finetune` wrote")
+    predict.add_argument("text", nargs="*", help="sentences (a pair task: exactly two)")
+    predict.add_argument("--question", help="SQuAD: the question")
+    predict.add_argument("--context", help="SQuAD: the paragraph")
+    predict.add_argument(
+        "--input",
+        help='JSON lines: {"text": ..., "text_pair": ...}, {"question": ..., "context": ...}, '
+        'a list of words (NER) or {"context": ..., "endings": [...]} (SWAG)',
+    )
+    predict.add_argument("--batch-size", type=int, default=32)
+    predict.add_argument("--device")
+    predict.set_defaults(func=_predict)
+
+    extract = commands.add_parser(
+        "extract", help="frozen per-token features from chosen layers (feature-based approach)"
+    )
+    extract.add_argument("--model", required=True, help="checkpoint directory")
+    extract.add_argument("--input", required=True, help="one text per line (or --conll FILE)")
+    extract.add_argument("--out", required=True, help="output .safetensors file")
+    extract.add_argument(
+        "--layers",
+        default="last",
+        help="comma-separated: embeddings, last, second_to_last, sum_last_4, concat_last_4, all, "
+        "layer:N (default last)",
+    )
+    extract.add_argument(
+        "--words", action="store_true", help="lines are words: one row per word (first piece)"
+    )
+    extract.add_argument("--conll", action="store_true", help="input is a CoNLL file: per word")
+    extract.add_argument("--max-seq-length", type=int, default=512)
+    extract.add_argument("--batch-size", type=int, default=32)
+    extract.add_argument("--device")
+    extract.set_defaults(func=_extract)
 
     demo = commands.add_parser("demo", help="run the main job on the embedded default corpus")
     demo.add_argument("corpus", nargs="*", help="text files to use instead of the default corpus")

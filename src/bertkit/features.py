@@ -1,0 +1,279 @@
+"""The feature-based approach (the paper, Sec. 5.3): frozen contextual features from chosen
+layers of a pre-trained BERT, fed to a task model that trains while BERT does not.
+
+Layer selections (`hidden_states[0]` is the embedding output, `[i]` layer i's output):
+
+| name | features | width |
+|---|---|---|
+| `embeddings` | hidden_states[0] | H |
+| `layer:N` | hidden_states[N] (N = 1..L; negative counts from the top) | H |
+| `last` | hidden_states[L] | H |
+| `second_to_last` | hidden_states[L-1] | H |
+| `sum_last_4` | hidden_states[L-3] + ... + hidden_states[L] | H |
+| `concat_last_4` | [hidden_states[L-3]; ...; hidden_states[L]] | 4H |
+| `all` | every layer, stacked (L+1, H): for a learned weighted sum (`ScalarMix`) | (L+1)·H |
+
+`extract` gives per-token features of texts (or per-word features of pre-split words: the first
+sub-token of each word, as the paper's NER); `save_features` writes them to one `.safetensors`
+file. `BiLSTMTagger` is the paper's Table 7 task model: a 2-layer bidirectional LSTM (768 units
+per direction) and a linear classifier over the frozen features.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+SELECTIONS = (
+    "embeddings",
+    "last",
+    "second_to_last",
+    "sum_last_4",
+    "concat_last_4",
+    "all",
+)
+
+
+def select_layers(hidden_states: Sequence[torch.Tensor], selection: str) -> torch.Tensor:
+    """Combine the (L+1) hidden states (each (..., H)) as `selection` says:
+    select_layers(h, "sum_last_4") == h[-4] + h[-3] + h[-2] + h[-1]"""
+    count = len(hidden_states) - 1  # L
+    if selection == "embeddings":
+        return hidden_states[0]
+    if selection == "last":
+        return hidden_states[-1]
+    if selection == "second_to_last":
+        return hidden_states[-2]
+    if selection == "sum_last_4":
+        return torch.stack(list(hidden_states[-4:])).sum(0)
+    if selection == "concat_last_4":
+        return torch.cat(list(hidden_states[-4:]), dim=-1)
+    if selection == "all":
+        return torch.stack(list(hidden_states), dim=-2)  # (..., L+1, H)
+    if selection.startswith("layer:"):
+        try:
+            index = int(selection.split(":", 1)[1])
+        except ValueError:
+            index = None
+        if index is not None and -count <= index <= count and index != 0:
+            return hidden_states[index if index > 0 else count + 1 + index]
+        raise ValueError(f"{selection!r}: the layer must be 1..{count} or -1..-{count}")
+    raise ValueError(f"unknown layer selection {selection!r}; one of {SELECTIONS} or layer:N")
+
+
+@torch.no_grad()
+def extract(
+    model,
+    tokenizer,
+    items: Sequence[str] | Sequence[Sequence[str]],
+    selections: Sequence[str] = ("last",),
+    *,
+    max_seq_length: int = 512,
+    batch_size: int = 32,
+    device: str | torch.device | None = None,
+) -> dict[str, list[torch.Tensor]]:
+    """Features of every item for every selection: `{selection: [tensor (tokens, width) per
+    item]}`. Items are texts (one row per WordPiece, [CLS] and [SEP] included) or lists of
+    words (one row per word: its first sub-token; [CLS]/[SEP] left out). `model` is a
+    `BertModel` (or any head: its `.bert` is used); it is put in eval mode and not trained."""
+    encoder = getattr(model, "bert", model)
+    device = torch.device(device) if device else next(encoder.parameters()).device
+    encoder.to(device).eval()
+    for selection in selections:  # fail before any work
+        select_layers([torch.zeros(1)] * (encoder.config.num_hidden_layers + 1), selection)
+    words_given = bool(items) and not isinstance(items[0], str)
+    rows, positions = _encode(tokenizer, items, words_given, max_seq_length)
+    result: dict[str, list] = {s: [None] * len(items) for s in selections}
+    order = np.argsort([-len(r) for r in rows], kind="stable")
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        width = max(len(rows[i]) for i in chunk)
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for j, i in enumerate(chunk):
+            ids[j, : len(rows[i])] = torch.tensor(rows[i])
+            mask[j, : len(rows[i])] = 1
+        out = encoder(ids.to(device), None, mask.to(device), output_hidden_states=True)
+        for selection in selections:
+            features = select_layers(out.hidden_states, selection).float().cpu()
+            for j, i in enumerate(chunk):
+                keep = positions[i] if positions is not None else slice(0, len(rows[i]))
+                result[selection][i] = features[j, keep].clone()
+    return result
+
+
+def _encode(tokenizer, items, words_given: bool, max_seq_length: int):
+    cls_id, sep_id, unk = tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.unk_token_id
+    if not words_given:
+        encoded = tokenizer(list(items), max_length=max_seq_length, truncation=True)
+        return encoded["input_ids"], None
+    flat = [w for words in items for w in words]
+    pieces = tokenizer.encode_ids(flat) if flat else []
+    rows, positions, at = [], [], 0
+    for n, words in enumerate(items):
+        ids, firsts = [cls_id], []
+        for p in pieces[at : at + len(words)]:
+            firsts.append(len(ids))
+            ids += p or [unk]
+        at += len(words)
+        ids.append(sep_id)
+        if len(ids) > max_seq_length:
+            raise ValueError(
+                f"item {n}: {len(words)} words make {len(ids)} pieces, over max_seq_length "
+                f"{max_seq_length}"
+            )
+        rows.append(ids)
+        positions.append(torch.tensor(firsts, dtype=torch.long))
+    return rows, positions
+
+
+def save_features(
+    features: dict[str, list[torch.Tensor]], path: str | os.PathLike, metadata: dict | None = None
+) -> Path:
+    """One `.safetensors` file: for each selection, `<selection>` = every item's rows
+    concatenated, and `offsets` (items + 1,) where item i is rows offsets[i]:offsets[i+1]."""
+    from safetensors.torch import save_file
+
+    from bertkit._io import atomic_path
+
+    path = Path(path)
+    tensors, lengths = {}, None
+    for selection, rows in features.items():
+        tensors[selection.replace(":", "_")] = torch.cat(rows).contiguous()
+        lengths = [len(r) for r in rows]
+    tensors["offsets"] = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.long)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={k: str(v) for k, v in (metadata or {}).items()})
+    return path
+
+
+def load_features(path: str | os.PathLike, selection: str) -> list[torch.Tensor]:
+    """The per-item tensors of one selection from a file `save_features` wrote."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    key = selection.replace(":", "_")
+    if key not in tensors:
+        names = sorted(k for k in tensors if k != "offsets")
+        raise KeyError(f"{path}: no features {selection!r}; it has {names}")
+    offsets = tensors["offsets"].tolist()
+    return [tensors[key][a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+
+
+class ScalarMix(nn.Module):
+    """A learned weighted sum of all layers, gamma * sum_j softmax(w)_j h_j (ELMo's)."""
+
+    def __init__(self, num_layers: int) -> None:
+        super().__init__()
+        self.weights = nn.Parameter(torch.zeros(num_layers))
+        self.gamma = nn.Parameter(torch.ones(()))
+
+    def forward(self, stacked: torch.Tensor) -> torch.Tensor:  # (..., layers, H) -> (..., H)
+        return self.gamma * torch.einsum("...lh,l->...h", stacked, self.weights.softmax(0))
+
+
+class BiLSTMTagger(nn.Module):
+    """The paper's feature-based NER model: frozen features -> 2-layer BiLSTM -> classifier.
+    With `mix_layers`, the input is every layer (`all`) combined by a learned `ScalarMix`."""
+
+    def __init__(
+        self,
+        input_size: int,
+        num_labels: int,
+        hidden_size: int = 768,
+        num_layers: int = 2,
+        dropout: float = 0.1,
+        mix_layers: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.mix = ScalarMix(mix_layers) if mix_layers else None
+        self.dropout = nn.Dropout(dropout)
+        self.lstm = nn.LSTM(
+            input_size,
+            hidden_size,
+            num_layers=num_layers,
+            bidirectional=True,
+            batch_first=True,
+            dropout=dropout if num_layers > 1 else 0.0,
+        )
+        self.classifier = nn.Linear(2 * hidden_size, num_labels)
+
+    def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) or (B, T, layers, H) features, (B,) lengths -> (B, T, labels) logits."""
+        if self.mix is not None:
+            features = self.mix(features)
+        packed = nn.utils.rnn.pack_padded_sequence(
+            self.dropout(features), lengths.cpu(), batch_first=True, enforce_sorted=False
+        )
+        out, _ = self.lstm(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(
+            out, batch_first=True, total_length=features.shape[1]
+        )
+        return self.classifier(self.dropout(out))
+
+
+def train_tagger(
+    train: tuple[list[torch.Tensor], list[list[int]]],
+    dev: tuple[list[torch.Tensor], list[list[int]]],
+    num_labels: int,
+    *,
+    hidden_size: int = 768,
+    epochs: int = 4,
+    batch_size: int = 32,
+    learning_rate: float = 1e-3,
+    seed: int = 0,
+    mix_layers: int | None = None,
+    device: str | torch.device = "cpu",
+    progress: bool = False,
+) -> tuple[BiLSTMTagger, list[list[int]]]:
+    """Train a `BiLSTMTagger` on per-word features and label ids; return it and its dev
+    predictions (label ids per word) after the last epoch."""
+    torch.manual_seed(seed)
+    features, labels = train
+    width = features[0].shape[-1]
+    tagger = BiLSTMTagger(width, num_labels, hidden_size, mix_layers=mix_layers).to(device)
+    optimizer = torch.optim.Adam(tagger.parameters(), lr=learning_rate)
+    rng = np.random.default_rng(seed)
+    for _ in range(epochs):
+        tagger.train()
+        order = rng.permutation(len(features))
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            x, lengths = _pad([features[i] for i in chunk])
+            y = torch.full(x.shape[:2], -100, dtype=torch.long)
+            for j, i in enumerate(chunk):
+                y[j, : len(labels[i])] = torch.tensor(labels[i])
+            logits = tagger(x.to(device), lengths)
+            loss = nn.functional.cross_entropy(
+                logits.reshape(-1, num_labels), y.to(device).reshape(-1), ignore_index=-100
+            )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(tagger.parameters(), 1.0)
+            optimizer.step()
+    return tagger, predict_tags(tagger, dev[0], batch_size, device)
+
+
+@torch.no_grad()
+def predict_tags(tagger, features, batch_size: int = 64, device="cpu") -> list[list[int]]:
+    tagger.eval()
+    predictions = []
+    for start in range(0, len(features), batch_size):
+        chunk = features[start : start + batch_size]
+        x, lengths = _pad(chunk)
+        best = tagger(x.to(device), lengths).argmax(-1).cpu()
+        predictions += [best[j, : len(f)].tolist() for j, f in enumerate(chunk)]
+    return predictions
+
+
+def _pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    lengths = torch.tensor([len(r) for r in rows])
+    padded = torch.zeros(len(rows), int(lengths.max()), *rows[0].shape[1:])
+    for j, r in enumerate(rows):
+        padded[j, : len(r)] = r
+    return padded, lengths

@@ -1,0 +1,494 @@
+"""Fine-tuning on the paper's tasks, on the one training loop (`training.loop.Trainer`).
+
+    finetune("mrpc", model="all-MiniLM-L6-v2/", data="glue/MRPC", out="runs/mrpc")
+
+The paper's recipe (Sec. 4 and A.3): the pre-trained encoder plus one output layer, all weights
+trained; AdamW (weight decay 0.01, not on biases and LayerNorm), linear warmup over the first 10%
+of the steps then linear decay, dropout 0.1, 3 epochs, batch 32, lr 5e-5 (the task's own where
+the paper gives one). Batches group features of similar length. After every epoch the dev set is
+scored with the task's official metric; the best epoch's model is kept in OUT (config.json,
+model.safetensors, vocab.txt, `bertkit_task.json`) with its dev predictions, and OUT holds
+`results.json` (`"dev"`: metric -> value), `log.jsonl` and `curves.png`.
+
+`finetune_seeds` repeats a run with K seeds and reports mean, std, min and max (fine-tuning
+small tasks is unstable, and one seed hides it); `finetune_grid` runs the paper's grid (batch
+16/32 x lr 5e-5/3e-5/2e-5 x epochs 2/3/4) and selects on dev.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import logging
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bertkit._io import atomic_path
+from bertkit.checkpoint import read_config
+from bertkit.heads import MODEL_CLASSES
+from bertkit.tasks import Task, get_task
+from bertkit.tasks.base import FinetuneData, collate, run_outputs
+from bertkit.tokenizer import BertTokenizer
+from bertkit.training import distributed
+from bertkit.training.loop import LOG_FILE, STATE_FILE, Trainer, TrainingConfig
+
+logger = logging.getLogger("bertkit")
+TASK_FILE = "bertkit_task.json"
+RESULTS_FILE = "results.json"
+GRID = {"batch_size": (16, 32), "learning_rate": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
+
+
+@dataclass
+class FinetuneConfig:
+    """Hyperparameters; None takes the task's default (the paper's value)."""
+
+    epochs: int | None = None
+    learning_rate: float | None = None
+    batch_size: int | None = None
+    max_seq_length: int | None = None
+    warmup_proportion: float = 0.1
+    weight_decay: float = 0.01
+    seed: int = 42
+    eval_batch_size: int = 64
+    precision: str = "auto"
+    device: str | None = None
+    resume: bool = False
+    keep_state: bool = False  # keep trainer_state.pt (optimiser too: 3x the model) at the end
+    max_train_examples: int | None = None  # the first N (quick runs, tests)
+    max_eval_examples: int | None = None
+    progress: bool = True
+
+    def resolved(self, task: Task) -> FinetuneConfig:
+        return dataclasses.replace(
+            self,
+            epochs=self.epochs or task.default_epochs,
+            learning_rate=self.learning_rate or task.default_learning_rate,
+            batch_size=self.batch_size or task.default_batch_size,
+            max_seq_length=self.max_seq_length or task.default_max_seq_length,
+        )
+
+
+class TaskObjective:
+    """The loop's Objective for a task: the task's summed loss over the step's global units."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def counts(self, batch):
+        return torch.tensor([float(self.task.units(batch))], dtype=torch.float64)
+
+    def loss(self, model, batch, totals):
+        total, units = self.task.loss(model, batch)
+        stats = torch.stack([total.detach().double(), torch.as_tensor(units).double().to(total)])
+        return total / totals[0].clamp(min=1), stats
+
+    def log_entry(self, sums):
+        loss, units = sums.tolist()
+        return {"loss": round(loss / max(units, 1), 6)}
+
+
+def main_score(task: Task, figures: dict[str, float]) -> float:
+    """What selects epochs, seeds and grid points: the mean of the task's dev metrics (as the
+    GLUE leaderboard averages F1 and accuracy, Pearson and Spearman)."""
+    return statistics.fmean(figures[m] for m in task.metrics)
+
+
+def load_task_data(task: Task, data: str | os.PathLike, tokenizer, config: FinetuneConfig):
+    """(train examples, train features, {dev split: (examples, features)})"""
+    train = task.read(data, "train")[: config.max_train_examples]
+    train_features = task.featurize(train, tokenizer, config.max_seq_length)
+    devs = {}
+    for split in task.dev_splits():
+        examples = task.read(data, split)[: config.max_eval_examples]
+        devs[split] = (examples, task.featurize(examples, tokenizer, config.max_seq_length))
+    return train, train_features, devs
+
+
+def build_model(task: Task, model_dir: str | os.PathLike, seed: int):
+    """The task's head on the checkpoint's encoder; a fresh head (seeded) where the checkpoint
+    has none or one of another size."""
+    config = read_config(Path(model_dir))
+    labels = task.labels()
+    if labels is not None:
+        config = config.with_labels(labels)
+    torch.manual_seed(seed)
+    return MODEL_CLASSES[task.head].from_pretrained(
+        model_dir, config=config, ignore_mismatched_sizes=True
+    )
+
+
+def evaluate_split(task, model, examples, features, batch_size, device) -> tuple[dict, Any]:
+    outputs = run_outputs(task, model, features, batch_size, device)
+    predictions = task.predictions(examples, features, outputs)
+    return task.score(examples, predictions), predictions
+
+
+def finetune(
+    task: str | Task,
+    model: str | os.PathLike,
+    data: str | os.PathLike,
+    out: str | os.PathLike,
+    config: FinetuneConfig | None = None,
+    *,
+    loaded: tuple | None = None,
+) -> dict[str, Any]:
+    """Fine-tune `model` (a checkpoint directory: ours, Hugging Face or Google) on `task` with
+    the official files in `data`; write the best epoch's model and results to `out`. Returns
+    the results dict (also `out/results.json`). `loaded` reuses data read by an earlier run."""
+    task = get_task(task) if isinstance(task, str) else task
+    config = (config or FinetuneConfig()).resolved(task)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    tokenizer = BertTokenizer.from_pretrained(model)
+    tokenizer.model_max_length = config.max_seq_length
+    train, train_features, devs = loaded or load_task_data(task, data, tokenizer, config)
+    net = build_model(task, model, config.seed)
+    if tokenizer.vocab_size > net.config.vocab_size:
+        raise ValueError(
+            f"{model}: vocab.txt has {tokenizer.vocab_size} tokens, the model embeds "
+            f"{net.config.vocab_size}: not this model's vocabulary"
+        )
+    dist = distributed.setup(config.device)
+    if dist.enabled:
+        raise NotImplementedError("fine-tuning runs in one process (torchrun is for pretrain)")
+
+    batches = FinetuneData(
+        train_features,
+        config.batch_size,
+        functools.partial(collate, padded=task.padded_inputs),
+        seed=config.seed,
+    )
+    steps_per_epoch = batches.batches_per_epoch
+    max_steps = steps_per_epoch * config.epochs
+    best: dict[str, Any] = {}
+
+    def evaluate(wrapped) -> dict[str, Any]:
+        model_ = distributed.unwrap(wrapped)
+        if not best:
+            best.update(_best_so_far(out, task))
+        epoch = round(trainer.step / steps_per_epoch, 3)
+        figures, predictions = {}, {}
+        for split, (examples, features) in devs.items():
+            scores, predictions[split] = evaluate_split(
+                task, model_, examples, features, config.eval_batch_size, dist.device
+            )
+            suffix = "" if split == "dev" else "_" + split.removeprefix("dev_")
+            figures.update({f"{k}{suffix}": v for k, v in scores.items()})
+        score = main_score(task, figures)
+        entry = {"split": "eval", "epoch": epoch, **figures, "score": score}
+        if score > best.get("score", -math.inf):
+            best.update(score=score, epoch=epoch, dev=figures)
+            save_finetuned(model_, tokenizer, out, task, config)
+            for split, (examples, _) in devs.items():
+                task.write_predictions(
+                    examples, predictions[split], out / _prediction_name(task, split)
+                )
+            logger.info("epoch %s: dev %s (best so far)", epoch, _brief(figures))
+        else:
+            logger.info("epoch %s: dev %s", epoch, _brief(figures))
+        return entry
+
+    trainer = Trainer(
+        net,
+        TaskObjective(task),
+        batches,
+        TrainingConfig(
+            out_dir=str(out),
+            max_steps=max_steps,
+            learning_rate=config.learning_rate,
+            warmup_steps=int(config.warmup_proportion * max_steps),
+            weight_decay=config.weight_decay,
+            precision=config.precision,
+            log_every=max(1, min(50, steps_per_epoch // 4)),
+            eval_every=steps_per_epoch,
+            save_every=steps_per_epoch,
+            seed=config.seed,
+            resume=config.resume,
+            progress=config.progress,
+            extra={"task": task.name, "finetune": dataclasses.asdict(config)},
+        ),
+        dist_info=dist,
+        evaluate=evaluate,
+    )
+    entries = trainer.train()
+    if not best:
+        best.update(_best_so_far(out, task))
+    results = {
+        "task": task.name,
+        "model": str(model),
+        "data": str(data),
+        "dev": best.get("dev", {}),
+        "best_epoch": best.get("epoch"),
+        "epochs": [e for e in _read_log(out) if e.get("split") == "eval"],
+        "hyperparameters": {
+            k: getattr(config, k)
+            for k in ("epochs", "learning_rate", "batch_size", "max_seq_length", "seed")
+        }
+        | {"warmup_proportion": config.warmup_proportion, "weight_decay": config.weight_decay},
+        "train_examples": len(train),
+        "train_features": len(train_features),
+        "steps": max_steps,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    del entries
+    _write_json(out / RESULTS_FILE, results)
+    plot_curves(out / LOG_FILE, out / "curves.png", title=f"{task.name}: {Path(model).name}")
+    if not config.keep_state:
+        (out / STATE_FILE).unlink(missing_ok=True)
+    return results
+
+
+def save_finetuned(model, tokenizer, out: Path, task: Task, config: FinetuneConfig) -> None:
+    model.save_pretrained(out, tokenizer=tokenizer)
+    info = {"task": task.name, "max_seq_length": config.max_seq_length}
+    if getattr(task, "null_threshold", None) is not None:
+        info["null_threshold"] = task.null_threshold
+    _write_json(out / TASK_FILE, info)
+
+
+def _prediction_name(task: Task, split: str) -> str:
+    if task.name.startswith("squad"):
+        return "predictions.json" if split == "dev" else f"predictions_{split}.json"
+    if task.name == "conll2003":
+        return f"predictions_{split}.conll"
+    if task.name == "swag":
+        return f"predictions_{split}.csv"
+    return f"predictions_{split}.tsv"
+
+
+def _brief(figures: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.4f}" for k, v in figures.items() if not k.endswith("total"))
+
+
+def _read_log(out: Path) -> list[dict]:
+    path = out / LOG_FILE
+    if not path.exists():
+        return []
+    entries = []
+    for line in path.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return entries
+
+
+def _best_so_far(out: Path, task: Task) -> dict[str, Any]:
+    """The best evaluation already in log.jsonl (a resumed run keeps its best epoch)."""
+    best: dict[str, Any] = {}
+    for entry in _read_log(out):
+        if entry.get("split") == "eval" and entry.get("score", -math.inf) > best.get(
+            "score", -math.inf
+        ):
+            figures = {
+                k: v for k, v in entry.items() if k not in ("step", "split", "epoch", "score")
+            }
+            best = {"score": entry["score"], "epoch": entry["epoch"], "dev": figures}
+    return best
+
+
+def _write_json(path: Path, value: Any) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(value, indent=2) + "\n")
+
+
+# --------------------------------------------------------------------------- seeds and grid
+def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean, std (sample), min and max of every dev figure over runs."""
+    keys = [k for k in runs[0]["dev"] if all(k in r["dev"] for r in runs)]
+    values = {k: [r["dev"][k] for r in runs] for k in keys}
+    return {
+        "dev": {k: statistics.fmean(v) for k, v in values.items()},
+        "dev_std": {k: statistics.stdev(v) if len(v) > 1 else 0.0 for k, v in values.items()},
+        "dev_min": {k: min(v) for k, v in values.items()},
+        "dev_max": {k: max(v) for k, v in values.items()},
+    }
+
+
+def finetune_seeds(
+    task: str | Task,
+    model: str | os.PathLike,
+    data: str | os.PathLike,
+    out: str | os.PathLike,
+    config: FinetuneConfig | None = None,
+    seeds: int = 3,
+) -> dict[str, Any]:
+    """K runs with seeds seed, seed+1, ... in OUT/seed_<s>; OUT/results.json has the mean in
+    `"dev"` and `dev_std`, `dev_min`, `dev_max`, every run's figures under `runs`."""
+    task = get_task(task) if isinstance(task, str) else task
+    config = (config or FinetuneConfig()).resolved(task)
+    out = Path(out)
+    tokenizer = BertTokenizer.from_pretrained(model)
+    tokenizer.model_max_length = config.max_seq_length
+    loaded = load_task_data(task, data, tokenizer, config)  # read and featurised once
+    runs = []
+    for seed in range(config.seed, config.seed + seeds):
+        run_config = dataclasses.replace(config, seed=seed)
+        result = finetune(task, model, data, out / f"seed_{seed}", run_config, loaded=loaded)
+        runs.append(result)
+    results = {
+        "task": task.name,
+        "model": str(model),
+        "seeds": [r["hyperparameters"]["seed"] for r in runs],
+        **summarize(runs),
+        "hyperparameters": runs[0]["hyperparameters"] | {"seed": None},
+        "runs": [
+            {"seed": r["hyperparameters"]["seed"], "dev": r["dev"], "seconds": r["seconds"]}
+            for r in runs
+        ],
+        "seconds": round(sum(r["seconds"] for r in runs), 1),
+    }
+    _write_json(out / RESULTS_FILE, results)
+    return results
+
+
+def finetune_grid(
+    task: str | Task,
+    model: str | os.PathLike,
+    data: str | os.PathLike,
+    out: str | os.PathLike,
+    config: FinetuneConfig | None = None,
+    seeds: int = 1,
+    grid: dict[str, tuple] | None = None,
+) -> dict[str, Any]:
+    """The paper's grid, each point in OUT/b<batch>_lr<lr>_e<epochs> (with `seeds` seeds
+    each); the point with the best mean dev score is selected, OUT/results.json reports it."""
+    task = get_task(task) if isinstance(task, str) else task
+    config = config or FinetuneConfig()
+    out = Path(out)
+    grid = grid or GRID
+    points = []
+    for batch_size, learning_rate, epochs in itertools.product(
+        grid["batch_size"], grid["learning_rate"], grid["epochs"]
+    ):
+        point = dataclasses.replace(
+            config, batch_size=batch_size, learning_rate=learning_rate, epochs=epochs
+        )
+        where = out / f"b{batch_size}_lr{learning_rate:g}_e{epochs}"
+        if seeds > 1:
+            result = finetune_seeds(task, model, data, where, point, seeds)
+        else:
+            result = finetune(task, model, data, where, point)
+        points.append(
+            {
+                "batch_size": batch_size,
+                "learning_rate": learning_rate,
+                "epochs": epochs,
+                "dir": where.name,
+                "dev": result["dev"],
+                "score": main_score(task, result["dev"]),
+            }
+        )
+    selected = max(points, key=lambda p: p["score"])
+    results = {
+        "task": task.name,
+        "model": str(model),
+        "dev": selected["dev"],
+        "selected": {k: selected[k] for k in ("batch_size", "learning_rate", "epochs", "dir")},
+        "grid": points,
+    }
+    _write_json(out / RESULTS_FILE, results)
+    return results
+
+
+# --------------------------------------------------------------------------- evaluation
+def evaluate(
+    model: str | os.PathLike,
+    data: str | os.PathLike,
+    *,
+    task: str | None = None,
+    split: str = "dev",
+    out: str | os.PathLike | None = None,
+    batch_size: int = 64,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """Score a fine-tuned checkpoint on a split of the task's files; with `out`, write the
+    predictions there (test splits: predictions only, in the official submission layout)."""
+    info = read_task_info(model)
+    task_obj = get_task(task or info["task"])
+    if "null_threshold" in info and hasattr(task_obj, "null_threshold"):
+        task_obj.null_threshold = info["null_threshold"]
+    tokenizer = BertTokenizer.from_pretrained(model)
+    max_seq_length = info.get("max_seq_length", task_obj.default_max_seq_length)
+    net = MODEL_CLASSES[task_obj.head].from_pretrained(model)
+    target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    net.to(target).eval()
+    examples = task_obj.read(data, split)
+    features = task_obj.featurize(examples, tokenizer, max_seq_length)
+    outputs = run_outputs(task_obj, net, features, batch_size, target)
+    predictions = task_obj.predictions(examples, features, outputs)
+    labelled = not split.startswith("test")
+    threshold = getattr(task_obj, "null_threshold", None)
+    figures = task_obj.score(examples, predictions) if labelled else {}
+    if threshold is not None:  # SQuAD 2.0: predictions keep the checkpoint's threshold
+        task_obj.null_threshold = threshold
+    result = {"task": task_obj.name, "model": str(model), "split": split, split: figures}
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        name = (
+            task_obj.submission_name(split)
+            if split.startswith("test") and hasattr(task_obj, "submission_name")
+            else _prediction_name(task_obj, split)
+        )
+        result["predictions"] = str(task_obj.write_predictions(examples, predictions, out / name))
+        _write_json(out / f"eval_{split}.json", result)
+    return result
+
+
+def read_task_info(model: str | os.PathLike) -> dict[str, Any]:
+    path = Path(model) / TASK_FILE
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path}: not a fine-tuned bertkit checkpoint (no {TASK_FILE}); pass the task"
+        )
+    return json.loads(path.read_text())
+
+
+# --------------------------------------------------------------------------- pictures
+def plot_curves(log: Path, png: Path, title: str = "") -> Path | None:
+    """Training loss by step and dev figures by epoch, side by side."""
+    entries = []
+    if log.exists():
+        entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    train = [e for e in entries if e.get("split") == "train"]
+    evals = [e for e in entries if e.get("split") == "eval"]
+    if not train:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot([e["step"] for e in train], [e["loss"] for e in train])
+    left.set(title="training loss", xlabel="step")
+    skip = {"step", "split", "epoch", "score", "total"}
+    keys = [
+        k for k in (evals[0] if evals else {}) if k not in skip and isinstance(evals[0][k], float)
+    ]
+    for key in keys:
+        if "thresh" in key or key.endswith("_total"):
+            continue
+        right.plot([e["epoch"] for e in evals], [e[key] for e in evals], "o-", label=key)
+    right.set(title="dev", xlabel="epoch")
+    if keys:
+        right.legend(fontsize=8)
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    with atomic_path(png) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
+    plt.close(fig)
+    return png

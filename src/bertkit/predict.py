@@ -1,0 +1,137 @@
+"""Raw text in, labels / spans / tags out, from a checkpoint `bertkit finetune` wrote.
+
+    predictor = Predictor("runs/mrpc")
+    predictor(["The cat sat.", "A cat was sitting."])           # one pair (a pair task)
+    Predictor("runs/sst2")(["a gripping, funny film"])          # single sentences
+    Predictor("runs/squad1")([{"question": "Who?", "context": "Ann did."}])
+    Predictor("runs/conll")(["EU rejects German call"])         # words split on whitespace
+    Predictor("runs/swag")([{"context": "She opens the door.", "endings": ["...", ...]}])
+
+Each item gets a dict (JSON-ready). The task, its label names, `max_seq_length` and, for SQuAD
+2.0, the dev-chosen null threshold come from the checkpoint (`bertkit_task.json`, config.json).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertkit.finetune import read_task_info
+from bertkit.heads import MODEL_CLASSES
+from bertkit.tasks import get_task
+from bertkit.tasks.base import run_outputs
+from bertkit.tasks.glue import SentenceExample
+from bertkit.tasks.metrics import entities
+from bertkit.tasks.ner import TaggedSentence
+from bertkit.tasks.squad import SquadExample
+from bertkit.tasks.swag import ChoiceExample
+from bertkit.tokenizer import BertTokenizer
+
+PAIR_TASKS = ("mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+
+
+class Predictor:
+    def __init__(
+        self, model: str | os.PathLike, *, device: str | None = None, batch_size: int = 32
+    ) -> None:
+        info = read_task_info(model)
+        self.task = get_task(info["task"])
+        if "null_threshold" in info:
+            self.task.null_threshold = float(info["null_threshold"])
+        self.max_seq_length = int(info.get("max_seq_length", self.task.default_max_seq_length))
+        self.tokenizer = BertTokenizer.from_pretrained(model)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model = MODEL_CLASSES[self.task.head].from_pretrained(model).to(self.device).eval()
+        self.batch_size = batch_size
+        labels = self.model.config.id2label
+        self.labels = [labels[i] for i in sorted(labels)] if labels else None
+
+    def __call__(self, items: Sequence[Any]) -> list[dict[str, Any]]:
+        items = list(items)
+        if not items:
+            return []
+        examples = [self._example(item, n) for n, item in enumerate(items)]
+        features = self.task.featurize(examples, self.tokenizer, self.max_seq_length)
+        outputs = run_outputs(self.task, self.model, features, self.batch_size, self.device)
+        name = self.task.name
+        if name.startswith("squad"):
+            return self._spans(examples, features, outputs)
+        if name == "conll2003":
+            tags = self.task.predictions(examples, features, outputs)
+            return [
+                {
+                    "words": list(e.words),
+                    "tags": t,
+                    "entities": [
+                        {"type": kind, "text": " ".join(e.words[s : end + 1]), "words": [s, end]}
+                        for kind, s, end in entities(t)
+                    ],
+                }
+                for e, t in zip(examples, tags, strict=True)
+            ]
+        logits = outputs["logits"]
+        if name == "stsb":
+            return [{"score": float(v)} for v in logits[:, 0]]
+        probs = _softmax(logits)
+        if name == "swag":
+            return [
+                {"choice": int(p.argmax()), "probabilities": [float(x) for x in p]} for p in probs
+            ]
+        return [
+            {
+                "label": self.labels[int(p.argmax())],
+                "probability": float(p.max()),
+                "probabilities": {k: float(x) for k, x in zip(self.labels, p, strict=True)},
+            }
+            for p in probs
+        ]
+
+    def _example(self, item: Any, n: int):
+        name = self.task.name
+        if name.startswith("squad"):
+            question, context = (
+                (item["question"], item["context"]) if isinstance(item, dict) else item
+            )
+            return SquadExample(str(n), question, context, ())
+        if name == "conll2003":
+            words = item.split() if isinstance(item, str) else list(item)
+            if not words:
+                raise ValueError(f"item {n}: no words to tag")
+            return TaggedSentence(str(n), tuple(words), ("O",) * len(words))
+        if name == "swag":
+            endings = tuple(item["endings"])
+            return ChoiceExample(str(n), item["context"], item.get("start", ""), endings, None)
+        if name in PAIR_TASKS:
+            if isinstance(item, str) or len(item) != 2:
+                raise ValueError(f"item {n}: {name} takes sentence pairs (a, b)")
+            return SentenceExample(str(n), item[0], item[1], None)
+        if not isinstance(item, str):
+            raise ValueError(f"item {n}: {name} takes single sentences")
+        return SentenceExample(str(n), item, None, None)
+
+    def _spans(self, examples, features, outputs) -> list[dict[str, Any]]:
+        found = self.task.predictions(examples, features, outputs)
+        answers = self.task.answers(found)
+        results = []
+        for example, candidates in zip(examples, found["candidates"], strict=True):
+            top = candidates["n_best"][0] if candidates["n_best"] else None
+            answer = answers[example.qid]
+            results.append(
+                {
+                    "answer": answer,
+                    "start": top["start"] if top and answer else None,
+                    "score": top["score"] if top else None,
+                    "no_answer": answer == "",
+                    "null_odds": found["null_odds"][example.qid],
+                }
+            )
+        return results
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(-1, keepdims=True))
+    return shifted / shifted.sum(-1, keepdims=True)

@@ -1,0 +1,130 @@
+"""SWAG: pick the most plausible of four endings.
+
+The released CSVs (`train.csv`, `val.csv`, `test.csv`) have a header naming `video-id`,
+`fold-ind`, `startphrase`, `sent1`, `sent2`, `gold-source`, `ending0` … `ending3` and (not in
+test) `label`; fields are CSV-quoted. Each choice is `[CLS] sent1 [SEP] sent2 ending_i [SEP]`
+(`startphrase` is sent1 + sent2, the ending completes sent2); a score from the pooled [CLS] of
+each, a softmax over the four (the paper, Sec. 4.4: 3 epochs, lr 2e-5, batch 16).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bertkit.tasks import metrics
+from bertkit.tasks.base import DataError, Feature, Task, require_file
+
+SPLIT_FILES = {"train": "train.csv", "dev": "val.csv", "test": "test.csv"}
+CHOICES = 4
+REQUIRED = ("sent1", "sent2", *(f"ending{i}" for i in range(CHOICES)))
+
+
+@dataclass(frozen=True)
+class ChoiceExample:
+    guid: str  # "file:line"
+    context: str
+    start: str  # the start of the ending sentence (sent2)
+    endings: tuple[str, ...]
+    label: int | None
+
+
+def read_swag(path: str | os.PathLike) -> list[ChoiceExample]:
+    path = Path(path)
+    examples = []
+    with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        header = reader.fieldnames or []
+        missing = [c for c in REQUIRED if c not in header]
+        if missing:
+            raise DataError(
+                path, 1, f"header lacks {missing}; expected the SWAG columns {REQUIRED}"
+            )
+        labelled = "label" in header
+        try:
+            for row in reader:
+                line = reader.line_num
+                if None in row or any(row[c] is None for c in REQUIRED):
+                    raise DataError(path, line, f"{len(header)} columns expected")
+                label = None
+                if labelled:
+                    try:
+                        label = int(row["label"])
+                    except ValueError:
+                        raise DataError(path, line, f"label {row['label']!r} is not 0-3") from None
+                    if not 0 <= label < CHOICES:
+                        raise DataError(path, line, f"label {label} is not 0-3")
+                if not row["sent1"].strip():
+                    raise DataError(path, line, "empty sent1")
+                examples.append(
+                    ChoiceExample(
+                        f"{path.name}:{line}",
+                        row["sent1"],
+                        row["sent2"],
+                        tuple(row[f"ending{i}"] for i in range(CHOICES)),
+                        label,
+                    )
+                )
+        except csv.Error as err:
+            raise DataError(path, reader.line_num, f"malformed CSV: {err}") from None
+    if not examples:
+        raise DataError(path, None, "no examples")
+    return examples
+
+
+class SwagTask(Task):
+    name = "swag"
+    head = "BertForMultipleChoice"
+    metrics = ("accuracy",)
+    default_learning_rate = 2e-5
+    default_batch_size = 16
+
+    def read(self, data_dir, split: str) -> list[ChoiceExample]:
+        if split not in SPLIT_FILES:
+            raise ValueError(f"swag has no split {split!r}; it has {sorted(SPLIT_FILES)}")
+        return read_swag(require_file(Path(data_dir) / SPLIT_FILES[split], "SWAG"))
+
+    def featurize(self, examples, tokenizer, max_seq_length: int) -> list[Feature]:
+        firsts = [e.context for e in examples for _ in range(CHOICES)]
+        seconds = [f"{e.start} {ending}".strip() for e in examples for ending in e.endings]
+        encoded = tokenizer(firsts, seconds, max_length=max_seq_length)
+        features = []
+        for n, example in enumerate(examples):
+            rows = slice(n * CHOICES, (n + 1) * CHOICES)
+            feature = {key: encoded[key][rows] for key in self.padded_inputs}
+            if example.label is not None:
+                feature["labels"] = example.label
+            features.append(feature)
+        return features
+
+    def _logits(self, model, batch):
+        return model(
+            input_ids=batch["input_ids"],
+            token_type_ids=batch["token_type_ids"],
+            attention_mask=batch["attention_mask"],
+        ).logits.float()
+
+    def loss(self, model, batch):
+        logits = self._logits(model, batch)
+        return F.cross_entropy(logits, batch["labels"], reduction="sum"), torch.tensor(len(logits))
+
+    def outputs(self, model, batch):
+        return {"logits": self._logits(model, batch)}
+
+    def predictions(self, examples, features, outputs) -> list[int]:
+        return [int(i) for i in outputs["logits"].argmax(-1)]
+
+    def score(self, examples, predictions) -> dict[str, float]:
+        return {"accuracy": metrics.accuracy(predictions, [e.label for e in examples])}
+
+    def write_predictions(self, examples, predictions, path: Path) -> Path:
+        lines = ["guid,prediction"] + [
+            f"{e.guid},{p}" for e, p in zip(examples, predictions, strict=True)
+        ]
+        path.write_text("\n".join(lines) + "\n")
+        return path
