@@ -448,3 +448,31 @@ def test_finetune_resumes_after_a_kill(tiny_checkpoint, tmp_path, monkeypatch):
     assert [e["score"] for e in resumed["epochs"]] == pytest.approx(
         [e["score"] for e in whole["epochs"]]
     )
+
+
+def test_bilstm_heads_of_table_5(tiny_checkpoint, tmp_path):
+    """`+ BiLSTM`: padding never reaches the recurrence, and the head round-trips through
+    finetune -> evaluate/predict."""
+    from bertkit.heads import BertBiLSTMForQuestionAnswering
+
+    model = BertBiLSTMForQuestionAnswering.from_pretrained(tiny_checkpoint).eval()
+    ids = torch.randint(5, 50, (1, 9))
+    padded = torch.cat([ids, torch.zeros(1, 7, dtype=torch.long)], dim=1)
+    mask = torch.cat([torch.ones(1, 9), torch.zeros(1, 7)], dim=1).long()
+    alone = model(ids).start_logits
+    with_padding = model(padded, attention_mask=mask).start_logits[:, :9]
+    torch.testing.assert_close(alone, with_padding, rtol=1e-5, atol=1e-5)
+    data = tmp_path / "conll"
+    data.mkdir()
+    for name in ("train.txt", "valid.txt", "test.txt"):
+        (data / name).write_text((FIXTURES / "conll2003_iob1" / name).read_text() * 2)
+    out = tmp_path / "run"
+    config = FinetuneConfig(**{**QUICK, "epochs": 1, "bilstm": True})
+    results = finetune("conll2003", tiny_checkpoint, data, out, config)
+    assert json.loads((out / "bertkit_task.json").read_text())["head"] == (
+        "BertBiLSTMForTokenClassification"
+    )
+    assert evaluate(out, data)["dev"]["f1"] == pytest.approx(results["dev"]["f1"])
+    assert len(Predictor(out)(["EU rejects German call"])[0]["tags"]) == 4
+    with pytest.raises(ValueError, match="--bilstm is for span and tagging tasks"):
+        finetune("qnli", tiny_checkpoint, data, tmp_path / "x", config)

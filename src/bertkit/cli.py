@@ -111,6 +111,7 @@ def _finetune(args: argparse.Namespace) -> None:
         keep_state=args.keep_state,
         max_train_examples=args.max_train_examples,
         max_eval_examples=args.max_eval_examples,
+        bilstm=args.bilstm,
     )
     if args.grid:
         results = finetune_grid(args.task, args.model, args.data, args.out, config, args.seeds)
@@ -346,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.add_argument("--keep-state", action="store_true", help="keep trainer_state.pt")
     finetune.add_argument("--max-train-examples", type=int, help="the first N (quick runs)")
     finetune.add_argument("--max-eval-examples", type=int, help="the first N (quick runs)")
+    finetune.add_argument(
+        "--bilstm", action="store_true", help="Table 5's + BiLSTM head (squad*, conll2003)"
+    )
     finetune.set_defaults(func=_finetune)
 
     evaluate = commands.add_parser("evaluate", help="score a fine-tuned model on a split")

@@ -67,6 +67,7 @@ class FinetuneConfig:
     max_train_examples: int | None = None  # the first N (quick runs, tests)
     max_eval_examples: int | None = None
     progress: bool = True
+    bilstm: bool = False  # Table 5's "+ BiLSTM" between encoder and output layer (QA, tagging)
 
     def resolved(self, task: Task) -> FinetuneConfig:
         return dataclasses.replace(
@@ -114,7 +115,17 @@ def load_task_data(task: Task, data: str | os.PathLike, tokenizer, config: Finet
     return train, train_features, devs
 
 
-def build_model(task: Task, model_dir: str | os.PathLike, seed: int):
+def head_class(task: Task, bilstm: bool = False) -> str:
+    """The head's class name: the task's, or its `+ BiLSTM` variant (token-level heads only)."""
+    if not bilstm:
+        return task.head
+    name = task.head.replace("BertFor", "BertBiLSTMFor")
+    if name not in MODEL_CLASSES:
+        raise ValueError(f"--bilstm is for span and tagging tasks, not {task.name}")
+    return name
+
+
+def build_model(task: Task, model_dir: str | os.PathLike, seed: int, bilstm: bool = False):
     """The task's head on the checkpoint's encoder; a fresh head (seeded) where the checkpoint
     has none or one of another size."""
     config = read_config(Path(model_dir))
@@ -122,7 +133,7 @@ def build_model(task: Task, model_dir: str | os.PathLike, seed: int):
     if labels is not None:
         config = config.with_labels(labels)
     torch.manual_seed(seed)
-    return MODEL_CLASSES[task.head].from_pretrained(
+    return MODEL_CLASSES[head_class(task, bilstm)].from_pretrained(
         model_dir, config=config, ignore_mismatched_sizes=True
     )
 
@@ -149,13 +160,17 @@ def finetune(
     `build(task, model, seed)` replaces `build_model` (another implementation, for benchmarks)."""
     task = get_task(task) if isinstance(task, str) else task
     config = (config or FinetuneConfig()).resolved(task)
+    head_class(task, config.bilstm)  # a head this task cannot have fails before any work
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     tokenizer = BertTokenizer.from_pretrained(model)
     tokenizer.model_max_length = config.max_seq_length
     train, train_features, devs = loaded or load_task_data(task, data, tokenizer, config)
-    net = (build or build_model)(task, model, config.seed)
+    if build is None:
+        net = build_model(task, model, config.seed, config.bilstm)
+    else:
+        net = build(task, model, config.seed)
     if tokenizer.vocab_size > net.config.vocab_size:
         raise ValueError(
             f"{model}: vocab.txt has {tokenizer.vocab_size} tokens, the model embeds "
@@ -253,7 +268,11 @@ def finetune(
 
 def save_finetuned(model, tokenizer, out: Path, task: Task, config: FinetuneConfig) -> None:
     model.save_pretrained(out, tokenizer=tokenizer)
-    info = {"task": task.name, "max_seq_length": config.max_seq_length}
+    info = {
+        "task": task.name,
+        "head": head_class(task, config.bilstm),
+        "max_seq_length": config.max_seq_length,
+    }
     if getattr(task, "null_threshold", None) is not None:
         info["null_threshold"] = task.null_threshold
     _write_json(out / TASK_FILE, info)
@@ -426,7 +445,7 @@ def evaluate(
         task_obj.null_threshold = info["null_threshold"]
     tokenizer = BertTokenizer.from_pretrained(model)
     max_seq_length = info.get("max_seq_length", task_obj.default_max_seq_length)
-    net = MODEL_CLASSES[task_obj.head].from_pretrained(model)
+    net = MODEL_CLASSES[info.get("head", task_obj.head)].from_pretrained(model)
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     net.to(target).eval()
     examples = task_obj.read(data, split)

@@ -304,10 +304,13 @@ class BertForTokenClassification(_Head):
     """A linear layer on every token's final hidden state (NER tagging; label -100 = ignore,
     e.g. the non-first pieces of a word)."""
 
+    with_bilstm = False
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
         self.num_labels = config.num_labels
         self.bert = BertModel(config, add_pooling_layer=False)
+        self.bilstm = BiLSTM(config) if self.with_bilstm else None
         self.dropout = nn.Dropout(_classifier_dropout(config))
         self.classifier = nn.Linear(config.hidden_size, self.num_labels)
         self.init_weights()
@@ -330,7 +333,10 @@ class BertForTokenClassification(_Head):
             output_hidden_states,
             output_attentions,
         )
-        logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, S, C)
+        hidden = out.last_hidden_state
+        if self.bilstm is not None:
+            hidden = self.bilstm(hidden, attention_mask)
+        logits = self.classifier(self.dropout(hidden))  # (B, S, C)
         loss = token_cross_entropy(logits, labels) if labels is not None else None
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
 
@@ -339,12 +345,15 @@ class BertForQuestionAnswering(_Head):
     """Span extraction: a start vector S and an end vector E (the paper, Sec. 4.2) scored against
     every token; the loss is the mean of the start and end cross-entropies."""
 
+    with_bilstm = False
+
     def __init__(self, config: BertConfig) -> None:
         # Always two outputs (start, end); a label map would make transformers size the layer
         # by len(id2label), so a QA config carries none.
         config = dataclasses.replace(config, id2label=None, label2id=None)
         super().__init__(config)
         self.bert = BertModel(config, add_pooling_layer=False)
+        self.bilstm = BiLSTM(config) if self.with_bilstm else None
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.init_weights()
 
@@ -367,7 +376,10 @@ class BertForQuestionAnswering(_Head):
             output_hidden_states,
             output_attentions,
         )
-        logits = self.qa_outputs(out.last_hidden_state)  # (B, S, 2)
+        hidden = out.last_hidden_state
+        if self.bilstm is not None:
+            hidden = self.bilstm(hidden, attention_mask)
+        logits = self.qa_outputs(hidden)  # (B, S, 2)
         start_logits, end_logits = logits[..., 0], logits[..., 1]  # (B, S) each
         loss = None
         if start_positions is not None and end_positions is not None:
@@ -382,6 +394,44 @@ class BertForQuestionAnswering(_Head):
         return BertQuestionAnsweringOutput(
             start_logits, end_logits, loss, out.hidden_states, out.attentions
         )
+
+
+class BiLSTM(nn.Module):
+    """A randomly initialised one-layer bidirectional LSTM over the encoder's output, H/2 units
+    per direction so the width stays H: the `+ BiLSTM` of the paper's Table 5. Padding is
+    packed away, so it never feeds the recurrence."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(
+            config.hidden_size, config.hidden_size // 2, batch_first=True, bidirectional=True
+        )
+
+    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        batch, seq_len, _ = hidden.shape  # (B, S, H) -> (B, S, H)
+        if attention_mask is None:
+            lengths = torch.full((batch,), seq_len, dtype=torch.long)
+        else:
+            lengths = attention_mask.sum(1).clamp(min=1).cpu()
+        packed = nn.utils.rnn.pack_padded_sequence(
+            hidden, lengths, batch_first=True, enforce_sorted=False
+        )
+        out, _ = self.lstm(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=seq_len)
+        return out
+
+
+class BertBiLSTMForTokenClassification(BertForTokenClassification):
+    """`BertForTokenClassification` with a BiLSTM between encoder and classifier (Table 5)."""
+
+    with_bilstm = True
+
+
+class BertBiLSTMForQuestionAnswering(BertForQuestionAnswering):
+    """`BertForQuestionAnswering` with a BiLSTM between encoder and span classifier (Table 5's
+    "LTR & No NSP + BiLSTM" row)."""
+
+    with_bilstm = True
 
 
 class BertForMultipleChoice(_Head):
@@ -447,5 +497,7 @@ MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
         BertForTokenClassification,
         BertForQuestionAnswering,
         BertForMultipleChoice,
+        BertBiLSTMForTokenClassification,
+        BertBiLSTMForQuestionAnswering,
     )
 }

@@ -45,7 +45,8 @@ class Predictor:
         self.max_seq_length = int(info.get("max_seq_length", self.task.default_max_seq_length))
         self.tokenizer = BertTokenizer.from_pretrained(model)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model = MODEL_CLASSES[self.task.head].from_pretrained(model).to(self.device).eval()
+        head = MODEL_CLASSES[info.get("head", self.task.head)]
+        self.model = head.from_pretrained(model).to(self.device).eval()
         self.batch_size = batch_size
         labels = self.model.config.id2label
         self.labels = [labels[i] for i in sorted(labels)] if labels else None
