@@ -113,6 +113,13 @@ def test_pretraining_learns_and_writes_a_loadable_checkpoint(setup, tmp_path):
     assert train[-1]["mlm_loss"] < train[0]["mlm_loss"] - 1.0
     assert evals[-1]["mlm_loss"] < evals[0]["mlm_loss"]
     assert {"step", "mlm_loss", "mlm_accuracy", "nsp_accuracy"} <= set(evals[-1])
+    curves = tmp_path / "out" / "curves.png"
+    assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    redrawn = tmp_path / "again.png"
+    assert (
+        subprocess.run(cli("viz", tmp_path / "out" / "log.jsonl", "--out", redrawn)).returncode == 0
+    )
+    assert redrawn.stat().st_size > 10_000
     model = BertForPreTraining.from_pretrained(tmp_path / "out")
     assert model.config.hidden_size == 32
     transformers = pytest.importorskip("transformers")

@@ -213,6 +213,15 @@ def _extract(args: argparse.Namespace) -> None:
     print(f"wrote {path}: {len(items)} items, features {widths}")
 
 
+def _viz(args: argparse.Namespace) -> None:
+    from bertkit.viz import plot_log
+
+    path = plot_log(args.log, args.out, title=args.title or "")
+    if path is None:
+        raise ValueError(f"{args.log}: no training entries to plot")
+    print(f"wrote {path}")
+
+
 def _demo(args: argparse.Namespace) -> None:
     from bertkit.demo import run_demo
 
@@ -396,6 +405,12 @@ def build_parser() -> argparse.ArgumentParser:
     extract.add_argument("--batch-size", type=int, default=32)
     extract.add_argument("--device")
     extract.set_defaults(func=_extract)
+
+    viz = commands.add_parser("viz", help="plot the curves of a run's log.jsonl as a PNG")
+    viz.add_argument("log", help="a log.jsonl of bertkit pretrain or finetune")
+    viz.add_argument("--out", default="curves.png")
+    viz.add_argument("--title")
+    viz.set_defaults(func=_viz)
 
     demo = commands.add_parser("demo", help="run the main job on the embedded default corpus")
     demo.add_argument("corpus", nargs="*", help="text files to use instead of the default corpus")

@@ -41,6 +41,7 @@ from bertkit.tasks.base import FinetuneData, collate, run_outputs
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
 from bertkit.training.loop import LOG_FILE, STATE_FILE, Trainer, TrainingConfig
+from bertkit.viz import plot_log, read_log
 
 logger = logging.getLogger("bertkit")
 TASK_FILE = "bertkit_task.json"
@@ -247,7 +248,7 @@ def finetune(
         "data": str(data),
         "dev": best.get("dev", {}),
         "best_epoch": best.get("epoch"),
-        "epochs": [e for e in _read_log(out) if e.get("split") == "eval"],
+        "epochs": [e for e in read_log(out / LOG_FILE) if e.get("split") == "eval"],
         "hyperparameters": {
             k: getattr(config, k)
             for k in ("epochs", "learning_rate", "batch_size", "max_seq_length", "seed")
@@ -260,7 +261,7 @@ def finetune(
     }
     del entries
     _write_json(out / RESULTS_FILE, results)
-    plot_curves(out / LOG_FILE, out / "curves.png", title=f"{task.name}: {Path(model).name}")
+    plot_log(out / LOG_FILE, out / "curves.png", title=f"{task.name}: {Path(model).name}")
     if not config.keep_state:
         (out / STATE_FILE).unlink(missing_ok=True)
     return results
@@ -292,23 +293,10 @@ def _brief(figures: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.4f}" for k, v in figures.items() if not k.endswith("total"))
 
 
-def _read_log(out: Path) -> list[dict]:
-    path = out / LOG_FILE
-    if not path.exists():
-        return []
-    entries = []
-    for line in path.read_text().splitlines():
-        try:
-            entries.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return entries
-
-
 def _best_so_far(out: Path, task: Task) -> dict[str, Any]:
     """The best evaluation already in log.jsonl (a resumed run keeps its best epoch)."""
     best: dict[str, Any] = {}
-    for entry in _read_log(out):
+    for entry in read_log(out / LOG_FILE) if (out / LOG_FILE).exists() else []:
         if entry.get("split") == "eval" and entry.get("score", -math.inf) > best.get(
             "score", -math.inf
         ):
@@ -478,42 +466,3 @@ def read_task_info(model: str | os.PathLike) -> dict[str, Any]:
             f"{path}: not a fine-tuned bertkit checkpoint (no {TASK_FILE}); pass the task"
         )
     return json.loads(path.read_text())
-
-
-# --------------------------------------------------------------------------- pictures
-def plot_curves(log: Path, png: Path, title: str = "") -> Path | None:
-    """Training loss by step and dev figures by epoch, side by side."""
-    entries = []
-    if log.exists():
-        entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    train = [e for e in entries if e.get("split") == "train"]
-    evals = [e for e in entries if e.get("split") == "eval"]
-    if not train:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.plot([e["step"] for e in train], [e["loss"] for e in train])
-    left.set(title="training loss", xlabel="step")
-    skip = {"step", "split", "epoch", "score", "total"}
-    keys = [
-        k for k in (evals[0] if evals else {}) if k not in skip and isinstance(evals[0][k], float)
-    ]
-    for key in keys:
-        if "thresh" in key or key.endswith("_total"):
-            continue
-        right.plot([e["epoch"] for e in evals], [e[key] for e in evals], "o-", label=key)
-    right.set(title="dev", xlabel="epoch")
-    if keys:
-        right.legend(fontsize=8)
-    for ax in (left, right):
-        ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    with atomic_path(png) as tmp:
-        fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)
-    return png

@@ -21,7 +21,7 @@ from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
 from bertkit.pretraining.shards import Shards
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
-from bertkit.training.loop import STATE_FILE, Trainer, TrainingConfig
+from bertkit.training.loop import LOG_FILE, STATE_FILE, Trainer, TrainingConfig
 
 logger = logging.getLogger("bertkit")
 
@@ -229,7 +229,12 @@ def run_pretraining(
             evaluate=evaluate,
             save_model=save_model,
         )
-        return trainer.train()
+        entries = trainer.train()
+        if dist.is_main:
+            from bertkit.viz import plot_log
+
+            plot_log(out / LOG_FILE, out / "curves.png", title=f"pre-training: {out.name}")
+        return entries
     finally:
         distributed.cleanup(dist)
 
