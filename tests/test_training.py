@@ -344,3 +344,40 @@ def test_two_phases_continue_with_a_fresh_schedule_and_resume(setup, tmp_path):
         from bertkit.pretraining.train import parse_phases
 
         parse_phases("128-100")
+
+
+def test_log_goes_to_tensorboard_when_installed(tmp_path, monkeypatch):
+    """TensorBoard is optional: with it, every logged number is also a scalar; resuming purges
+    the steps after the checkpoint, as log.jsonl does."""
+    import types
+
+    from bertkit.training.loop import _Log
+
+    calls = []
+
+    class FakeWriter:
+        def __init__(self, logdir, purge_step=None):
+            calls.append(("open", logdir, purge_step))
+
+        def add_scalar(self, tag, value, step):
+            calls.append((tag, value, step))
+
+        def flush(self):
+            pass
+
+    monkeypatch.setitem(
+        sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=FakeWriter)
+    )
+    log = _Log(tmp_path / "log.jsonl", enabled=True, keep_until=0)
+    log.write({"step": 5, "split": "train", "loss": 2.5, "lr": 1e-4})
+    log.write({"step": 5, "split": "eval", "mlm_accuracy": 0.25})
+    assert calls == [
+        ("open", str(tmp_path / "tensorboard"), 1),
+        ("train/loss", 2.5, 5),
+        ("train/lr", 1e-4, 5),
+        ("eval/mlm_accuracy", 0.25, 5),
+    ]
+    calls.clear()
+    _Log(tmp_path / "log.jsonl", enabled=True, keep_until=5)
+    assert calls == [("open", str(tmp_path / "tensorboard"), 6)]
+    assert len((tmp_path / "log.jsonl").read_text().splitlines()) == 2

@@ -278,12 +278,20 @@ class Trainer:
 
 class _Log:
     """log.jsonl: one JSON object per line. On resume, lines past the checkpoint's step go, so
-    the file reads as if the run had never stopped."""
+    the file reads as if the run had never stopped. With TensorBoard installed, the same numbers
+    also go to `tensorboard/` beside it (as `train/loss`, `eval/mlm_accuracy`, ...)."""
 
     def __init__(self, path: Path, enabled: bool, keep_until: int) -> None:
         self.path, self.enabled = path, enabled
+        self.board = None
         if not enabled:
             return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard is optional
+            pass
+        else:
+            self.board = SummaryWriter(str(path.parent / "tensorboard"), purge_step=keep_until + 1)
         kept = []
         if keep_until and path.exists():
             for line in path.read_text().splitlines():
@@ -304,6 +312,12 @@ class _Log:
             }
             self.handle.write(json.dumps(clean) + "\n")
             self.handle.flush()
+            if self.board is not None:
+                split = entry.get("split", "train")
+                for key, value in clean.items():
+                    if isinstance(value, (int, float)) and key != "step":
+                        self.board.add_scalar(f"{split}/{key}", value, entry["step"])
+                self.board.flush()
 
 
 def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
