@@ -239,7 +239,7 @@ def finetune(
         dist_info=dist,
         evaluate=evaluate,
     )
-    entries = trainer.train()
+    trainer.train()
     if not best:
         best.update(_best_so_far(out, task))
     results = {
@@ -259,7 +259,6 @@ def finetune(
         "steps": max_steps,
         "seconds": round(time.perf_counter() - started, 1),
     }
-    del entries
     _write_json(out / RESULTS_FILE, results)
     plot_log(out / LOG_FILE, out / "curves.png", title=f"{task.name}: {Path(model).name}")
     if not config.keep_state:
