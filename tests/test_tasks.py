@@ -476,3 +476,18 @@ def test_bilstm_heads_of_table_5(tiny_checkpoint, tmp_path):
     assert len(Predictor(out)(["EU rejects German call"])[0]["tags"]) == 4
     with pytest.raises(ValueError, match="--bilstm is for span and tagging tasks"):
         finetune("qnli", tiny_checkpoint, data, tmp_path / "x", config)
+
+
+def test_grid_selects_on_dev(tiny_checkpoint, tmp_path):
+    from bertkit.finetune import finetune_grid
+
+    data = _grow(FIXTURES / "glue" / "QNLI", tmp_path / "data", 3)
+    grid = {"batch_size": (8,), "learning_rate": (1e-3, 1e-5), "epochs": (1,)}
+    config = FinetuneConfig(max_seq_length=64, progress=False)
+    results = finetune_grid("qnli", tiny_checkpoint, data, tmp_path / "grid", config, grid=grid)
+    assert [p["dir"] for p in results["grid"]] == ["b8_lr0.001_e1", "b8_lr1e-05_e1"]
+    best = max(results["grid"], key=lambda p: p["score"])
+    assert results["selected"]["dir"] == best["dir"] and results["dev"] == best["dev"]
+    for point in results["grid"]:
+        saved = json.loads((tmp_path / "grid" / point["dir"] / "results.json").read_text())
+        assert saved["hyperparameters"]["learning_rate"] == point["learning_rate"]
