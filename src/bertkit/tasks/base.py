@@ -89,6 +89,15 @@ class Task:
         raise NotImplementedError
 
 
+def head_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The head's logits, in fp32, for a collated batch (every classification-style task)."""
+    return model(
+        input_ids=batch["input_ids"],
+        token_type_ids=batch["token_type_ids"],
+        attention_mask=batch["attention_mask"],
+    ).logits.float()
+
+
 def collate(features: Sequence[Feature], padded: dict[str, int]) -> dict[str, torch.Tensor]:
     """Pad the per-token inputs to the longest feature (to a multiple of 8) and stack every
     other numeric field: collate([{"input_ids": [2, 5, 3], "y": 1}], {"input_ids": 0})

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from bertkit.tasks import metrics
-from bertkit.tasks.base import DataError, Feature, Task, require_file
+from bertkit.tasks.base import DataError, Feature, Task, head_logits, require_file
 
 logger = logging.getLogger("bertkit")
 
@@ -287,15 +287,8 @@ class GlueTask(Task):
             features.append(feature)
         return features
 
-    def _logits(self, model, batch) -> torch.Tensor:
-        return model(
-            input_ids=batch["input_ids"],
-            token_type_ids=batch["token_type_ids"],
-            attention_mask=batch["attention_mask"],
-        ).logits.float()
-
     def loss(self, model, batch):
-        logits = self._logits(model, batch)
+        logits = head_logits(model, batch)
         if self.regression:
             total = F.mse_loss(logits.view(-1), batch["labels"].float(), reduction="sum")
         else:
@@ -303,7 +296,7 @@ class GlueTask(Task):
         return total, torch.tensor(len(logits))
 
     def outputs(self, model, batch):
-        return {"logits": self._logits(model, batch)}
+        return {"logits": head_logits(model, batch)}
 
     def predictions(self, examples, features, outputs) -> list:
         logits = outputs["logits"]

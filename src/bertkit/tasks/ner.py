@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from bertkit.heads import IGNORE_INDEX
 from bertkit.tasks import metrics
-from bertkit.tasks.base import DataError, Feature, Task, require_file
+from bertkit.tasks.base import DataError, Feature, Task, head_logits, require_file
 
 ENTITY_TYPES = ("LOC", "MISC", "ORG", "PER")
 SPLIT_FILES = {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"}
@@ -161,15 +161,8 @@ class ConllTask(Task):
                 start = end
         return features
 
-    def _logits(self, model, batch):
-        return model(
-            input_ids=batch["input_ids"],
-            token_type_ids=batch["token_type_ids"],
-            attention_mask=batch["attention_mask"],
-        ).logits.float()
-
     def loss(self, model, batch):
-        logits = self._logits(model, batch)
+        logits = head_logits(model, batch)
         labels = batch["labels"]
         total = F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]),
@@ -183,7 +176,7 @@ class ConllTask(Task):
         return int((batch["labels"] != IGNORE_INDEX).sum())
 
     def outputs(self, model, batch):
-        return {"logits": self._logits(model, batch)}
+        return {"logits": head_logits(model, batch)}
 
     def predictions(self, examples, features, outputs) -> list[list[str]]:
         names = self.labels()

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from bertkit.tasks import metrics
-from bertkit.tasks.base import DataError, Feature, Task, require_file
+from bertkit.tasks.base import DataError, Feature, Task, head_logits, require_file
 
 SPLIT_FILES = {"train": "train.csv", "dev": "val.csv", "test": "test.csv"}
 CHOICES = 4
@@ -102,19 +102,12 @@ class SwagTask(Task):
             features.append(feature)
         return features
 
-    def _logits(self, model, batch):
-        return model(
-            input_ids=batch["input_ids"],
-            token_type_ids=batch["token_type_ids"],
-            attention_mask=batch["attention_mask"],
-        ).logits.float()
-
     def loss(self, model, batch):
-        logits = self._logits(model, batch)
+        logits = head_logits(model, batch)
         return F.cross_entropy(logits, batch["labels"], reduction="sum"), torch.tensor(len(logits))
 
     def outputs(self, model, batch):
-        return {"logits": self._logits(model, batch)}
+        return {"logits": head_logits(model, batch)}
 
     def predictions(self, examples, features, outputs) -> list[int]:
         return [int(i) for i in outputs["logits"].argmax(-1)]
