@@ -324,6 +324,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     }
 
 
+def _load_once(task: Task, model, data, config: FinetuneConfig) -> tuple:
+    tokenizer = BertTokenizer.from_pretrained(model)
+    tokenizer.model_max_length = config.max_seq_length
+    return load_task_data(task, data, tokenizer, config)
+
+
 def finetune_seeds(
     task: str | Task,
     model: str | os.PathLike,
@@ -332,15 +338,15 @@ def finetune_seeds(
     config: FinetuneConfig | None = None,
     seeds: int = 3,
     build: Callable[[Task, str | os.PathLike, int], torch.nn.Module] | None = None,
+    *,
+    loaded: tuple | None = None,
 ) -> dict[str, Any]:
     """K runs with seeds seed, seed+1, ... in OUT/seed_<s>; OUT/results.json has the mean in
     `"dev"` and `dev_std`, `dev_min`, `dev_max`, every run's figures under `runs`."""
     task = get_task(task) if isinstance(task, str) else task
     config = (config or FinetuneConfig()).resolved(task)
     out = Path(out)
-    tokenizer = BertTokenizer.from_pretrained(model)
-    tokenizer.model_max_length = config.max_seq_length
-    loaded = load_task_data(task, data, tokenizer, config)  # read and featurised once
+    loaded = loaded or _load_once(task, model, data, config)  # read and featurised once
     runs = []
     for seed in range(config.seed, config.seed + seeds):
         run_config = dataclasses.replace(config, seed=seed)
@@ -376,9 +382,11 @@ def finetune_grid(
     """The paper's grid, each point in OUT/b<batch>_lr<lr>_e<epochs> (with `seeds` seeds
     each); the point with the best mean dev score is selected, OUT/results.json reports it."""
     task = get_task(task) if isinstance(task, str) else task
-    config = config or FinetuneConfig()
+    config = (config or FinetuneConfig()).resolved(task)
     out = Path(out)
     grid = grid or GRID
+    # features depend on max_seq_length only, not on batch, lr or epochs: read them once
+    loaded = _load_once(task, model, data, config)
     points = []
     for batch_size, learning_rate, epochs in itertools.product(
         grid["batch_size"], grid["learning_rate"], grid["epochs"]
@@ -388,9 +396,9 @@ def finetune_grid(
         )
         where = out / f"b{batch_size}_lr{learning_rate:g}_e{epochs}"
         if seeds > 1:
-            result = finetune_seeds(task, model, data, where, point, seeds)
+            result = finetune_seeds(task, model, data, where, point, seeds, loaded=loaded)
         else:
-            result = finetune(task, model, data, where, point)
+            result = finetune(task, model, data, where, point, loaded=loaded)
         points.append(
             {
                 "batch_size": batch_size,
