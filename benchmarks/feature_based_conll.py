@@ -8,7 +8,8 @@ the first sub-token of each word (as the paper's NER), from: the embeddings, the
 second-to-last, the sum of the last four, the concatenation of the last four, and (`--mix`) a
 learned weighted sum of all layers. The tagger: BiLSTM, 2 layers, `--hidden` units per direction
 (the paper: 768), Adam, `--epochs`. `--finetune` also fine-tunes the same encoder on the same
-data (the paper's first row). OUT/results.json and a markdown table on stdout.
+data (the paper's first row). OUT/results.json (written after every row; a rerun with the same
+settings skips the rows it holds) and a markdown table on stdout.
 """
 
 from __future__ import annotations
@@ -62,14 +63,26 @@ def main() -> None:
     print(f"features of {len(train)} + {len(dev)} sentences in {extraction_seconds:.0f} s")
     train_labels = [[index[t] for t in to_iob2(s.tags)] for s in train]
     dev_labels = [[index[t] for t in to_iob2(s.tags)] for s in dev]
-    results = {
-        "model": str(model_dir),
-        "tagger": {"hidden": args.hidden, "layers": 2, "epochs": args.epochs, "lr": args.lr},
-        "train_sentences": len(train),
-        "extraction_seconds": round(extraction_seconds, 1),
-        "dev_f1": {},
+    tagger = {
+        "hidden": args.hidden,
+        "layers": 2,
+        "epochs": args.epochs,
+        "lr": args.lr,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
     }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results_file = out / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    if results.get("tagger") != tagger or results.get("train_sentences") != len(train):
+        results = {"model": str(model_dir), "tagger": tagger, "train_sentences": len(train)}
+    results.setdefault("dev_f1", {})
+    results.setdefault("seconds", {})
+    results["extraction_seconds"] = round(extraction_seconds, 1)
     for selection in selections:
+        if selection in results["dev_f1"]:  # finished by an earlier, killed run
+            continue
         started = time.perf_counter()
         _, predicted = train_tagger(
             (train_features[selection], train_labels),
@@ -86,6 +99,8 @@ def main() -> None:
         f1 = entity_scores(tags, [s.tags for s in dev])["f1"]
         results["dev_f1"][selection] = f1
         seconds = time.perf_counter() - started
+        results["seconds"][selection] = round(seconds, 1)
+        results_file.write_text(json.dumps(results, indent=2) + "\n")
         print(f"{selection}: dev F1 {100 * f1:.2f} ({seconds:.0f} s)", flush=True)
     if args.finetune:
         from bertkit.finetune import FinetuneConfig, finetune
@@ -95,12 +110,13 @@ def main() -> None:
             model_dir,
             root,
             Path(args.out) / "finetune",
-            FinetuneConfig(max_train_examples=args.max_train_sentences, seed=args.seed),
+            FinetuneConfig(
+                max_train_examples=args.max_train_sentences, seed=args.seed, resume=True
+            ),
         )
         results["dev_f1"]["fine-tuning"] = run["dev"]["f1"]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        results["seconds"]["fine-tuning"] = run["seconds"]
+        results_file.write_text(json.dumps(results, indent=2) + "\n")
     print("| system | dev F1 |\n|---|---|")
     for name, f1 in results["dev_f1"].items():
         print(f"| {name} | {100 * f1:.2f} |")

@@ -1,7 +1,7 @@
 """Fine-tuning all-MiniLM-L6-v2 on the paper's tasks: bertkit against Hugging Face transformers.
 
     BERTKIT_DATA=../shared/data python benchmarks/finetune_vs_hf.py --tasks mrpc rte stsb cola \\
-        sst2 conll2003 squad1 --seeds 3 --out runs/finetune_bench
+        sst2 conll2003 squad1 --seeds 3 --out runs/finetune_bench [--resume] [--parallel]
 
 Both sides run `bertkit.finetune.finetune_seeds` with the paper's default hyperparameters on the
 same features, batches, seeds, optimiser and schedule; only the model differs: bertkit's
@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -73,7 +75,22 @@ def main() -> None:
     parser.add_argument("--max-train-examples", type=int)
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--implementations", nargs="+", default=["bertkit", "transformers"])
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the seeds already finished in OUT, continue a killed one",
+    )
+    parser.add_argument(
+        "--parallel",
+        action="store_true",
+        help="run the implementations side by side, one process each with an equal share of the "
+        "cores: the same conditions for both, and more throughput than one after the other",
+    )
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     root = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
     model = args.model
     if model is None:
@@ -83,29 +100,65 @@ def main() -> None:
     out = Path(args.out)
     results_file = out / "results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {}
-    scratch = Path(tempfile.mkdtemp(prefix="squad_split_"))
     for task in args.tasks:
-        if task == "squad1":
-            split_by_article(root / "squad" / "dev-v1.1.json", scratch)
-            data = scratch
+        if args.parallel:
+            side_by_side(task, args)
         else:
-            data = root / FOLDERS[task]
-        config = FinetuneConfig(
-            max_train_examples=args.max_train_examples, epochs=args.epochs, progress=False
-        )
+            for name in args.implementations:
+                run(task, name, model, root, out, args)
+        if args.child:
+            continue
         for name in args.implementations:
-            build = build_transformers if name == "transformers" else None
-            result = finetune_seeds(task, model, data, out / task / name, config, args.seeds, build)
+            result = json.loads((out / task / name / "results.json").read_text())
             results.setdefault(task, {})[name] = {
                 k: result[k] for k in ("dev", "dev_std", "dev_min", "dev_max", "seconds", "runs")
             }
-            print(task, name, json.dumps(result["dev"]), f"{result['seconds']:.0f} s", flush=True)
         if {"bertkit", "transformers"} <= set(results[task]):
             ours, theirs = results[task]["bertkit"], results[task]["transformers"]
             results[task]["time_ratio"] = round(theirs["seconds"] / ours["seconds"], 3)
+        results[task]["threads"] = args.threads or torch.get_num_threads()
+        results[task]["parallel"] = args.parallel
         out.mkdir(parents=True, exist_ok=True)
         results_file.write_text(json.dumps(results, indent=2) + "\n")
-    print(table(results))
+    if not args.child:
+        print(table(results))
+
+
+def run(task: str, name: str, model, root: Path, out: Path, args) -> None:
+    """K seeds of one implementation; OUT/TASK/NAME/results.json."""
+    if task == "squad1":
+        data = Path(tempfile.mkdtemp(prefix="squad_split_"))
+        split_by_article(root / "squad" / "dev-v1.1.json", data)
+    else:
+        data = root / FOLDERS[task]
+    config = FinetuneConfig(
+        max_train_examples=args.max_train_examples,
+        epochs=args.epochs,
+        progress=False,
+        resume=args.resume,
+    )
+    build = build_transformers if name == "transformers" else None
+    result = finetune_seeds(task, model, data, out / task / name, config, args.seeds, build)
+    print(task, name, json.dumps(result["dev"]), f"{result['seconds']:.0f} s", flush=True)
+
+
+def side_by_side(task: str, args) -> None:
+    """One child process per implementation, started together, each with its share of cores."""
+    threads = args.threads or max(1, (os.cpu_count() or 1) // len(args.implementations))
+    args.threads = threads
+    common = [sys.executable, __file__, "--child", "--tasks", task, "--seeds", str(args.seeds)]
+    common += ["--out", args.out, "--threads", str(threads)]
+    for flag in ("model", "max_train_examples", "epochs"):
+        if getattr(args, flag) is not None:
+            common += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    if args.resume:
+        common.append("--resume")
+    children = [
+        subprocess.Popen([*common, "--implementations", name]) for name in args.implementations
+    ]
+    failed = [c.args[-1] for c in children if c.wait() != 0]
+    if failed:
+        raise SystemExit(f"{task}: {', '.join(failed)} failed")
 
 
 def table(results: dict) -> str:

@@ -383,6 +383,42 @@ def test_unpadded_encoder_equals_padded_on_real_tokens(tiny_config, tiny_batch):
         close(a, b)
 
 
+@pytest.mark.parametrize("cls", ["BertForSequenceClassification", "BertForTokenClassification"])
+def test_training_with_dropout_draws_the_same_masks_padded_unpadded_and_in_hf(
+    cls, tiny_config, tiny_batch
+):
+    """With dropout on, a seeded training step gives the same loss and gradients on the
+    unpadded path (what training uses), the padded path and transformers: the masks do not
+    depend on unpadding, so a fine-tuning run can be compared with transformers' step by step."""
+    config = tiny_config.with_labels(3)
+    torch.manual_seed(0)
+    hf = getattr(transformers, cls)(hf_config(config))
+    ours = globals()[cls](config)
+    load_state_dict_into(ours, hf.state_dict(), strict=True)
+    real = tiny_batch["attention_mask"].bool()
+    if cls == "BertForSequenceClassification":
+        labels = torch.tensor([0, 2, 1])
+    else:
+        labels = torch.randint(0, 3, real.shape).masked_fill(~real, -100)
+
+    def step(model, **flags):
+        model.train().zero_grad()
+        torch.manual_seed(123)
+        loss = model(**tiny_batch, labels=labels, **flags).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    unpadded = step(ours)  # heads unpad in training
+    encode = ours.bert.forward
+    ours.bert.forward = lambda *args, **kwargs: encode(*args, **{**kwargs, "unpad": False})
+    padded = step(ours)
+    theirs = step(hf)
+    for other in (padded, theirs):
+        close(unpadded[0], other[0])
+        for a, b in zip(unpadded[1], other[1], strict=True):
+            close(a, b)
+
+
 @torch.no_grad()
 def test_heads_skip_padding_only_where_it_cannot_be_seen(tiny_config, tiny_batch, monkeypatch):
     seen = []

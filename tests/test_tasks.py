@@ -449,6 +449,19 @@ def test_finetune_resumes_after_a_kill(tiny_checkpoint, tmp_path, monkeypatch):
         [e["score"] for e in whole["epochs"]]
     )
 
+    # a finished run is returned as it is, not trained again; other settings do train
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(ft.Trainer, "train", no_training)
+    again = finetune(
+        "qnli", tiny_checkpoint, data, tmp_path / "run", FinetuneConfig(**QUICK, resume=True)
+    )
+    assert again == resumed
+    with pytest.raises(AssertionError, match="trained again"):
+        other = FinetuneConfig(**{**QUICK, "learning_rate": 1e-4}, resume=True)
+        finetune("qnli", tiny_checkpoint, data, tmp_path / "run", other)
+
 
 def test_bilstm_heads_of_table_5(tiny_checkpoint, tmp_path):
     """`+ BiLSTM`: padding never reaches the recurrence, and the head round-trips through

@@ -168,6 +168,9 @@ def finetune(
     tokenizer = BertTokenizer.from_pretrained(model)
     tokenizer.model_max_length = config.max_seq_length
     train, train_features, devs = loaded or load_task_data(task, data, tokenizer, config)
+    if config.resume and (finished := _finished(out, task, config, len(train))) is not None:
+        logger.info("%s: finished already (results.json), not run again", out)
+        return finished
     if build is None:
         net = build_model(task, model, config.seed, config.bilstm)
     else:
@@ -249,11 +252,7 @@ def finetune(
         "dev": best.get("dev", {}),
         "best_epoch": best.get("epoch"),
         "epochs": [e for e in read_log(out / LOG_FILE) if e.get("split") == "eval"],
-        "hyperparameters": {
-            k: getattr(config, k)
-            for k in ("epochs", "learning_rate", "batch_size", "max_seq_length", "seed")
-        }
-        | {"warmup_proportion": config.warmup_proportion, "weight_decay": config.weight_decay},
+        "hyperparameters": _hyperparameters(config),
         "train_examples": len(train),
         "train_features": len(train_features),
         "steps": max_steps,
@@ -264,6 +263,39 @@ def finetune(
     if not config.keep_state:
         (out / STATE_FILE).unlink(missing_ok=True)
     return results
+
+
+def _hyperparameters(config: FinetuneConfig) -> dict[str, Any]:
+    return {
+        k: getattr(config, k)
+        for k in (
+            "epochs",
+            "learning_rate",
+            "batch_size",
+            "max_seq_length",
+            "seed",
+            "warmup_proportion",
+            "weight_decay",
+        )
+    }
+
+
+def _finished(out: Path, task: Task, config: FinetuneConfig, train_examples: int):
+    """The results of a run that completed in OUT with these settings, else None: `resume`
+    then returns them instead of training again (a killed `--seeds` or `--grid` run redoes
+    only what was not finished)."""
+    try:
+        results = json.loads((out / RESULTS_FILE).read_text())
+        info = json.loads((out / TASK_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    same = (
+        results.get("task") == task.name
+        and results.get("hyperparameters") == _hyperparameters(config)
+        and results.get("train_examples") == train_examples
+        and info.get("head") == head_class(task, config.bilstm)
+    )
+    return results if same else None
 
 
 def save_finetuned(model, tokenizer, out: Path, task: Task, config: FinetuneConfig) -> None:

@@ -69,6 +69,15 @@ class TokenLayout:
         flat = grid.reshape(self.batch * self.seq_len, -1)
         return flat if self.index is None else flat.index_select(0, self.index)
 
+    def dropout(self, rows: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+        """Dropout on rows with the mask the padded grid would draw, taken at the real tokens:
+        a run's random numbers do not depend on unpadding, so a seeded training run is the same
+        on either path (and draws what transformers draws for the same batch)."""
+        if self.index is None or not training or p == 0.0:
+            return F.dropout(rows, p, training)
+        grid = rows.new_ones(self.batch * self.seq_len, rows.shape[-1])
+        return rows * F.dropout(grid, p, True).index_select(0, self.index)
+
     def to_grid(self, rows: torch.Tensor) -> torch.Tensor:  # (N, F) -> (B, S, F), zeros at padding
         if self.index is not None:
             empty = rows.new_zeros(self.batch * self.seq_len, rows.shape[-1])
@@ -169,9 +178,10 @@ class BertLayer(nn.Module):
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         context = layout.to_rows(context.transpose(1, 2))  # (B, S, A, D) -> (N, H)
         out = self.attention.output
-        x = out.LayerNorm(x + self.dropout(out.dense(context)))
+        p = self.dropout.p
+        x = out.LayerNorm(x + layout.dropout(out.dense(context), p, self.training))
         h = self.act(self.intermediate.dense(x))  # (N, I)
-        x = self.output.LayerNorm(x + self.dropout(self.output.dense(h)))
+        x = self.output.LayerNorm(x + layout.dropout(self.output.dense(h), p, self.training))
         return x, probs
 
 
