@@ -383,6 +383,44 @@ def test_unpadded_encoder_equals_padded_on_real_tokens(tiny_config, tiny_batch):
         close(a, b)
 
 
+@pytest.mark.parametrize("unpad", [False, True])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_last_layer_runs_only_where_read(tiny_config, tiny_batch, unpad, checkpointing):
+    """`read_positions`: the same states and gradients at [CLS] and the read positions, zeros
+    elsewhere, and the last layer's feed-forward sees only those rows."""
+    torch.manual_seed(0)
+    model = BertModel(tiny_config).train()
+    model.encoder.gradient_checkpointing = checkpointing
+    positions = torch.tensor([[3, 5], [7, 9], [2, 1]])  # (2, 9) is padding in the unpadded path
+    picked = torch.zeros(3, 11, dtype=torch.bool)
+    picked[:, 0] = True
+    picked.scatter_(1, positions, True)
+
+    def run(**flags):
+        model.zero_grad()
+        torch.manual_seed(5)  # dropout on: the masks must not depend on what is read
+        out = model(**tiny_batch, unpad=unpad, **flags)
+        seen = out.last_hidden_state[picked & tiny_batch["attention_mask"].bool()]
+        (seen.square().sum() + out.pooler_output.sum()).backward()
+        return out, [p.grad.clone() for p in model.parameters()]
+
+    rows = []
+    handle = model.encoder.layer[-1].intermediate.dense.register_forward_hook(
+        lambda module, args, output: rows.append(args[0].shape[0])
+    )
+    full, full_grads = run()
+    part, part_grads = run(read_positions=positions)
+    handle.remove()
+    real = tiny_batch["attention_mask"].bool()
+    close(part.last_hidden_state[picked & real], full.last_hidden_state[picked & real])
+    assert torch.all(part.last_hidden_state[~picked] == 0)
+    close(part.pooler_output, full.pooler_output)
+    for a, b in zip(part_grads, full_grads, strict=True):
+        close(a, b)
+    assert rows[-1] == int((picked & real).sum()) if unpad else int(picked.sum())
+    assert rows[0] == (int(real.sum()) if unpad else real.numel())
+
+
 @pytest.mark.parametrize("cls", ["BertForSequenceClassification", "BertForTokenClassification"])
 def test_training_with_dropout_draws_the_same_masks_padded_unpadded_and_in_hf(
     cls, tiny_config, tiny_batch

@@ -130,11 +130,13 @@ class _Head(BertPreTrainedModel):
         per_position: bool,  # the head's output has a value at every position
         output_hidden_states: bool,
         output_attentions: bool,
+        read_positions: torch.Tensor | None = None,
     ):
         """Run the encoder, on real tokens only (`unpad=True`) whenever no padded position's
         value can be seen: the head reads [CLS] or chosen positions (`per_position=False`), or
         the model is training (losses ignore padding). Requested hidden states or attentions keep
-        the padded path, so they match other implementations everywhere."""
+        the padded path, so they match other implementations everywhere. `read_positions`: the
+        only positions (besides [CLS]) the head reads, see `BertModel.forward`."""
         unpad = not (output_hidden_states or output_attentions) and (
             self.training or not per_position
         )
@@ -145,6 +147,7 @@ class _Head(BertPreTrainedModel):
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
             unpad=unpad,
+            read_positions=read_positions,
         )
 
 
@@ -200,6 +203,7 @@ class BertForPreTraining(_MaskedLMMixin, _Head):
             masked_positions is None,
             output_hidden_states,
             output_attentions,
+            masked_positions,
         )
         mlm_logits = self._mlm_logits(out.last_hidden_state, masked_positions)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
@@ -244,6 +248,7 @@ class BertForMaskedLM(_MaskedLMMixin, _Head):
             masked_positions is None,
             output_hidden_states,
             output_attentions,
+            masked_positions,
         )
         logits = self._mlm_logits(out.last_hidden_state, masked_positions)
         loss = token_cross_entropy(logits, labels) if labels is not None else None
@@ -280,6 +285,7 @@ class BertForSequenceClassification(_Head):
             False,
             output_hidden_states,
             output_attentions,
+            input_ids.new_zeros(input_ids.shape[0], 0),  # [CLS] only
         )
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, C)
         loss = None
@@ -471,6 +477,7 @@ class BertForMultipleChoice(_Head):
             False,
             output_hidden_states,
             output_attentions,
+            input_ids.new_zeros(batch * choices, 0),  # [CLS] only
         )
         scores = self.classifier(self.dropout(out.pooler_output))  # (B*C, 1)
         logits = scores.view(batch, choices)

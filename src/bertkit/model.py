@@ -78,6 +78,16 @@ class TokenLayout:
         grid = rows.new_ones(self.batch * self.seq_len, rows.shape[-1])
         return rows * F.dropout(grid, p, True).index_select(0, self.index)
 
+    def subset(self, keep: torch.Tensor) -> tuple[torch.Tensor, TokenLayout]:
+        """The rows of this layout at the grid cells where `keep` (B, S) is true, and the layout
+        of just those rows."""
+        flat = keep.reshape(-1)
+        if self.index is None:
+            rows = flat.nonzero().squeeze(1)
+            return rows, TokenLayout(self.batch, self.seq_len, rows)
+        rows = flat.index_select(0, self.index).nonzero().squeeze(1)
+        return rows, TokenLayout(self.batch, self.seq_len, self.index.index_select(0, rows))
+
     def to_grid(self, rows: torch.Tensor) -> torch.Tensor:  # (N, F) -> (B, S, F), zeros at padding
         if self.index is not None:
             empty = rows.new_zeros(self.batch * self.seq_len, rows.shape[-1])
@@ -157,7 +167,11 @@ class BertLayer(nn.Module):
         mask: torch.Tensor | None,  # (B, 1, 1|S, S) bool, True = may attend; None = attend to all
         layout: TokenLayout,
         output_attentions: bool = False,
+        read: tuple[torch.Tensor, TokenLayout] | None = None,  # (rows, their layout): see below
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rows in, rows out. With `read`, every row still attends as keys and values, but the
+        output projection and the feed-forward (three quarters of a layer's FLOPs) run only on
+        the rows read after this layer, and only those rows come out (in `read`'s layout)."""
         batch, seq_len, heads, size = layout.batch, layout.seq_len, self.num_heads, self.head_size
         attn = self.attention.self
 
@@ -177,6 +191,9 @@ class BertLayer(nn.Module):
         else:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         context = layout.to_rows(context.transpose(1, 2))  # (B, S, A, D) -> (N, H)
+        if read is not None:
+            rows, layout = read
+            x, context = x.index_select(0, rows), context.index_select(0, rows)
         out = self.attention.output
         p = self.dropout.p
         x = out.LayerNorm(x + layout.dropout(out.dense(context), p, self.training))
@@ -199,14 +216,19 @@ class BertEncoder(nn.Module):
         layout: TokenLayout,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        read: tuple[torch.Tensor, TokenLayout] | None = None,  # the last layer's, see BertLayer
     ) -> tuple[torch.Tensor, tuple | None, tuple | None]:
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
-        for layer in self.layer:
+        last = len(self.layer) - 1
+        for i, layer in enumerate(self.layer):
+            read_i = read if i == last else None
             if self.gradient_checkpointing and self.training and not output_attentions:
-                x, probs = activation_checkpoint(layer, x, mask, layout, False, use_reentrant=False)
+                x, probs = activation_checkpoint(
+                    layer, x, mask, layout, False, read_i, use_reentrant=False
+                )
             else:
-                x, probs = layer(x, mask, layout, output_attentions)
+                x, probs = layer(x, mask, layout, output_attentions, read_i)
             if hidden_states is not None:
                 hidden_states.append(x)
             if attentions is not None:
@@ -353,10 +375,16 @@ class BertModel(BertPreTrainedModel):
         output_attentions: bool = False,
         causal: bool | None = None,  # left-to-right mask; default config.is_decoder
         unpad: bool = False,
+        read_positions: torch.Tensor | None = None,
     ) -> BertModelOutput:
         """Encode a batch. With `unpad=True` and an `attention_mask`, the dense layers run on
         real tokens only (faster by the padding fraction) and every output is zero at padded
-        positions; the outputs at real tokens are the same either way."""
+        positions; the outputs at real tokens are the same either way.
+
+        `read_positions` (B, P) says that only those positions' final states will be read (and
+        [CLS]'s, by the pooler): the last layer's feed-forward then runs only there and
+        `last_hidden_state` is zero elsewhere. Classifiers pass an empty (B, 0) tensor, the
+        masked LM its masked positions. Ignored when hidden states or attentions are asked for."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_len), got {tuple(input_ids.shape)}")
         seq_len = input_ids.shape[1]
@@ -385,11 +413,16 @@ class BertModel(BertPreTrainedModel):
             layout = TokenLayout.unpadded(attention_mask)
         else:
             layout = TokenLayout(batch, seq_len)
+        read = None
+        if read_positions is not None and not (output_hidden_states or output_attentions):
+            keep = torch.zeros(batch, seq_len, dtype=torch.bool, device=input_ids.device)
+            keep[:, 0] = True  # [CLS], read by the pooler
+            read = layout.subset(keep.scatter_(1, read_positions.long(), True))
         x = layout.to_rows(self.embeddings(input_ids, token_type_ids, position_ids))  # (N, H)
         x, hidden_states, attentions = self.encoder(
-            x, mask, layout, output_hidden_states, output_attentions
+            x, mask, layout, output_hidden_states, output_attentions, read
         )
-        x = layout.to_grid(x)  # (B, S, H)
+        x = (layout if read is None else read[1]).to_grid(x)  # (B, S, H)
         if hidden_states is not None:
             hidden_states = tuple(layout.to_grid(h) for h in hidden_states)
         pooled = self.pooler(x) if self.pooler is not None else None  # (B, H)
