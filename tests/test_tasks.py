@@ -435,10 +435,16 @@ def test_finetune_resumes_after_a_kill(tiny_checkpoint, tmp_path, monkeypatch):
         finetune("qnli", tiny_checkpoint, data, tmp_path / "run", FinetuneConfig(**QUICK))
     assert torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)["step"] == 4
     monkeypatch.setattr(ft, "evaluate_split", real)
+    # the checkpoint carries the seconds it took; pretend the killed part took 1000
+    state_file = tmp_path / "run" / "trainer_state.pt"
+    state = torch.load(state_file, weights_only=True)
+    assert state["seconds"] > 0
+    torch.save({**state, "seconds": 1000.0}, state_file)
     resumed = finetune(
         "qnli", tiny_checkpoint, data, tmp_path / "run", FinetuneConfig(**QUICK, resume=True)
     )
     assert resumed["dev"] == pytest.approx(whole["dev"])
+    assert 1000 < resumed["seconds"] < 1000 + whole["seconds"] + 60  # both parts counted
 
     def train_losses(directory):
         lines = (directory / "log.jsonl").read_text().splitlines()

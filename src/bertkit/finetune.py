@@ -256,7 +256,8 @@ def finetune(
         "train_examples": len(train),
         "train_features": len(train_features),
         "steps": max_steps,
-        "seconds": round(time.perf_counter() - started, 1),
+        # a resumed run also counts the time its checkpoint holds
+        "seconds": round(time.perf_counter() - started + trainer.seconds_before, 1),
     }
     _write_json(out / RESULTS_FILE, results)
     plot_log(out / LOG_FILE, out / "curves.png", title=f"{task.name}: {Path(model).name}")

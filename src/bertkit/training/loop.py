@@ -99,6 +99,9 @@ class Trainer:
         self.schedule = build_schedule(self.optimizer, config.warmup_steps, config.max_steps)
         self.wrapped = distributed.wrap(self.model, self.dist)
         self.step = 0
+        # wall-clock seconds of the work this state holds: before this process (from the
+        # checkpoint) plus since this trainer was made
+        self.seconds_before, self._clock = 0.0, time.perf_counter()
         self.dtype = _autocast_dtype(config.precision, self.dist.device)
         self.scaler = torch.amp.GradScaler(enabled=self.dtype == torch.float16)
 
@@ -127,6 +130,7 @@ class Trainer:
                 "data": self.data.state_dict(),
                 "rng": self._rng_state(),
                 "config": asdict(self.config),
+                "seconds": self.seconds,
             }
             with atomic_path(self.out_dir / STATE_FILE) as tmp:
                 torch.save(state, tmp)
@@ -161,7 +165,12 @@ class Trainer:
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         self.step = int(state["step"])
+        self.seconds_before = float(state.get("seconds", 0.0))
         return True
+
+    @property
+    def seconds(self) -> float:
+        return self.seconds_before + time.perf_counter() - self._clock
 
     # ------------------------------------------------------------------ loop
     def train(self) -> list[dict[str, Any]]:
