@@ -100,9 +100,10 @@ def main() -> None:
     out = Path(args.out)
     results_file = out / "results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    threads = args.threads or torch.get_num_threads()
     for task in args.tasks:
         if args.parallel:
-            side_by_side(task, args)
+            threads = side_by_side(task, args)
         else:
             for name in args.implementations:
                 run(task, name, model, root, out, args)
@@ -116,7 +117,7 @@ def main() -> None:
         if {"bertkit", "transformers"} <= set(results[task]):
             ours, theirs = results[task]["bertkit"], results[task]["transformers"]
             results[task]["time_ratio"] = round(theirs["seconds"] / ours["seconds"], 3)
-        results[task]["threads"] = args.threads or torch.get_num_threads()
+        results[task]["threads"] = threads
         results[task]["parallel"] = args.parallel
         out.mkdir(parents=True, exist_ok=True)
         results_file.write_text(json.dumps(results, indent=2) + "\n")
@@ -142,10 +143,10 @@ def run(task: str, name: str, model, root: Path, out: Path, args) -> None:
     print(task, name, json.dumps(result["dev"]), f"{result['seconds']:.0f} s", flush=True)
 
 
-def side_by_side(task: str, args) -> None:
-    """One child process per implementation, started together, each with its share of cores."""
+def side_by_side(task: str, args) -> int:
+    """One child process per implementation, started together, each with its share of cores
+    (returned: the threads each child had)."""
     threads = args.threads or max(1, (os.cpu_count() or 1) // len(args.implementations))
-    args.threads = threads
     common = [sys.executable, __file__, "--child", "--tasks", task, "--seeds", str(args.seeds)]
     common += ["--out", args.out, "--threads", str(threads)]
     for flag in ("model", "max_train_examples", "epochs"):
@@ -159,6 +160,7 @@ def side_by_side(task: str, args) -> None:
     failed = [c.args[-1] for c in children if c.wait() != 0]
     if failed:
         raise SystemExit(f"{task}: {', '.join(failed)} failed")
+    return threads
 
 
 def table(results: dict) -> str:
