@@ -85,6 +85,10 @@ def test_glue_errors_name_file_and_line(tmp_path):
     )
     with pytest.raises(DataError, match=r"train.tsv:3: label 'maybe' is not one of"):
         get_task("rte").read(rte, "train")
+    kept = get_task("rte").read(rte, "train", on_error="skip")  # the bad row left out, logged
+    assert [e.label for e in kept] == ["entailment"]
+    with pytest.raises(ValueError, match="on_error must be 'fail' or 'skip'"):
+        get_task("rte").read(rte, "train", on_error="raise")
     (rte / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\tonly two\n")
     with pytest.raises(DataError, match=r"train.tsv:2: 2 tab-separated columns, expected 4"):
         get_task("rte").read(rte, "train")

@@ -160,13 +160,13 @@ def read_tsv(
     labels: Sequence[str] | None,
     *,
     regression: bool = False,
-    on_error: str = "raise",
+    on_error: str = "fail",
 ) -> list[SentenceExample]:
     """Examples of one GLUE TSV file. A malformed row raises `DataError` naming the file and
     line; with `on_error="skip"` it is logged and left out."""
     path = Path(path)
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    if on_error not in ("fail", "skip"):
+        raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
     examples: list[SentenceExample] = []
     skipped = 0
     with open(path, encoding="utf-8-sig", newline="") as handle:
@@ -187,7 +187,7 @@ def read_tsv(
             try:
                 examples.append(_row(line, layout, labels, regression, path, number))
             except DataError:
-                if on_error == "raise":
+                if on_error == "fail":
                     raise
                 skipped += 1
                 if skipped <= 5:
@@ -253,7 +253,7 @@ class GlueTask(Task):
             raise ValueError(f"{self.name} has no split {split!r}; it has {sorted(files)}")
         return files[split]
 
-    def read(self, data_dir, split: str, on_error: str = "raise") -> list[SentenceExample]:
+    def read(self, data_dir, split: str, on_error: str = "fail") -> list[SentenceExample]:
         path = require_file(Path(data_dir) / self.split_file(split), f"GLUE {self.spec.folder}")
         test = split.startswith("test")
         return read_tsv(
