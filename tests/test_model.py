@@ -486,3 +486,66 @@ def test_heads_skip_padding_only_where_it_cannot_be_seen(tiny_config, tiny_batch
     seen.clear()
     model(**tiny_batch)
     assert seen == [True]  # training: the loss ignores padding
+
+
+def test_fused_vocab_cross_entropy_equals_the_plain_softmax_and_its_gradients():
+    from bertkit.heads import fused_vocab_cross_entropy
+
+    generator = torch.Generator().manual_seed(0)
+    states = torch.randn(150, 16, generator=generator, requires_grad=True)
+    weight = torch.randn(300, 16, generator=generator, requires_grad=True)
+    bias = torch.randn(300, generator=generator, requires_grad=True)
+    labels = torch.randint(0, 300, (150,), generator=generator)
+    logits = torch.nn.functional.linear(states, weight, bias)
+    plain = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+    expected = torch.autograd.grad(2.5 * plain, (states, weight, bias))
+    total, correct = fused_vocab_cross_entropy(states, weight, bias, labels, chunk=64)
+    got = torch.autograd.grad(2.5 * total, (states, weight, bias))
+    torch.testing.assert_close(total, plain.detach(), rtol=1e-6, atol=1e-4)
+    assert int(correct) == int((logits.argmax(-1) == labels).sum())
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # evaluation: the same figures, no gradient work
+        again, hits = fused_vocab_cross_entropy(states, weight, bias, labels)
+    assert torch.allclose(again, total.detach()) and int(hits) == int(correct)
+
+
+def test_fused_mlm_step_equals_the_logits_path():
+    """A pre-training step through `fused_mlm=True` gives the loss and every gradient of the
+    plain path (logits, F.cross_entropy)."""
+    from bertkit.heads import BertForMaskedLM, BertForPreTraining
+
+    config = BertConfig(
+        vocab_size=97,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=48,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 97, (4, 12), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[2, 9:] = 0
+    positions = torch.randint(1, 9, (4, 3), generator=generator)
+    labels = torch.randint(5, 97, (4, 3), generator=generator)
+    labels[1, 2] = -100
+    for cls in (BertForPreTraining, BertForMaskedLM):
+        torch.manual_seed(0)
+        model = cls(config).train()
+        plain = model(ids, attention_mask=mask, masked_positions=positions, labels=labels)
+        plain.loss.backward()
+        expected = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad()
+        fused = model(
+            ids, attention_mask=mask, masked_positions=positions, labels=labels, fused_mlm=True
+        )
+        fused.loss.backward()
+        torch.testing.assert_close(fused.loss, plain.loss, rtol=1e-6, atol=1e-6)
+        logits = plain.mlm_logits if cls is BertForPreTraining else plain.logits
+        valid = labels != -100
+        assert int(fused.mlm_correct) == int(((logits.argmax(-1) == labels) & valid).sum())
+        for name, parameter in model.named_parameters():
+            if name in expected:
+                torch.testing.assert_close(parameter.grad, expected[name], rtol=1e-4, atol=1e-6)

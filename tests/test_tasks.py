@@ -514,3 +514,38 @@ def test_grid_selects_on_dev(tiny_checkpoint, tmp_path):
     for point in results["grid"]:
         saved = json.loads((tmp_path / "grid" / point["dir"] / "results.json").read_text())
         assert saved["hyperparameters"]["learning_rate"] == point["learning_rate"]
+
+
+def test_random_init_finetuning_draws_each_seed_its_own_encoder(tiny_checkpoint, tmp_path):
+    """`bertkit finetune --config SIZE --vocab DIR`: the no-pre-training row. Nothing is read
+    but the config and vocabulary; each seed initialises the whole model afresh, and the
+    pre-trained path still loads the checkpoint's weights."""
+    from safetensors.torch import load_file
+
+    from bertkit.finetune import build_model, random_init_dir
+
+    data = _grow(FIXTURES / "glue" / "QNLI", tmp_path / "data", 5)
+    init = random_init_dir(tiny_checkpoint / "config.json", tiny_checkpoint, tmp_path / "init")
+    names = {p.name for p in init.iterdir()}
+    assert {"config.json", "vocab.txt"} <= names and "model.safetensors" not in names
+    task = get_task("qnli")
+    saved = load_file(tiny_checkpoint / "model.safetensors")
+    key = "embeddings.word_embeddings.weight"
+    a = build_model(task, init, seed=1, random_init=True).state_dict()[f"bert.{key}"]
+    b = build_model(task, init, seed=2, random_init=True).state_dict()[f"bert.{key}"]
+    again = build_model(task, init, seed=1, random_init=True).state_dict()[f"bert.{key}"]
+    loaded = build_model(task, tiny_checkpoint, seed=1).state_dict()[f"bert.{key}"]
+    assert torch.equal(a, again) and not torch.equal(a, b)
+    assert torch.equal(loaded, saved[key]) and not torch.equal(a, saved[key])
+    assert 0.015 < float(a.std()) < 0.025  # BERT's N(0, 0.02) initialisation
+
+    out = tmp_path / "run"
+    argv = ["finetune", "qnli", "--config", "tiny", "--vocab", str(tiny_checkpoint)]
+    argv += ["--data", str(data), "--out", str(out), "--epochs", "1", "--batch-size", "8"]
+    assert cli.main([*argv, "--max-seq-length", "64"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["hyperparameters"]["random_init"] is True and "accuracy" in results["dev"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["hidden_size"] == 128 and config["num_hidden_layers"] == 2  # the tiny preset
+    both = ["finetune", "qnli", "--model", str(tiny_checkpoint), "--config", "tiny"]
+    assert cli.main([*both, "--data", str(data), "--out", str(tmp_path / "x")]) == 2

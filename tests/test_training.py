@@ -134,7 +134,8 @@ def test_pretraining_learns_and_writes_a_loadable_checkpoint(setup, tmp_path):
             setup / "shards",
             tmp_path / "out",
             config=str(setup / "config.json"),
-            max_steps=50,
+            max_steps=60,
+            warmup_steps=4,
             batch_size=16,
             seq_len=64,
             progress=False,
@@ -144,7 +145,9 @@ def test_pretraining_learns_and_writes_a_loadable_checkpoint(setup, tmp_path):
             setup / "shards",
             tmp_path / "out",
             config="tiny",
-            max_steps=50,
+            max_steps=60,
+            warmup_steps=4,
+            learning_rate=5e-3,
             batch_size=16,
             seq_len=64,
             resume=True,
@@ -381,3 +384,123 @@ def test_log_goes_to_tensorboard_when_installed(tmp_path, monkeypatch):
     _Log(tmp_path / "log.jsonl", enabled=True, keep_until=5)
     assert calls == [("open", str(tmp_path / "tensorboard"), 6)]
     assert len((tmp_path / "log.jsonl").read_text().splitlines()) == 2
+
+
+def test_budget_schedule_follows_the_clock_and_keeps_it_in_its_state():
+    from bertkit.training.optim import BudgetSchedule
+
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([parameter], lr=2.0)
+    schedule = BudgetSchedule(optimizer, budget=100.0, warmup=0.2)
+    expected = {0: 2e-3, 10: 1.0, 20: 2.0, 60: 1.0, 95: 0.125}
+    for spent, lr in expected.items():
+        schedule.set_spent(spent)
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(lr)
+        assert schedule.get_last_lr() == [pytest.approx(lr)]
+    assert not schedule.done
+    schedule.set_spent(100.0)
+    assert schedule.done
+    again = BudgetSchedule(torch.optim.SGD([parameter], lr=2.0), budget=100.0, warmup=0.2)
+    again.load_state_dict(schedule.state_dict())
+    assert again.spent == 100.0 and again.done
+    with pytest.raises(ValueError, match="warm-up fraction"):
+        BudgetSchedule(optimizer, budget=10.0, warmup=1.0)
+
+
+def test_budget_run_stops_on_time_charges_no_evaluation_and_resumes_on_its_clock(setup, tmp_path):
+    kwargs = dict(
+        config=str(setup / "config.json"),
+        budget_seconds=3.0,
+        batch_size=8,
+        seq_len=64,
+        eval_data=setup / "shards",
+        eval_batches=2,
+        eval_every=5,
+        learning_rate=1e-3,
+        warmup_fraction=0.2,
+        log_every=1,
+        progress=False,
+    )
+    entries = run_pretraining(setup / "shards", tmp_path / "run", **kwargs)
+    train = [e for e in entries if e["split"] == "train"]
+    assert len(train) >= 5  # several steps fit in 3 s of this model
+    seconds = [e["seconds"] for e in train]
+    assert seconds == sorted(seconds) and 3.0 <= seconds[-1] < 3.0 + 2 * max(
+        b - a for a, b in zip([0.0, *seconds], seconds, strict=False)
+    )
+    lrs = [e["lr"] for e in train]
+    peak = lrs.index(max(lrs))
+    assert 0 < peak < len(lrs) - 1 and lrs[-1] < 0.5 * max(lrs)  # up, then down with the clock
+    tokens = [e["tokens"] for e in train]
+    assert tokens == sorted(tokens) and tokens[0] > 0
+    state = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)
+    assert state["train_seconds"] == pytest.approx(seconds[-1], abs=0.01)
+    # a finished budget is not run again; a bigger one is refused (it would stretch the schedule)
+    assert run_pretraining(setup / "shards", tmp_path / "run", resume=True, **kwargs) == []
+    with pytest.raises(ValueError, match="budget_seconds = 3.0, not 6.0"):
+        run_pretraining(
+            setup / "shards", tmp_path / "run", resume=True, **{**kwargs, "budget_seconds": 6.0}
+        )
+
+
+def test_resume_refuses_a_stretched_schedule_and_a_warmup_as_long_as_the_run(setup, tmp_path):
+    common = dict(
+        config=str(setup / "config.json"), batch_size=8, seq_len=64, log_every=2, progress=False
+    )
+    run_pretraining(setup / "shards", tmp_path / "run", max_steps=4, warmup_steps=1, **common)
+    with pytest.raises(ValueError, match=r"max_steps = 4, not 8.*--max-steps.*--init-from"):
+        run_pretraining(
+            setup / "shards", tmp_path / "run", max_steps=8, warmup_steps=1, resume=True, **common
+        )
+    with pytest.raises(ValueError, match="never reach its peak"):
+        run_pretraining(setup / "shards", tmp_path / "other", max_steps=400, **common)
+    with pytest.raises(ValueError, match="--warmup-fraction"):
+        run_pretraining(
+            setup / "shards", tmp_path / "other", budget_seconds=5, warmup_steps=10, **common
+        )
+
+
+def test_held_out_measure_masks_every_chosen_piece(setup, tmp_path):
+    """`mlm_accuracy` of the evaluation replaces every chosen piece by [MASK]; the 80/10/10 one
+    leaves 10% of them visible, so a model that copies its input scores ~10% there and 0 here."""
+    from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
+    from bertkit.pretraining.shards import Shards
+    from bertkit.pretraining.train import PretrainingObjective, _held_out_evaluation
+    from bertkit.tokenizer import BertTokenizer
+    from bertkit.training import distributed
+
+    tokenizer = BertTokenizer.from_pretrained(setup / "shards")
+    vocab = tokenizer.vocab_size
+
+    class Copier(torch.nn.Module):  # predicts each position's own input token
+        def forward(self, input_ids, masked_positions, **_):
+            seen = input_ids.gather(1, masked_positions)
+            return type("Out", (), {"mlm_logits": torch.nn.functional.one_hot(seen, vocab) * 10.0})
+
+    masking = MaskingConfig()
+    evaluate = _held_out_evaluation(
+        Shards(setup / "shards"),
+        tokenizer,
+        PretrainingObjective("mlm"),
+        batch_size=16,
+        seq_len=64,
+        objective="mlm",
+        masking=masking,
+        seed=1,
+        batches=8,
+        dist=distributed.Distributed(),
+    )
+    result = evaluate(Copier())
+    assert result["mlm_accuracy"] == 0.0
+    assert 0.06 < result["mlm_accuracy_801010"] < 0.14
+    stream = PretrainingData(
+        Shards(setup / "shards"),
+        tokenizer,
+        batch_size=16,
+        max_seq_length=64,
+        objective="mlm",
+        masking=dataclasses.replace(masking, mask_token_prob=1.0, random_token_prob=0.0),
+    )
+    batch = stream.next_batch()
+    picked = batch["input_ids"].gather(1, batch["masked_positions"])[batch["labels"] != -100]
+    assert set(picked.tolist()) == {tokenizer.vocab["[MASK]"]}

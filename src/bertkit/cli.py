@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _vocab(args: argparse.Namespace) -> None:
@@ -54,33 +55,56 @@ def _prepare(args: argparse.Namespace) -> None:
 
 def _pretrain(args: argparse.Namespace) -> None:
     from bertkit.pretraining.dataset import MaskingConfig
-    from bertkit.pretraining.train import parse_phases, run_phases
+    from bertkit.pretraining.recipes import recipe
+    from bertkit.pretraining.train import parse_budget, parse_phases, run_phases
 
+    settings = recipe(args.recipe or "paper")
+    if args.warmup_steps is not None or args.warmup_fraction is not None:
+        settings.pop("warmup_steps", None)  # an explicit warm-up replaces the recipe's
+        settings.pop("warmup_fraction", None)
+    budget = parse_budget(args.budget) if args.budget else None
+    if budget is not None and args.warmup_fraction is None:
+        settings.pop("warmup_steps", None)  # a budget's warm-up is a fraction of it
+        settings.setdefault("warmup_fraction", 0.1)
+    for key, value in settings.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.phases:
+        if budget is not None:
+            raise ValueError("--phases counts steps; give --max-steps with it, not --budget")
         phases = parse_phases(args.phases)
-    elif args.max_steps is not None:
+    elif args.max_steps is not None or budget is not None:
         phases = [(args.seq_len, args.max_steps)]
     else:
-        raise ValueError("give --max-steps N (or --phases SEQ_LEN:STEPS,...)")
+        raise ValueError("give --max-steps N, --budget TIME (e.g. 15m) or --phases SEQ:STEPS,...")
     run_phases(
         args.data,
         args.out,
         phases,
         config=args.config,
+        budget_seconds=budget,
         batch_size=args.batch_size,
         objective=args.objective,
+        dropout=args.dropout,
+        position_init=args.position_init,
+        mlm_bias_init=args.mlm_bias_init,
         eval_data=args.eval_data,
         eval_batches=args.eval_batches,
+        eval_seq_len=args.eval_seq_len,
         init_from=args.init_from,
         masking=MaskingConfig(
             mask_prob=args.mask_prob,
             max_predictions=args.max_predictions,
+            mask_token_prob=args.mask_token_prob,
+            random_token_prob=args.random_token_prob,
             whole_word=args.whole_word_mask,
             static=args.static_masking,
             dupe_factor=args.dupe_factor,
         ),
         learning_rate=args.lr,
         warmup_steps=args.warmup_steps,
+        warmup_fraction=args.warmup_fraction,
+        adam_beta2=args.adam_beta2,
         accumulation=args.accumulate,
         log_every=args.log_every,
         eval_every=args.eval_every,
@@ -95,8 +119,25 @@ def _pretrain(args: argparse.Namespace) -> None:
 def _finetune(args: argparse.Namespace) -> None:
     import json
 
-    from bertkit.finetune import FinetuneConfig, finetune, finetune_grid, finetune_seeds
+    from bertkit.finetune import (
+        FinetuneConfig,
+        finetune,
+        finetune_grid,
+        finetune_seeds,
+        random_init_dir,
+    )
 
+    if (args.model is None) == (args.config is None):
+        raise ValueError(
+            "give --model DIR (a pre-trained checkpoint) or --config SIZE --vocab DIR (a "
+            "randomly initialised model: the no-pre-training baseline), not both"
+        )
+    if args.config is not None:
+        if args.vocab is None:
+            raise ValueError("--config needs --vocab DIR (the vocabulary of the random model)")
+        args.model = str(random_init_dir(args.config, args.vocab, Path(args.out) / "init"))
+    elif args.vocab is not None:
+        raise ValueError("--vocab goes with --config (a checkpoint brings its own vocab.txt)")
     config = FinetuneConfig(
         epochs=args.epochs,
         learning_rate=args.lr,
@@ -112,6 +153,7 @@ def _finetune(args: argparse.Namespace) -> None:
         max_train_examples=args.max_train_examples,
         max_eval_examples=args.max_eval_examples,
         bilstm=args.bilstm,
+        random_init=args.config is not None,
     )
     if args.grid:
         results = finetune_grid(args.task, args.model, args.data, args.out, config, args.seeds)
@@ -228,12 +270,42 @@ def _demo(args: argparse.Namespace) -> None:
     run_demo(args.out, corpus=args.corpus or None, max_steps=args.steps)
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every default that is not None/False (recipe settings say theirs in the help)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
+
+
+_UNSET = {"dropout": "the config's (0.1)"}
+
+
+def _recipe_line(name: str) -> str:
+    from bertkit.pretraining.recipes import RECIPES
+
+    return ", ".join(f"{key} {value}" for key, value in RECIPES[name].items())
+
+
+def _recipe_flag(parser: argparse.ArgumentParser, flag: str, kind: type, text: str) -> None:
+    from bertkit.pretraining.recipes import RECIPES
+
+    key = flag.lstrip("-").replace("-", "_")
+    values = "; ".join(
+        f"{name} {recipe[key]}" if key in recipe else f"{name} {_UNSET.get(key, '-')}"
+        for name, recipe in RECIPES.items()
+    )
+    parser.add_argument(flag, type=kind, help=f"{text} (recipe: {values})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bertkit", description="BERT: tokenizer, model, checkpoints, pre-training, fine-tuning"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
+    from bertkit.pretraining.recipes import RECIPES
 
     vocab = commands.add_parser("vocab", help="train a WordPiece vocabulary from text files")
     vocab.add_argument("corpus", nargs="+", help="plain-text files")
@@ -279,52 +351,118 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     prepare.set_defaults(func=_prepare)
 
-    pretrain = commands.add_parser("pretrain", help="pre-train BERT (MLM + NSP) on prepared shards")
+    pretrain = commands.add_parser(
+        "pretrain",
+        help="pre-train BERT (MLM + NSP) on prepared shards",
+        formatter_class=_Formatter,
+        description="Settings marked 'recipe' come from --recipe (default: the paper's); an "
+        "explicit flag always wins. The laptop recipe: " + _recipe_line("laptop"),
+    )
     pretrain.add_argument("--data", required=True, help="shards directory from bertkit prepare")
     pretrain.add_argument("--eval-data", help="held-out shards for MLM/NSP evaluation")
-    pretrain.add_argument(
-        "--config", default="tiny", help="tiny|mini|small|medium|base|large or a config JSON"
-    )
     pretrain.add_argument(
         "--out",
         required=True,
         help="checkpoint directory (config.json, model.safetensors, log.jsonl)",
     )
+    pretrain.add_argument(
+        "--recipe",
+        choices=("paper", "laptop"),
+        help="named settings (recipe 'paper' when not given): 'laptop' is the measured best per "
+        "CPU-minute on 2 cores, see docs/results/recipe",
+    )
+    pretrain.add_argument(
+        "--config",
+        help="tiny|mini|small|medium|base|large or a config JSON (recipe: "
+        + "; ".join(f"{n} {r['config']}" for n, r in RECIPES.items())
+        + ")",
+    )
     pretrain.add_argument("--max-steps", type=int, help="optimiser steps (one phase at --seq-len)")
+    pretrain.add_argument(
+        "--budget",
+        help="train for this much wall-clock time instead of (or as well as) a step count: 90s, "
+        "15m, 2h, 1h30m; the warm-up and decay follow elapsed time; evaluations are not charged",
+    )
     pretrain.add_argument(
         "--phases",
         help="the paper's schedule as SEQ_LEN:STEPS,...; e.g. 128:90000,512:10000 (each phase "
         "continues from the last with a fresh schedule; replaces --max-steps/--seq-len)",
     )
+    _recipe_flag(pretrain, "--batch-size", int, "global sequences per step")
+    _recipe_flag(pretrain, "--seq-len", int, "tokens per sequence")
     pretrain.add_argument(
-        "--batch-size", type=int, default=256, help="global sequences per step (default 256)"
+        "--objective",
+        choices=("mlm+nsp", "mlm", "ltr"),
+        default="mlm+nsp",
+        help="BERT; No NSP; left-to-right LM (Table 5)",
     )
-    pretrain.add_argument("--seq-len", type=int, default=128)
-    pretrain.add_argument("--objective", choices=("mlm+nsp", "mlm", "ltr"), default="mlm+nsp")
     pretrain.add_argument(
         "--resume", action="store_true", help="continue from OUT/trainer_state.pt"
     )
     pretrain.add_argument(
         "--init-from", help="start from this checkpoint with a fresh schedule (phase 2)"
     )
-    pretrain.add_argument("--lr", type=float, default=1e-4)
-    pretrain.add_argument("--warmup-steps", type=int, default=10_000)
-    pretrain.add_argument("--accumulate", type=int, default=1, help="micro-batches per step")
-    pretrain.add_argument("--mask-prob", type=float, default=0.15)
-    pretrain.add_argument(
-        "--max-predictions", type=int, default=20, help="masked tokens per sequence at most"
+    _recipe_flag(pretrain, "--lr", float, "peak learning rate")
+    _recipe_flag(pretrain, "--warmup-steps", int, "linear warm-up steps")
+    _recipe_flag(
+        pretrain, "--warmup-fraction", float, "warm-up as a fraction of the steps or the budget"
     )
-    pretrain.add_argument("--whole-word-mask", action="store_true")
+    _recipe_flag(pretrain, "--adam-beta2", float, "Adam's second-moment decay")
+    pretrain.add_argument(
+        "--accumulate", type=int, default=1, help="micro-batches per optimiser step"
+    )
+    _recipe_flag(pretrain, "--mask-prob", float, "fraction of the pieces chosen for MLM")
+    _recipe_flag(pretrain, "--max-predictions", int, "masked pieces per sequence at most")
+    pretrain.add_argument(
+        "--mask-token-prob", type=float, default=0.8, help="chosen pieces that become [MASK]"
+    )
+    pretrain.add_argument(
+        "--random-token-prob", type=float, default=0.1, help="chosen pieces that become random"
+    )
+    _recipe_flag(pretrain, "--dropout", float, "hidden and attention dropout")
+    _recipe_flag(
+        pretrain,
+        "--position-init",
+        str,
+        "start of the learned position embeddings: normal (Google's truncated normal) or "
+        "sinusoidal (Vaswani et al.'s sines, same scale; still learned)",
+    )
+    _recipe_flag(
+        pretrain,
+        "--mlm-bias-init",
+        str,
+        "start of the MLM output bias: zeros (Google's) or unigram (the log frequencies of the "
+        "training tokens)",
+    )
+    pretrain.add_argument(
+        "--whole-word-mask", action="store_true", help="mask all pieces of a word together"
+    )
     pretrain.add_argument(
         "--static-masking", action="store_true", help="fixed masks, --dupe-factor versions"
     )
-    pretrain.add_argument("--dupe-factor", type=int, default=10)
-    pretrain.add_argument("--log-every", type=int, default=10)
-    pretrain.add_argument("--eval-every", type=int, default=0, help="0: at the end only")
-    pretrain.add_argument("--eval-batches", type=int, default=20)
-    pretrain.add_argument("--save-every", type=int, default=1000)
-    pretrain.add_argument("--seed", type=int, default=0)
-    pretrain.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
+    pretrain.add_argument(
+        "--dupe-factor", type=int, default=10, help="versions of the static masks"
+    )
+    pretrain.add_argument("--log-every", type=int, default=10, help="steps between log lines")
+    pretrain.add_argument(
+        "--eval-every", type=int, default=0, help="steps between evaluations (0: at the end)"
+    )
+    pretrain.add_argument(
+        "--eval-batches", type=int, default=20, help="held-out batches per evaluation"
+    )
+    pretrain.add_argument(
+        "--eval-seq-len",
+        type=int,
+        help="length of the held-out sequences (default: --seq-len; with --phases the longest)",
+    )
+    pretrain.add_argument("--save-every", type=int, default=1000, help="steps between checkpoints")
+    pretrain.add_argument("--seed", type=int, default=0, help="seed of weights, data and masks")
+    pretrain.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16", "fp16"),
+        default="auto",
+        help="auto: bf16 on GPUs that have it, fp32 on CPU",
+    )
     pretrain.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     pretrain.set_defaults(func=_pretrain)
 
@@ -334,7 +472,13 @@ def build_parser() -> argparse.ArgumentParser:
         "finetune", help="fine-tune on a task of the paper (GLUE, SQuAD, CoNLL-2003, SWAG)"
     )
     finetune.add_argument("task", choices=TASK_NAMES)
-    finetune.add_argument("--model", required=True, help="checkpoint directory (ours, HF, Google)")
+    finetune.add_argument("--model", help="checkpoint directory (ours, HF, Google)")
+    finetune.add_argument(
+        "--config",
+        help="instead of --model: a randomly initialised model of this size (tiny ... large, or "
+        "a config JSON), each seed its own init: the 'no pre-training' row",
+    )
+    finetune.add_argument("--vocab", help="with --config: directory with vocab.txt (or the file)")
     finetune.add_argument("--data", required=True, help="folder with the task's official files")
     finetune.add_argument("--out", required=True, help="output directory")
     finetune.add_argument("--epochs", type=int, help="default: the paper's (3; SQuAD 2.0: 2)")

@@ -69,6 +69,9 @@ class FinetuneConfig:
     max_eval_examples: int | None = None
     progress: bool = True
     bilstm: bool = False  # Table 5's "+ BiLSTM" between encoder and output layer (QA, tagging)
+    # The "no pre-training" baseline: the model directory's config and vocabulary only, every
+    # weight initialised afresh from the run's seed (each seed its own random encoder).
+    random_init: bool = False
 
     def resolved(self, task: Task) -> FinetuneConfig:
         return dataclasses.replace(
@@ -126,14 +129,23 @@ def head_class(task: Task, bilstm: bool = False) -> str:
     return name
 
 
-def build_model(task: Task, model_dir: str | os.PathLike, seed: int, bilstm: bool = False):
+def build_model(
+    task: Task,
+    model_dir: str | os.PathLike,
+    seed: int,
+    bilstm: bool = False,
+    random_init: bool = False,
+):
     """The task's head on the checkpoint's encoder; a fresh head (seeded) where the checkpoint
-    has none or one of another size."""
+    has none or one of another size. With `random_init`, no weight is read: the whole model is
+    initialised from `seed` as BERT initialises (the paper's "no pre-training" comparison)."""
     config = read_config(Path(model_dir))
     labels = task.labels()
     if labels is not None:
         config = config.with_labels(labels)
     torch.manual_seed(seed)
+    if random_init:
+        return MODEL_CLASSES[head_class(task, bilstm)](config)
     return MODEL_CLASSES[head_class(task, bilstm)].from_pretrained(
         model_dir, config=config, ignore_mismatched_sizes=True
     )
@@ -172,7 +184,7 @@ def finetune(
         logger.info("%s: finished already (results.json), not run again", out)
         return finished
     if build is None:
-        net = build_model(task, model, config.seed, config.bilstm)
+        net = build_model(task, model, config.seed, config.bilstm, config.random_init)
     else:
         net = build(task, model, config.seed)
     if tokenizer.vocab_size > net.config.vocab_size:
@@ -277,6 +289,7 @@ def _hyperparameters(config: FinetuneConfig) -> dict[str, Any]:
             "seed",
             "warmup_proportion",
             "weight_decay",
+            "random_init",
         )
     }
 
@@ -297,6 +310,35 @@ def _finished(out: Path, task: Task, config: FinetuneConfig, train_examples: int
         and info.get("head") == head_class(task, config.bilstm)
     )
     return results if same else None
+
+
+def random_init_dir(
+    config: str | os.PathLike, vocab: str | os.PathLike, out: str | os.PathLike
+) -> Path:
+    """A model directory without weights for `random_init` fine-tuning: `config` (a preset name
+    such as "mini", or a config JSON) sized to the vocabulary in `vocab` (a directory with
+    vocab.txt, or the file), written as OUT/config.json + vocab.txt."""
+    from bertkit.config import PRESETS, BertConfig
+
+    tokenizer = BertTokenizer.from_pretrained(vocab)
+    if str(config) in PRESETS:
+        model_config = BertConfig.from_preset(str(config), vocab_size=tokenizer.vocab_size)
+    elif Path(config).is_file():
+        model_config = BertConfig.from_json_file(config)
+        if model_config.vocab_size != tokenizer.vocab_size:
+            raise ValueError(
+                f"{config}: vocab_size {model_config.vocab_size} but {vocab} holds "
+                f"{tokenizer.vocab_size} tokens"
+            )
+    else:
+        raise ValueError(
+            f"--config {config!r} is neither a preset ({', '.join(PRESETS)}) nor a file"
+        )
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_config.to_json_file(out / "config.json")
+    tokenizer.save_pretrained(out)
+    return out
 
 
 def save_finetuned(model, tokenizer, out: Path, task: Task, config: FinetuneConfig) -> None:

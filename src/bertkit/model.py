@@ -288,6 +288,24 @@ def truncated_normal_(tensor: torch.Tensor, std: float) -> torch.Tensor:
     return tensor
 
 
+@torch.no_grad()
+def sinusoidal_positions_(embedding: nn.Embedding, std: float) -> nn.Embedding:
+    """Fill learned position embeddings with the Transformer's sinusoids (Vaswani et al. 2017,
+    3.5), scaled to standard deviation `std`. The embeddings stay learned parameters (the
+    architecture and checkpoints are BERT's); only their starting point differs from the
+    truncated normal: PE(p + k) is a linear function of PE(p), so attention can learn "look one
+    token to the left" once, for every position, instead of once per position."""
+    positions, width = embedding.weight.shape
+    p = torch.arange(positions, dtype=torch.float64)[:, None]
+    rates = torch.exp(-math.log(10_000.0) * torch.arange(0, width, 2, dtype=torch.float64) / width)
+    table = torch.zeros(positions, width, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(p * rates)
+    table[:, 1::2] = torch.cos(p * rates)[:, : width // 2]
+    table *= std / table.std()
+    embedding.weight.copy_(table.to(embedding.weight.dtype))
+    return embedding
+
+
 class BertPreTrainedModel(nn.Module):
     """Shared by the encoder and every head: config, initialisation, checkpoint I/O."""
 

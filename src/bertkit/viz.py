@@ -3,8 +3,8 @@
     bertkit viz runs/pretrain/log.jsonl --out curves.png
 
 Pre-training logs (`mlm_loss`, `nsp_loss`, held-out `mlm_accuracy`/`nsp_accuracy`) and
-fine-tuning logs (`loss`, dev figures per epoch) alike: losses by step on the left, evaluation
-figures on the right (by epoch when the log has epochs, else by step).
+fine-tuning logs (`loss`, dev figures per epoch) alike: each loss on its own panel and scale,
+evaluation figures (by epoch when the log has epochs, else by step), the learning rate.
 """
 
 from __future__ import annotations
@@ -15,6 +15,11 @@ from pathlib import Path
 
 from bertkit._io import atomic_path
 
+_LABELS = {
+    "mlm_accuracy": "MLM accuracy, all [MASK]",
+    "mlm_accuracy_801010": "MLM accuracy, 80/10/10",
+    "nsp_accuracy": "NSP accuracy",
+}
 _NOT_PLOTTED = {"step", "split", "epoch", "score", "lr", "tokens_per_s", "loss"}
 
 
@@ -30,7 +35,11 @@ def read_log(path: str | os.PathLike) -> list[dict]:
 
 
 def plot_log(log: str | os.PathLike, png: str | os.PathLike, title: str = "") -> Path | None:
-    """Write the curves of `log` to `png`; None when the log has no training entries."""
+    """Write the curves of `log` to `png`; None when the log has no training entries.
+
+    One panel per loss (pre-training: MLM and NSP apart, each on its own scale, train and
+    held-out), one for the evaluation figures (with the chance line of NSP), one for the
+    learning rate. The x axis is the step (fine-tuning figures: the epoch)."""
     entries = read_log(log) if Path(log).exists() else []
     train = [e for e in entries if e.get("split") == "train"]
     evals = [e for e in entries if e.get("split") == "eval"]
@@ -41,30 +50,57 @@ def plot_log(log: str | os.PathLike, png: str | os.PathLike, title: str = "") ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
     losses = [k for k in train[0] if k.endswith("loss") and k != "loss"] or ["loss"]
-    for key in losses:
-        left.plot([e["step"] for e in train], [e[key] for e in train], label=f"train {key}")
-    for key in [k for k in (evals[0] if evals else {}) if k.endswith("loss")]:
-        left.plot([e["step"] for e in evals], [e[key] for e in evals], "o-", label=f"eval {key}")
-    left.set(title="loss", xlabel="step")
-    left.legend(fontsize=8)
     axis = "epoch" if evals and "epoch" in evals[0] else "step"
     figures = [
         k
         for k, v in (evals[0] if evals else {}).items()
         if k not in _NOT_PLOTTED
         and isinstance(v, float)
-        and not k.endswith(("loss", "total", "thresh"))
+        and "loss" not in k
+        and "perplexity" not in k
+        and not k.endswith(("total", "thresh"))
     ]
-    for key in figures:
-        right.plot([e[axis] for e in evals], [e[key] for e in evals], "o-", label=key)
-    if any("nsp_accuracy" == k for k in figures):
-        right.axhline(0.5, color="grey", linestyle=":", linewidth=1)
-    right.set(title="evaluation", xlabel=axis)
+    has_lr = any("lr" in e for e in train)
+    count = len(losses) + bool(figures) + has_lr
+    fig, axes = plt.subplots(1, count, figsize=(4.3 * count, 3.9), squeeze=False)
+    panels = iter(axes[0])
+    steps = [e["step"] for e in train]
+    for key in losses:
+        ax = next(panels)
+        values = [e.get(key) for e in train]
+        ax.plot(steps, values, linewidth=1, label="train")
+        held = []
+        for suffix, label in (("", "held out"), ("_801010", "held out, 80/10/10")):
+            points = [
+                (e["step"], e[key + suffix]) for e in evals if e.get(key + suffix) is not None
+            ]
+            if points and axis == "step":
+                if suffix == "" and key == "mlm_loss" and "mlm_loss_801010" in evals[0]:
+                    label = "held out, all [MASK]"
+                ax.plot(*zip(*points, strict=True), "o-", markersize=3, label=label)
+                held += [v for _, v in points]
+        name = {"mlm_loss": "MLM loss", "nsp_loss": "NSP loss"}.get(key, key)
+        ax.set(title=name, xlabel="step", ylabel="nats")
+        if key == "nsp_loss":
+            ax.axhline(0.6931, color="grey", linestyle=":", linewidth=1)  # ln 2: chance
+        _zoom(ax, [v for v in values if v is not None] + held)
+        ax.legend(fontsize=8)
     if figures:
-        right.legend(fontsize=8)
-    for ax in (left, right):
+        ax = next(panels)
+        for key in figures:
+            label = _LABELS.get(key, key) if "mlm_accuracy_801010" in evals[0] else key
+            ax.plot([e[axis] for e in evals], [e.get(key) for e in evals], "o-", ms=3, label=label)
+        if "nsp_accuracy" in figures:
+            ax.axhline(0.5, color="grey", linestyle=":", linewidth=1)
+        ax.set(title="evaluation", xlabel=axis)
+        ax.legend(fontsize=8)
+    if has_lr:
+        ax = next(panels)
+        ax.plot(steps, [e.get("lr") for e in train], color="tab:purple")
+        ax.set(title="learning rate", xlabel="step")
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    for ax in axes[0]:
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
@@ -73,3 +109,14 @@ def plot_log(log: str | os.PathLike, png: str | os.PathLike, title: str = "") ->
         fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
     return png
+
+
+def _zoom(ax, values: list[float]) -> None:
+    """Leave out the first steps' loss (ln V for a fresh model) when it would flatten the rest:
+    the y range covers the values after the first 5% of the run, with a margin."""
+    if len(values) < 20:
+        return
+    rest = values[len(values) // 20 :]
+    low, high = min(rest), max(rest)
+    margin = 0.1 * (high - low) or 0.05
+    ax.set_ylim(low - margin, high + margin)

@@ -31,6 +31,8 @@ IGNORE_INDEX = -100
 class MaskingConfig:
     mask_prob: float = 0.15
     max_predictions: int = 20
+    mask_token_prob: float = 0.8  # of the chosen pieces: [MASK] (the rest: random 0.1, kept)
+    random_token_prob: float = 0.1
     whole_word: bool = False
     static: bool = False  # fixed masks cycling through dupe_factor versions (Google's default)
     dupe_factor: int = 10
@@ -155,6 +157,8 @@ class PretrainingData:
             mask_prob=self.masking.mask_prob,
             max_predictions=self.masking.max_predictions,
             word_starts=~self.is_continuation[ids] if self.masking.whole_word else None,
+            mask_token_prob=self.masking.mask_token_prob,
+            random_token_prob=self.masking.random_token_prob,
         )
         nsp = is_random if self.objective == "mlm+nsp" else -1
         return {

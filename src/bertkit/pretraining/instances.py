@@ -154,12 +154,15 @@ def mask_tokens(
     mask_prob: float = 0.15,
     max_predictions: int = 20,
     word_starts: np.ndarray | None = None,
+    mask_token_prob: float = 0.8,
+    random_token_prob: float = 0.1,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Masked-LM corruption of one sequence: returns (corrupted ids, positions, original ids).
 
     `mask_prob` of the `maskable` positions (never [CLS], [SEP] or padding), at most
-    `max_predictions`, are chosen; each becomes [MASK] with probability 0.8, a token drawn from
-    `random_ids` with 0.1, and stays itself with 0.1. With `word_starts` (whole-word masking) the
+    `max_predictions`, are chosen; each becomes [MASK] with probability `mask_token_prob` (the
+    paper's 0.8), a token drawn from `random_ids` with `random_token_prob` (0.1), and stays itself
+    otherwise (0.1). Held-out evaluation uses 1.0 / 0.0: every chosen piece is [MASK]. With `word_starts` (whole-word masking) the
     pieces of a word are chosen together, a word being a maskable start followed by its `##`
     pieces, as Google's `do_whole_word_mask`.
 
@@ -196,7 +199,7 @@ def mask_tokens(
     labels = ids[chosen]
     roll = rng.random(len(chosen))
     corrupted = ids.copy()
-    corrupted[chosen[roll < 0.8]] = mask_id
-    replace = chosen[(roll >= 0.8) & (roll < 0.9)]
+    corrupted[chosen[roll < mask_token_prob]] = mask_id
+    replace = chosen[(roll >= mask_token_prob) & (roll < mask_token_prob + random_token_prob)]
     corrupted[replace] = random_ids[rng.integers(len(random_ids), size=len(replace))]
     return corrupted, chosen.astype(np.int64), labels

@@ -366,6 +366,15 @@ class Shards:
     def num_documents(self) -> int:
         return int(self.document_offsets[-1])
 
+    def token_counts(self, vocab_size: int) -> np.ndarray:
+        """How often each id occurs in the shards: (vocab_size,) int64."""
+        counts = np.zeros(vocab_size, np.int64)
+        for tokens in self.tokens:
+            for start in range(0, len(tokens), 1 << 24):  # a bounded slice in memory at a time
+                chunk = np.asarray(tokens[start : start + (1 << 24)])
+                counts += np.bincount(chunk, minlength=vocab_size)[:vocab_size]
+        return counts
+
     def check_vocab(self, tokenizer: BertTokenizer) -> None:
         """Refuse shards tokenised with another vocabulary (their ids would mean other words)."""
         if self.meta["vocab_hash"] != tokenizer.vocab_hash:

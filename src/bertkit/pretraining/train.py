@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 
 from bertkit.config import PRESETS, BertConfig
 from bertkit.heads import IGNORE_INDEX, BertForMaskedLM, BertForPreTraining
+from bertkit.model import sinusoidal_positions_
 from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
 from bertkit.pretraining.shards import Shards
 from bertkit.tokenizer import BertTokenizer
@@ -38,22 +41,27 @@ class PretrainingObjective:
         return torch.tensor([float(masked), float(pairs)], dtype=torch.float64)
 
     def loss(self, model, batch, totals):
+        labels = batch["labels"]
+        valid = labels != IGNORE_INDEX
+        fused = isinstance(distributed.unwrap(model), (BertForPreTraining, BertForMaskedLM))
         out = model(
             input_ids=batch["input_ids"],
             token_type_ids=batch["token_type_ids"],
             attention_mask=batch["attention_mask"],
             masked_positions=batch["masked_positions"],
+            **({"labels": labels, "fused_mlm": True} if fused else {}),
         )
-        logits = (out.mlm_logits if hasattr(out, "mlm_logits") else out.logits).float()
-        labels = batch["labels"]
-        valid = labels != IGNORE_INDEX
-        mlm_sum = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]),
-            labels.reshape(-1),
-            ignore_index=IGNORE_INDEX,
-            reduction="sum",
-        )
-        correct = ((logits.argmax(-1) == labels) & valid).sum()
+        if fused:  # bertkit's heads: the vocabulary softmax without the logits in memory
+            mlm_sum, correct = out.mlm_loss_sum.float(), out.mlm_correct
+        else:  # another implementation (benchmarks): logits at the masked positions
+            logits = (out.mlm_logits if hasattr(out, "mlm_logits") else out.logits).float()
+            mlm_sum = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]),
+                labels.reshape(-1),
+                ignore_index=IGNORE_INDEX,
+                reduction="sum",
+            )
+            correct = ((logits.argmax(-1) == labels) & valid).sum()
         loss = mlm_sum / totals[0].clamp(min=1)
         stats = [mlm_sum.detach(), valid.sum(), correct]
         if self.nsp:
@@ -80,10 +88,89 @@ class PretrainingObjective:
         return {k: round(v, 6) for k, v in entry.items()}
 
 
+@torch.no_grad()
+def unigram_bias_(bias: torch.Tensor, counts, smoothing: float = 0.5) -> torch.Tensor:
+    """Start the MLM decoder's output bias at the log unigram probabilities of the training
+    tokens (add-`smoothing` for unseen ids): a fresh model then predicts word frequencies from
+    step 0. With a zero bias (Google's init) Adam can move each bias entry by about the learning
+    rate per step, so the frequencies (log-probabilities down to -17) are first absorbed by the
+    tied word embeddings, pushing every input embedding along one shared direction."""
+    counts = torch.as_tensor(counts, dtype=torch.float64) + smoothing
+    logp = counts.log() - counts.sum().log()
+    bias.copy_((logp - logp.mean()).to(bias.dtype))
+    return bias
+
+
+def _held_out_evaluation(
+    shards: Shards,
+    tokenizer: BertTokenizer,
+    objective_fn: PretrainingObjective,
+    *,
+    batch_size: int,
+    seq_len: int,
+    objective: str,
+    masking: MaskingConfig,
+    seed: int,
+    batches: int,
+    dist: distributed.Distributed,
+):
+    """The held-out measure: the same `batches` batches of unseen text each time, scored twice on
+    the same masked positions. `mlm_accuracy` / `mlm_loss` replace *every* chosen piece by [MASK]
+    (nothing to copy: the number to rank recipes by); `mlm_accuracy_801010` / `mlm_loss_801010`
+    corrupt them as training does (80% [MASK], 10% random, 10% kept, the last being free hits).
+    `mlm_perplexity` is exp(mlm_loss)."""
+    streams = {
+        "": dataclasses.replace(masking, mask_token_prob=1.0, random_token_prob=0.0),
+        "_801010": masking,
+    }
+    if objective == "ltr":  # no masking: one pass, next-token loss and accuracy
+        streams = {"": masking}
+    streams = {
+        suffix: PretrainingData(
+            shards,
+            tokenizer,
+            batch_size=batch_size,
+            max_seq_length=seq_len,
+            objective=objective,
+            masking=m,
+            seed=seed,
+            rank=dist.rank,
+            world_size=dist.world_size,
+        )
+        for suffix, m in streams.items()
+    }
+
+    def evaluate(model) -> dict[str, Any]:
+        out: dict[str, Any] = {"split": "eval"}
+        ones = torch.ones(2, dtype=torch.float64)
+        for suffix, stream in streams.items():
+            stream.load_state_dict({"epoch": 0, "row": 0})  # the same batches each time
+            sums = None
+            for _ in range(batches):
+                batch = {k: v.to(dist.device) for k, v in stream.next_batch().items()}
+                _, stats = objective_fn.loss(model, batch, ones)
+                sums = stats.cpu() if sums is None else sums + stats.cpu()
+            sums = distributed.all_reduce_sum(sums.to(dist.device), dist).cpu()
+            entry = objective_fn.log_entry(sums)
+            if suffix:  # NSP does not depend on the masking: reported once
+                entry = {k: v for k, v in entry.items() if k.startswith("mlm")}
+            else:
+                entry["mlm_perplexity"] = round(math.exp(min(entry["mlm_loss"], 50.0)), 3)
+            out.update({k + suffix: v for k, v in entry.items() if k != "loss"})
+        return out
+
+    return evaluate
+
+
 def resolve_config(
-    config: str | BertConfig, vocab_size: int, seq_len: int, objective: str
+    config: str | BertConfig,
+    vocab_size: int,
+    seq_len: int,
+    objective: str,
+    dropout: float | None = None,
 ) -> BertConfig:
-    """A preset name (tiny … large), a config.json / bert_config.json path, or a BertConfig."""
+    """A preset name (tiny … large), a config.json / bert_config.json path, or a BertConfig;
+    `dropout` (if given) replaces both the hidden and the attention dropout."""
     if isinstance(config, BertConfig):
         resolved = config
     elif config in PRESETS:
@@ -102,6 +189,12 @@ def resolve_config(
         raise ValueError(
             f"--seq-len {seq_len} exceeds max_position_embeddings {resolved.max_position_embeddings}"
         )
+    if dropout is not None:
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"--dropout {dropout} is not in [0, 1)")
+        resolved = dataclasses.replace(
+            resolved, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout
+        )
     return dataclasses.replace(resolved, is_decoder=objective == "ltr")
 
 
@@ -110,17 +203,24 @@ def run_pretraining(
     out: str | os.PathLike,
     *,
     config: str | BertConfig = "tiny",
-    max_steps: int,
+    max_steps: int | None = None,
+    budget_seconds: float | None = None,
     batch_size: int = 256,
     seq_len: int = 128,
     objective: str = "mlm+nsp",
+    dropout: float | None = None,
+    position_init: str = "normal",
+    mlm_bias_init: str = "zeros",
     eval_data: str | os.PathLike | None = None,
     eval_batches: int = 20,
+    eval_seq_len: int | None = None,
     init_from: str | os.PathLike | None = None,
     masking: MaskingConfig | None = None,
     short_seq_prob: float = 0.1,
     learning_rate: float = 1e-4,
-    warmup_steps: int = 10_000,
+    warmup_steps: int | None = None,
+    warmup_fraction: float | None = None,
+    adam_beta2: float = 0.999,
     accumulation: int = 1,
     log_every: int = 10,
     eval_every: int = 0,
@@ -131,6 +231,7 @@ def run_pretraining(
     device: str | None = None,
     progress: bool = True,
     model: torch.nn.Module | None = None,
+    on_entry: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Pre-train on the shards in `data`; `out` ends up a checkpoint directory (config.json,
     model.safetensors, vocab.txt) with `log.jsonl` and `trainer_state.pt` beside the weights.
@@ -140,7 +241,15 @@ def run_pretraining(
     a fresh schedule (the paper's phase 2 at length 512 after phase 1 at 128). `model` replaces
     the one `config` would build (it must take `masked_positions` and give `mlm_logits`, and
     `nsp_logits` for NSP; the benchmarks pass transformers' model through an adapter).
+
+    The run lasts `max_steps` optimiser steps, or `budget_seconds` of training time (evaluations
+    and checkpoints not charged), or whichever ends first when both are given. The warm-up is
+    `warmup_steps` steps (the paper's 10,000 by default) or a `warmup_fraction` of the steps or
+    of the budget (with a budget, only a fraction applies). A warm-up as long as the run is
+    refused: the rate would never reach its peak. Held-out evaluation runs at `eval_seq_len`
+    (default `seq_len`) on the same batches every time.
     """
+    warmup_steps = _warmup_steps(max_steps, budget_seconds, warmup_steps, warmup_fraction)
     dist = distributed.setup(device)
     try:
         out = Path(out)
@@ -155,7 +264,9 @@ def run_pretraining(
             raise ValueError(
                 f"--batch-size {batch_size} is not divisible by processes x accumulation = {parts}"
             )
-        model_config = resolve_config(config, tokenizer.vocab_size, seq_len, objective)
+        model_config = resolve_config(
+            config, tokenizer.vocab_size, max(seq_len, eval_seq_len or 0), objective, dropout
+        )
         model_class = BertForPreTraining if objective == "mlm+nsp" else BertForMaskedLM
         torch.manual_seed(seed)
         if model is not None:
@@ -164,6 +275,18 @@ def run_pretraining(
             model = model_class.from_pretrained(init_from, config=model_config)
         else:
             model = model_class(model_config)
+            if position_init == "sinusoidal":
+                sinusoidal_positions_(
+                    model.bert.embeddings.position_embeddings, model_config.initializer_range
+                )
+            elif position_init != "normal":
+                raise ValueError(
+                    f"position_init must be normal or sinusoidal, not {position_init!r}"
+                )
+            if mlm_bias_init == "unigram":
+                unigram_bias_(model.cls.predictions.bias, shards.token_counts(tokenizer.vocab_size))
+            elif mlm_bias_init != "zeros":
+                raise ValueError(f"mlm_bias_init must be zeros or unigram, not {mlm_bias_init!r}")
         stream = PretrainingData(
             shards,
             tokenizer,
@@ -179,29 +302,18 @@ def run_pretraining(
         objective_fn = PretrainingObjective(objective)
         evaluate = None
         if eval_data is not None:
-            eval_stream = PretrainingData(
+            evaluate = _held_out_evaluation(
                 Shards(eval_data),
                 tokenizer,
+                objective_fn,
                 batch_size=batch_size // parts,
-                max_seq_length=seq_len,
+                seq_len=eval_seq_len or seq_len,
                 objective=objective,
                 masking=masking or MaskingConfig(),
                 seed=seed + 1,
-                rank=dist.rank,
-                world_size=dist.world_size,
+                batches=eval_batches,
+                dist=dist,
             )
-
-            def evaluate(model):
-                eval_stream.load_state_dict({"epoch": 0, "row": 0})  # the same batches each time
-                sums = None
-                ones = torch.ones(2, dtype=torch.float64)
-                for _ in range(eval_batches):
-                    batch = {k: v.to(dist.device) for k, v in eval_stream.next_batch().items()}
-                    _, stats = objective_fn.loss(model, batch, ones)
-                    sums = stats.cpu() if sums is None else sums + stats.cpu()
-                sums = distributed.all_reduce_sum(sums.to(dist.device), dist).cpu()
-                entry = objective_fn.log_entry(sums)
-                return {"split": "eval", **{k: v for k, v in entry.items() if k != "loss"}}
 
         def save_model(model, directory: Path) -> None:
             model.save_pretrained(directory, tokenizer=tokenizer)
@@ -209,8 +321,11 @@ def run_pretraining(
         training = TrainingConfig(
             out_dir=str(out),
             max_steps=max_steps,
+            budget_seconds=budget_seconds,
             learning_rate=learning_rate,
             warmup_steps=warmup_steps,
+            warmup_fraction=warmup_fraction if warmup_fraction is not None else 0.1,
+            adam_beta2=adam_beta2,
             accumulation=accumulation,
             precision=precision,
             log_every=log_every,
@@ -228,6 +343,7 @@ def run_pretraining(
             dist_info=dist,
             evaluate=evaluate,
             save_model=save_model,
+            on_entry=on_entry,
         )
         entries = trainer.train()
         if dist.is_main:
@@ -237,6 +353,65 @@ def run_pretraining(
         return entries
     finally:
         distributed.cleanup(dist)
+
+
+def _warmup_steps(
+    max_steps: int | None,
+    budget_seconds: float | None,
+    warmup_steps: int | None,
+    warmup_fraction: float | None,
+) -> int:
+    """The warm-up in steps for a step-count run (0 for a budget, which takes a fraction)."""
+    if max_steps is None and budget_seconds is None:
+        raise ValueError("give --max-steps N or --budget TIME")
+    if warmup_steps is not None and warmup_fraction is not None:
+        raise ValueError("give --warmup-steps or --warmup-fraction, not both")
+    if warmup_fraction is not None and not 0.0 <= warmup_fraction < 1.0:
+        raise ValueError(f"--warmup-fraction {warmup_fraction} is not in [0, 1)")
+    if budget_seconds is not None:
+        if warmup_steps is not None:
+            raise ValueError(
+                "with --budget the warm-up is a fraction of the budget: give --warmup-fraction "
+                "(e.g. 0.1), not --warmup-steps"
+            )
+        return 0
+    if warmup_fraction is not None:
+        return max(1, round(warmup_fraction * max_steps)) if warmup_fraction > 0 else 0
+    warmup_steps = 10_000 if warmup_steps is None else warmup_steps
+    if warmup_steps >= max_steps:
+        raise ValueError(
+            f"--warmup-steps {warmup_steps} is not shorter than the run (--max-steps "
+            f"{max_steps}): the learning rate would never reach its peak and a short run learns "
+            f"next to nothing. Give --warmup-steps below {max_steps} (e.g. "
+            f"{max(1, max_steps // 10)}, a tenth), --warmup-fraction 0.1, or --recipe laptop"
+        )
+    return warmup_steps
+
+
+def parse_budget(text: str) -> float:
+    """A time budget in seconds: `90s`, `15m`, `2h`, `1h30m` or a plain number of seconds.
+
+    >>> [parse_budget(t) for t in ("90s", "15m", "2h", "1h30m", "600", "0.5h")]
+    [90.0, 900.0, 7200.0, 5400.0, 600.0, 1800.0]
+    """
+    import re
+
+    text = text.strip().lower()
+    try:
+        seconds = float(text)
+    except ValueError:
+        parts = re.fullmatch(
+            r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", text
+        )
+        if not text or parts is None:
+            raise ValueError(
+                f"--budget {text!r}: expected a duration such as 90s, 15m, 2h or 1h30m"
+            ) from None
+        hours, minutes, secs = (float(p) if p else 0.0 for p in parts.groups())
+        seconds = 3600 * hours + 60 * minutes + secs
+    if seconds <= 0:
+        raise ValueError(f"--budget {text!r} is not a positive duration")
+    return seconds
 
 
 def parse_phases(text: str) -> list[tuple[int, int]]:
@@ -262,7 +437,7 @@ def parse_phases(text: str) -> list[tuple[int, int]]:
 def run_phases(
     data: str | os.PathLike,
     out: str | os.PathLike,
-    phases: list[tuple[int, int]],
+    phases: list[tuple[int, int | None]],
     *,
     resume: bool = False,
     init_from: str | os.PathLike | None = None,
@@ -273,13 +448,16 @@ def run_phases(
     `out/phase<N>-seq<L>`; the last one writes to `out`. With `resume`, finished phases are skipped
     and the current one continues from its trainer state. `init_from` is where phase 1 starts."""
     out = Path(out)
+    kwargs.setdefault("eval_seq_len", None)
+    if kwargs["eval_seq_len"] is None:  # every phase evaluates on the same held-out sequences
+        kwargs["eval_seq_len"] = max(length for length, _ in phases)
     entries: list[dict[str, Any]] = []
     previous = Path(init_from) if init_from is not None else None
     for number, (seq_len, steps) in enumerate(phases, start=1):
         last = number == len(phases)
         directory = out if last else out / f"phase{number}-seq{seq_len}"
         state = directory / STATE_FILE
-        if resume and state.exists() and _finished(state, steps):
+        if resume and state.exists() and _finished(state, steps, kwargs.get("budget_seconds")):
             logger.info(
                 "phase %d (%d x %d) already finished in %s", number, steps, seq_len, directory
             )
@@ -298,6 +476,8 @@ def run_phases(
     return entries
 
 
-def _finished(state_file: Path, steps: int) -> bool:
+def _finished(state_file: Path, steps: int | None, budget: float | None) -> bool:
     state = torch.load(state_file, map_location="cpu", weights_only=True)
-    return int(state["step"]) >= steps
+    if steps is not None and int(state["step"]) >= steps:
+        return True
+    return budget is not None and float(state.get("train_seconds", 0.0)) >= budget

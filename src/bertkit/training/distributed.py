@@ -73,3 +73,12 @@ def barrier(info: Distributed) -> None:
 def cleanup(info: Distributed) -> None:
     if info.enabled and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def broadcast_float(value: float, info: Distributed) -> float:
+    """Rank 0's value on every rank (a time budget's clock, so all ranks stop at one step)."""
+    if not info.enabled:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=info.device)
+    dist.broadcast(tensor, src=0)
+    return float(tensor.item())

@@ -30,20 +30,36 @@ import torch
 
 from bertkit._io import atomic_path
 from bertkit.training import distributed
-from bertkit.training.optim import build_optimizer, build_schedule
+from bertkit.training.optim import BudgetSchedule, build_optimizer, build_schedule
 
 logger = logging.getLogger("bertkit")
 STATE_FILE = "trainer_state.pt"
 LOG_FILE = "log.jsonl"
 
 
+# What fixes a run's learning-rate schedule: a resumed run must bring the same values.
+SCHEDULE_FIELDS = (
+    "max_steps",
+    "budget_seconds",
+    "learning_rate",
+    "warmup_steps",
+    "warmup_fraction",
+)
+_FLAGS = {"learning_rate": "--lr", "budget_seconds": "--budget"}
+
+
 @dataclass
 class TrainingConfig:
     out_dir: str
-    max_steps: int
+    max_steps: int | None  # None: until the time budget is spent
     learning_rate: float = 1e-4
     warmup_steps: int = 10_000
+    # A wall-clock budget for training (evaluations and checkpoints are not charged to it): the
+    # warm-up (`warmup_fraction` of it) and the linear decay are laid over the budget, not steps.
+    budget_seconds: float | None = None
+    warmup_fraction: float = 0.1
     weight_decay: float = 0.01
+    adam_beta2: float = 0.999  # the paper's; 0.98 (RoBERTa) forgets the first steps' gradients
     max_grad_norm: float = 1.0
     accumulation: int = 1  # micro-batches per optimiser step
     precision: str = "auto"  # auto (bf16 on GPUs that have it, fp32 on CPU) | fp32 | bf16 | fp16
@@ -86,19 +102,34 @@ class Trainer:
         dist_info: distributed.Distributed | None = None,
         evaluate: Callable[[torch.nn.Module], dict[str, float]] | None = None,
         save_model: Callable[[torch.nn.Module, Path], None] | None = None,
+        on_entry: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
+        """`on_entry` sees every log entry (train and eval) as it is written, on rank 0."""
         self.config = config
+        self.on_entry = on_entry
         self.dist = dist_info or distributed.Distributed()
         self.objective, self.data = objective, data
         self.evaluate, self.save_model = evaluate, save_model
         self.out_dir = Path(config.out_dir)
         self.model = model.to(self.dist.device)
         self.optimizer = build_optimizer(
-            self.model, lr=config.learning_rate, weight_decay=config.weight_decay
+            self.model,
+            lr=config.learning_rate,
+            weight_decay=config.weight_decay,
+            betas=(0.9, config.adam_beta2),
         )
-        self.schedule = build_schedule(self.optimizer, config.warmup_steps, config.max_steps)
+        if config.budget_seconds is None and not config.max_steps:
+            raise ValueError("give a step count (max_steps) or a time budget (budget_seconds)")
+        if config.budget_seconds is not None:
+            self.schedule = BudgetSchedule(
+                self.optimizer, config.budget_seconds, config.warmup_fraction
+            )
+        else:
+            self.schedule = build_schedule(self.optimizer, config.warmup_steps, config.max_steps)
         self.wrapped = distributed.wrap(self.model, self.dist)
         self.step = 0
+        self.tokens_seen = 0  # real (unpadded) tokens of every step so far, all ranks
+        self.train_seconds = 0.0  # time in training steps (what a budget counts), all sessions
         # wall-clock seconds of the work this state holds: before this process (from the
         # checkpoint) plus since this trainer was made
         self.seconds_before, self._clock = 0.0, time.perf_counter()
@@ -131,6 +162,8 @@ class Trainer:
                 "rng": self._rng_state(),
                 "config": asdict(self.config),
                 "seconds": self.seconds,
+                "train_seconds": self.train_seconds,
+                "tokens_seen": self.tokens_seen,
             }
             with atomic_path(self.out_dir / STATE_FILE) as tmp:
                 torch.save(state, tmp)
@@ -146,6 +179,18 @@ class Trainer:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - any unreadable state is reported the same way
             raise ValueError(f"{path}: cannot read the trainer state ({err})") from None
+        saved = state.get("config", {})
+        for key in SCHEDULE_FIELDS:
+            before, now = saved.get(key), getattr(self.config, key)
+            if key in saved and before != now:
+                flag = _FLAGS.get(key, "--" + key.replace("_", "-"))
+                raise ValueError(
+                    f"{path}: the run was started with {key} = {before}, not {now}: resuming with "
+                    f"another value would change its learning-rate schedule mid-run (with more "
+                    f"steps the rate would jump back up). Resume with the same {flag}, or start "
+                    f"a new run from these weights with a fresh schedule (bertkit pretrain "
+                    f"--init-from {self.out_dir})"
+                )
         try:
             self.model.load_state_dict(state["model"])
         except RuntimeError as err:
@@ -166,7 +211,16 @@ class Trainer:
             torch.cuda.set_rng_state_all(rng["cuda"])
         self.step = int(state["step"])
         self.seconds_before = float(state.get("seconds", 0.0))
+        self.train_seconds = float(state.get("train_seconds", 0.0))
+        self.tokens_seen = int(state.get("tokens_seen", 0))
         return True
+
+    def finished(self) -> bool:
+        if self.config.max_steps and self.step >= self.config.max_steps:
+            return True
+        return isinstance(self.schedule, BudgetSchedule) and self.train_seconds >= (
+            self.config.budget_seconds or 0.0
+        )
 
     @property
     def seconds(self) -> float:
@@ -199,16 +253,22 @@ class Trainer:
         )
         entries: list[dict[str, Any]] = []
         bar = self._progress()
-        sums = None
-        tokens = 0
+        sums = norms = None
+        tokens, steps_logged = 0, 0
         tick = time.perf_counter()
         self.wrapped.train()
-        while self.step < config.max_steps:
+        budget = isinstance(self.schedule, BudgetSchedule)
+        while not self.finished():
+            started = time.perf_counter()
+            if budget:
+                self.schedule.set_spent(self.train_seconds)
             batches = [self.data.next_batch() for _ in range(config.accumulation)]
             totals = sum(self.objective.counts(b) for b in batches).double()
             totals = distributed.all_reduce_sum(totals.to(self.dist.device), self.dist).cpu()
             for index, batch in enumerate(batches):
-                tokens += int(batch["attention_mask"].sum())  # counted on the CPU: no device sync
+                real = int(batch["attention_mask"].sum())  # counted on the CPU: no device sync
+                tokens += real
+                self.tokens_seen += real * self.dist.world_size
                 batch = {k: v.to(self.dist.device, non_blocking=True) for k, v in batch.items()}
                 last = index == len(batches) - 1
                 sync = (
@@ -229,14 +289,21 @@ class Trainer:
                 stats = stats.detach().double()  # stays on the device until a log step
                 sums = stats if sums is None else sums + stats
             self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+            norm = norm.detach().double()  # before clipping; read at log steps only (no sync)
+            norms = norm if norms is None else norms + norm
             self.scaler.step(self.optimizer)
             self.scaler.update()
             lr = self.schedule.get_last_lr()[0]
             self.schedule.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
-            if self.step % config.log_every == 0 or self.step == config.max_steps:
+            steps_logged += 1
+            self.train_seconds += time.perf_counter() - started
+            if budget:  # every rank stops at the same step: rank 0's clock decides
+                self.train_seconds = distributed.broadcast_float(self.train_seconds, self.dist)
+            last = self.finished()
+            if self.step % config.log_every == 0 or last:
                 sums = distributed.all_reduce_sum(sums, self.dist).cpu()
                 elapsed = time.perf_counter() - tick
                 entry = {
@@ -244,30 +311,44 @@ class Trainer:
                     "split": "train",
                     **self.objective.log_entry(sums),
                     "lr": lr,
+                    "grad_norm": round(float(norms) / steps_logged, 4),
+                    "tokens": self.tokens_seen,
+                    "seconds": round(self.train_seconds, 2),
                 }
                 entry["tokens_per_s"] = round(tokens * self.dist.world_size / max(elapsed, 1e-9), 1)
                 entries.append(entry)
                 log.write(entry)
+                self._tell(entry)
                 if bar is not None:
                     bar.set_postfix(
                         loss=f"{entry['loss']:.4f}", tok_s=f"{entry['tokens_per_s']:.0f}"
                     )
-                sums, tokens, tick = None, 0, time.perf_counter()
+                sums = norms = None
+                tokens, tick, steps_logged = 0, time.perf_counter(), 0
             if bar is not None:
                 bar.update(1)
             if self.evaluate is not None and (
-                (config.eval_every and self.step % config.eval_every == 0)
-                or self.step == config.max_steps
+                (config.eval_every and self.step % config.eval_every == 0) or last
             ):
-                entry = {"step": self.step, **self._evaluate()}
+                entry = {
+                    "step": self.step,
+                    **self._evaluate(),
+                    "tokens": self.tokens_seen,
+                    "seconds": round(self.train_seconds, 2),
+                }
                 entries.append(entry)
                 log.write(entry)
+                self._tell(entry)
                 self.wrapped.train()
-            if self.step % config.save_every == 0 or self.step == config.max_steps:
+            if self.step % config.save_every == 0 or last:
                 self.save()
         if bar is not None:
             bar.close()
         return entries
+
+    def _tell(self, entry: dict[str, Any]) -> None:
+        if self.on_entry is not None and self.dist.is_main:
+            self.on_entry(entry)
 
     def _evaluate(self) -> dict[str, float]:
         self.wrapped.eval()
@@ -282,7 +363,8 @@ class Trainer:
             return None
         from tqdm import tqdm
 
-        return tqdm(total=self.config.max_steps, initial=self.step, desc="train", unit="step")
+        total = self.config.max_steps if self.config.budget_seconds is None else None
+        return tqdm(total=total, initial=self.step, desc="train", unit="step")
 
 
 class _Log:

@@ -55,3 +55,62 @@ def build_schedule(
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_linear_decay(step, warmup_steps, total_steps)
     )
+
+
+def warmup_linear_decay_fraction(progress: float, warmup: float) -> float:
+    """The same shape laid over a fraction `progress` in [0, 1] of the run (a time budget):
+    up linearly over the first `warmup` of it, then down linearly to zero at 1.
+
+    >>> [round(warmup_linear_decay_fraction(p, 0.2), 2) for p in (0.0, 0.1, 0.2, 0.6, 1.0)]
+    [0.0, 0.5, 1.0, 0.5, 0.0]
+    """
+    progress = min(max(progress, 0.0), 1.0)
+    if progress < warmup:
+        return progress / warmup
+    return (1.0 - progress) / (1.0 - warmup) if warmup < 1.0 else 0.0
+
+
+class BudgetSchedule:
+    """Warm-up and linear decay laid over a wall-clock budget instead of a step count (the
+    24-hour-BERT and cramming approach): before each step the learning rate is set from the
+    fraction of the budget spent so far. `spent` is training time only (the loop does not charge
+    evaluations and checkpoints to it) and is part of the state, so a resumed run keeps the
+    budget's clock. No step runs at a rate below 1e-3 of the peak (the first would be 0)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, budget: float, warmup: float) -> None:
+        if budget <= 0:
+            raise ValueError(f"the time budget must be positive, got {budget} s")
+        if not 0.0 <= warmup < 1.0:
+            raise ValueError(f"the warm-up fraction must be in [0, 1), got {warmup}")
+        self.optimizer, self.budget, self.warmup = optimizer, float(budget), float(warmup)
+        self.base_lrs = [group["lr"] for group in optimizer.param_groups]
+        self.spent = 0.0
+        self._last = list(self.base_lrs)
+
+    @property
+    def progress(self) -> float:
+        return self.spent / self.budget
+
+    @property
+    def done(self) -> bool:
+        return self.spent >= self.budget
+
+    def set_spent(self, seconds: float) -> None:
+        """Set the learning rate for the step about to run, `seconds` into the budget."""
+        self.spent = float(seconds)
+        factor = max(warmup_linear_decay_fraction(self.progress, self.warmup), 1e-3)
+        self._last = [base * factor for base in self.base_lrs]
+        for group, lr in zip(self.optimizer.param_groups, self._last, strict=True):
+            group["lr"] = lr
+
+    def get_last_lr(self) -> list[float]:
+        return list(self._last)
+
+    def step(self) -> None:  # the loop calls set_spent; kept for the scheduler interface
+        pass
+
+    def state_dict(self) -> dict[str, float]:
+        return {"spent": self.spent, "budget": self.budget, "warmup": self.warmup}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.spent = float(state["spent"])

@@ -1,0 +1,125 @@
+"""A/B of pre-training step variants, in one process, alternated so that the machine's drift hits
+every variant alike; median step time of each and its ratio to the first (the loop's default).
+
+    python benchmarks/pretrain_step_ab.py --data runs/data/AA --config tiny --batch-size 64
+    python benchmarks/pretrain_step_ab.py --data runs/data/AA --variants foreach fused compile
+
+A step is what `Trainer` does: forward (MLM + NSP at the masked positions), backward, gradient
+clipping, AdamW, on real batches of the shards (bert-base-uncased vocabulary: its decoder is
+30,522 wide), with the loop's settings (oneDNN off for fp32 on CPU). Variants:
+
+- `foreach`: the loop's default: the MLM softmax fused with its gradient
+  (`fused_vocab_cross_entropy`), torch.optim.AdamW(foreach=True);
+- `logits`: the MLM logits materialised and `F.cross_entropy` + argmax on them (the path other
+  implementations take; the loop's before `fused_mlm`);
+- `fused-adamw`: AdamW(fused=True) (one kernel over all parameters);
+- `compile`: `torch.compile(model, dynamic=True)` with foreach AdamW (its compile time is
+  reported apart: a short budget pays it too);
+- `profile`: no timing, a torch.profiler table of one step's top operators.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from bertkit import BertConfig, BertForPreTraining
+from bertkit.pretraining.dataset import PretrainingData
+from bertkit.pretraining.shards import Shards
+from bertkit.pretraining.train import PretrainingObjective
+from bertkit.tokenizer import BertTokenizer
+from bertkit.training.optim import parameter_groups
+
+
+class _Opaque(torch.nn.Module):
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, **kwargs):
+        return self.model(**kwargs)
+
+
+def build(args, variant: str):
+    torch.manual_seed(0)
+    tokenizer = BertTokenizer.from_pretrained(args.data)
+    config = BertConfig.from_preset(args.config, vocab_size=tokenizer.vocab_size)
+    model = BertForPreTraining(config).train()
+    groups = parameter_groups(model, 0.01)
+    kind = {"fused-adamw": {"fused": True}}.get(variant, {"foreach": True})
+    optimizer = torch.optim.AdamW(groups, lr=1e-4, eps=1e-6, **kind)
+    forward = model
+    if variant == "compile":
+        forward = torch.compile(model, dynamic=True)
+    elif variant == "logits":  # not a bertkit head to the objective: it takes the logits path
+        forward = _Opaque(model)
+    stream = PretrainingData(
+        Shards(args.data), tokenizer, batch_size=args.batch_size, max_seq_length=args.seq_len
+    )
+    batches = [stream.next_batch() for _ in range(args.steps)]
+    objective = PretrainingObjective("mlm+nsp")
+    totals = [objective.counts(b).double() for b in batches]
+
+    def step(i: int) -> None:
+        loss, _ = objective.loss(forward, batches[i], totals[i])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="shards (bertkit prepare)")
+    parser.add_argument("--config", default="tiny")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=4, help="steps per round")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["foreach", "logits", "fused-adamw"],
+        help="foreach logits fused-adamw compile profile",
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.backends.mkldnn.enabled = False  # as the loop does for fp32 on CPU
+    if "profile" in args.variants:
+        step = build(args, "foreach")
+        step(0)
+        with torch.profiler.profile() as prof:
+            step(1)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+        return
+    steps = {}
+    for variant in args.variants:
+        step = build(args, variant)
+        started = time.perf_counter()
+        step(0)  # warm-up (compilation for `compile`)
+        print(f"{variant}: first step {time.perf_counter() - started:.1f} s", flush=True)
+        steps[variant] = step
+    times: dict[str, list[float]] = {v: [] for v in steps}
+    for _ in range(args.rounds):
+        for variant, step in steps.items():
+            started = time.perf_counter()
+            for i in range(args.steps):
+                step(i)
+            times[variant].append((time.perf_counter() - started) / args.steps)
+    reference = statistics.median(times[args.variants[0]])
+    for variant, values in times.items():
+        median = statistics.median(values)
+        print(
+            f"{args.config} batch {args.batch_size}: {variant:8s} {1000 * median:7.1f} ms a step "
+            f"(min {1000 * min(values):.1f}), {reference / median:.3f}x {args.variants[0]}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Study statistics against SciPy on random inputs: Student's t and Welch's interval."""
+
+import numpy as np
+import pytest
+
+from bertkit.stats import summary, t_cdf, t_ppf, welch_interval
+
+scipy_stats = pytest.importorskip("scipy.stats")
+
+
+def test_student_t_against_scipy():
+    rng = np.random.default_rng(0)
+    for df in [1.0, 2.5, 4.0, 7.3, 30.0, 500.0]:
+        for t in rng.normal(0, 3, 8):
+            assert t_cdf(float(t), df) == pytest.approx(scipy_stats.t.cdf(t, df), abs=1e-10)
+        for q in (0.005, 0.025, 0.3, 0.5, 0.9, 0.975):
+            assert t_ppf(q, df) == pytest.approx(scipy_stats.t.ppf(q, df), abs=1e-8)
+
+
+def test_welch_interval_against_scipy_on_random_inputs():
+    rng = np.random.default_rng(1)
+    for _ in range(25):
+        a = rng.normal(rng.uniform(-1, 1), rng.uniform(0.01, 2), int(rng.integers(2, 12)))
+        b = rng.normal(rng.uniform(-1, 1), rng.uniform(0.01, 2), int(rng.integers(2, 12)))
+        ours = welch_interval(a.tolist(), b.tolist(), confidence=0.95)
+        test = scipy_stats.ttest_ind(a, b, equal_var=False)
+        low, high = test.confidence_interval(0.95)
+        assert ours["difference"] == pytest.approx(a.mean() - b.mean(), abs=1e-12)
+        assert (ours["low"], ours["high"]) == pytest.approx((low, high), abs=1e-8)
+        assert ours["p_value"] == pytest.approx(test.pvalue, abs=1e-9)
+        assert ours["df"] == pytest.approx(test.df, rel=1e-9)
+
+
+def test_summary_and_errors():
+    assert summary([1.0, 2.0, 4.0]) == pytest.approx(
+        {"n": 3, "mean": 7 / 3, "std": np.std([1, 2, 4], ddof=1), "min": 1.0, "max": 4.0}
+    )
+    with pytest.raises(ValueError, match="at least 2"):
+        welch_interval([1.0], [1.0, 2.0])
+    same = welch_interval([1.0, 1.0], [1.0, 1.0])
+    assert same["difference"] == 0.0 and same["p_value"] == 1.0
