@@ -25,9 +25,12 @@ def test_demo_pretrains_on_a_given_corpus(tmp_path, capsys):
         for d in range(40)
     ]
     corpus.write_text("\n\n".join(documents))
-    run_demo(tmp_path / "out", corpus=[str(corpus)], max_steps=12, batch_size=8)
+    run_demo(
+        tmp_path / "out", corpus=[str(corpus)], budget_seconds=None, max_steps=12, batch_size=8
+    )
     printed = capsys.readouterr().out
-    assert "held-out MLM loss" in printed and "fill-mask" in printed
+    assert "MLM accuracy" in printed and "fill-mask" in printed
+    assert printed.count("\n       12 ") == 1  # the last evaluation, printed as it came
     for name in ("model.safetensors", "vocab.txt", "config.json", "log.jsonl"):
         assert (tmp_path / "out" / name).exists()
 
@@ -47,3 +50,35 @@ def test_every_subcommand_has_help():
         with pytest.raises(SystemExit) as exit_info:
             parser.parse_args([command, "--help"])
         assert exit_info.value.code == 0
+
+
+def test_pretrain_recipe_sets_its_settings_and_flags_win(monkeypatch, capsys):
+    import bertkit.pretraining.train as train
+
+    seen = {}
+
+    def fake_run_phases(data, out, phases, **kwargs):
+        seen.update(kwargs, phases=phases)
+        return []
+
+    monkeypatch.setattr(train, "run_phases", fake_run_phases)
+    base = ["pretrain", "--data", "d", "--out", "o"]
+    assert main([*base, "--recipe", "laptop", "--budget", "10m"]) == 0
+    assert seen["config"] == "tiny" and seen["batch_size"] == 32 and seen["learning_rate"] == 2e-3
+    assert seen["budget_seconds"] == 600.0 and seen["warmup_fraction"] == 0.1
+    assert seen["warmup_steps"] is None and seen["dropout"] == 0.0
+    assert seen["mlm_bias_init"] == "unigram" and seen["adam_beta2"] == 0.98
+    assert main([*base, "--recipe", "laptop", "--max-steps", "50", "--lr", "5e-4"]) == 0
+    assert seen["learning_rate"] == 5e-4 and seen["phases"] == [(128, 50)]
+    # no recipe: the paper's settings
+    assert main([*base, "--max-steps", "20000"]) == 0
+    assert seen["batch_size"] == 256 and seen["learning_rate"] == 1e-4
+    assert seen["warmup_steps"] == 10_000 and seen["dropout"] is None
+    assert main([*base]) == 2
+    assert "--budget" in capsys.readouterr().err
+    assert main([*base, "--budget", "soon"]) == 2
+    assert "expected a duration" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # every default is shown in --help
+        main(["pretrain", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 10)" in text and "paper 256; laptop 32" in text

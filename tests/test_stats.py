@@ -39,3 +39,26 @@ def test_summary_and_errors():
         welch_interval([1.0], [1.0, 2.0])
     same = welch_interval([1.0, 1.0], [1.0, 1.0])
     assert same["difference"] == 0.0 and same["p_value"] == 1.0
+
+
+def test_compare_to_baseline_on_random_study_tables():
+    from bertkit.stats import compare_to_baseline
+
+    rng = np.random.default_rng(2)
+    rows = {
+        "random": rng.normal(0.6, 0.05, 5).tolist(),
+        "pretrained": rng.normal(0.8, 0.05, 5).tolist(),
+        "same": rng.normal(0.6, 0.05, 5).tolist(),
+        "one": [0.7],
+    }
+    table = compare_to_baseline(rows, "random")
+    assert "vs_baseline" not in table["random"] and table["random"]["summary"]["n"] == 5
+    for name in ("pretrained", "same"):
+        test = scipy_stats.ttest_ind(rows[name], rows["random"], equal_var=False)
+        low, high = test.confidence_interval(0.95)
+        got = table[name]["vs_baseline"]
+        assert (got["low"], got["high"]) == pytest.approx((low, high), abs=1e-8)
+        assert table[name]["significant"] == (low > 0 or high < 0)
+    assert table["pretrained"]["significant"] and table["one"]["vs_baseline"] is None
+    with pytest.raises(ValueError, match="baseline"):
+        compare_to_baseline(rows, "missing")

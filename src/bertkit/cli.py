@@ -266,8 +266,14 @@ def _viz(args: argparse.Namespace) -> None:
 
 def _demo(args: argparse.Namespace) -> None:
     from bertkit.demo import run_demo
+    from bertkit.pretraining.train import parse_budget
 
-    run_demo(args.out, corpus=args.corpus or None, max_steps=args.steps)
+    run_demo(
+        args.out,
+        corpus=args.corpus or None,
+        budget_seconds=parse_budget(args.budget),
+        max_steps=args.steps,
+    )
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -559,7 +565,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="run the main job on the embedded default corpus")
     demo.add_argument("corpus", nargs="*", help="text files to use instead of the default corpus")
     demo.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    demo.add_argument("--steps", type=int, default=600, help="pre-training steps (default 600)")
+    demo.add_argument(
+        "--budget", default="2m", help="pre-training time (training only; default 2m)"
+    )
+    demo.add_argument("--steps", type=int, help="stop after this many steps if sooner")
     demo.set_defaults(func=_demo)
     return parser
 

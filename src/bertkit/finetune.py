@@ -367,6 +367,10 @@ def _brief(figures: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.4f}" for k, v in figures.items() if not k.endswith("total"))
 
 
+# what the loop adds to an evaluation entry beside the task's figures
+_NOT_FIGURES = ("step", "split", "epoch", "score", "tokens", "seconds")
+
+
 def _best_so_far(out: Path, task: Task) -> dict[str, Any]:
     """The best evaluation already in log.jsonl (a resumed run keeps its best epoch)."""
     best: dict[str, Any] = {}
@@ -374,9 +378,7 @@ def _best_so_far(out: Path, task: Task) -> dict[str, Any]:
         if entry.get("split") == "eval" and entry.get("score", -math.inf) > best.get(
             "score", -math.inf
         ):
-            figures = {
-                k: v for k, v in entry.items() if k not in ("step", "split", "epoch", "score")
-            }
+            figures = {k: v for k, v in entry.items() if k not in _NOT_FIGURES}
             best = {"score": entry["score"], "epoch": entry["epoch"], "dev": figures}
     return best
 

@@ -132,3 +132,25 @@ def welch_interval(
         "df": df,
         "p_value": 2.0 * (1.0 - t_cdf(abs(t), df)),
     }
+
+
+def compare_to_baseline(
+    rows: dict[str, Sequence[float]], baseline: str, confidence: float = 0.95
+) -> dict[str, dict]:
+    """Per row: its summary and, for every row but the baseline, Welch's interval of
+    mean(row) - mean(baseline) (`vs_baseline`; None with fewer than 2 values on a side) and
+    whether that interval excludes zero (`significant`)."""
+    if baseline not in rows:
+        raise ValueError(f"baseline {baseline!r} is not one of the rows {sorted(rows)}")
+    out: dict[str, dict] = {}
+    for name, values in rows.items():
+        entry: dict = {"summary": summary(values)}
+        if name != baseline:
+            if len(values) >= 2 and len(rows[baseline]) >= 2:
+                interval = welch_interval(values, rows[baseline], confidence)
+                entry["vs_baseline"] = interval
+                entry["significant"] = interval["low"] > 0 or interval["high"] < 0
+            else:
+                entry["vs_baseline"], entry["significant"] = None, False
+        out[name] = entry
+    return out

@@ -20,7 +20,18 @@ _LABELS = {
     "mlm_accuracy_801010": "MLM accuracy, 80/10/10",
     "nsp_accuracy": "NSP accuracy",
 }
-_NOT_PLOTTED = {"step", "split", "epoch", "score", "lr", "tokens_per_s", "loss"}
+_NOT_PLOTTED = {
+    "step",
+    "split",
+    "epoch",
+    "score",
+    "lr",
+    "tokens_per_s",
+    "loss",
+    "seconds",
+    "tokens",
+    "grad_norm",
+}
 
 
 def read_log(path: str | os.PathLike) -> list[dict]:

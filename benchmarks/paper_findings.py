@@ -1,0 +1,153 @@
+"""The paper's central claim on this machine: does pre-training help every task? Fine-tunes each
+pre-trained checkpoint and a randomly initialised model of the same size and vocabulary on the
+paper's small tasks with several seeds, and reports mean, std and the 95% confidence interval
+(Welch) of each row's difference to random init.
+
+    BERTKIT_DATA=../shared/data python benchmarks/paper_findings.py --out runs/findings \
+        --checkpoint laptop10m=runs/target/laptop10m --random-init tiny \
+        --tasks sst2 mrpc stsb rte cola conll2003 --seeds 5 --lr 1e-4
+
+Rows: every `--checkpoint NAME=DIR` (a `bertkit pretrain` output) and `random` (`--random-init
+SIZE` with the first checkpoint's vocabulary: `bertkit finetune --config SIZE --vocab DIR`, each
+seed its own initialisation). Tasks read the official files under $BERTKIT_DATA (GLUE dev sets;
+CoNLL-2003 valid). Resumable: every finished seed is kept (`--resume` of `finetune`), and
+OUT/findings.json is rewritten after every task of every row. OUT/findings.png: bars of the
+mean main score per task and row with 95% confidence intervals of the mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from pathlib import Path
+
+from bertkit.finetune import FinetuneConfig, finetune_seeds, main_score, random_init_dir
+from bertkit.stats import compare_to_baseline, t_ppf
+from bertkit.tasks import get_task
+
+TASK_DATA = {
+    "sst2": "glue/SST-2",
+    "mrpc": "glue/MRPC",
+    "stsb": "glue/STS-B",
+    "rte": "glue/RTE",
+    "cola": "glue/CoLA",
+    "conll2003": "conll2003",
+    "qnli": "glue/QNLI",
+    "wnli": "glue/WNLI",
+}
+
+
+def run_row(name: str, model: Path, random: bool, task: str, args) -> list[float]:
+    config = FinetuneConfig(
+        epochs=args.epochs,
+        learning_rate=args.lr,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        resume=True,
+        progress=False,
+        random_init=random,
+        max_train_examples=args.max_train_examples,
+    )
+    results = finetune_seeds(
+        task, model, Path(args.data) / TASK_DATA[task], args.out / name / task, config, args.seeds
+    )
+    task_obj = get_task(task)
+    return [main_score(task_obj, run["dev"]) for run in results["runs"]]
+
+
+def mean_interval(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    return t_ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+
+
+def plot(table: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(table)
+    rows = list(next(iter(table.values()))["scores"]) if table else []
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(tasks)), 4.2))
+    width = 0.8 / max(len(rows), 1)
+    for number, row in enumerate(rows):
+        means = [100 * statistics.fmean(table[t]["scores"].get(row) or [0]) for t in tasks]
+        errors = [100 * mean_interval(table[t]["scores"].get(row) or [0]) for t in tasks]
+        positions = [i + (number - (len(rows) - 1) / 2) * width for i in range(len(tasks))]
+        ax.bar(positions, means, width, yerr=errors, capsize=3, label=row)
+    ax.set_xticks(range(len(tasks)), tasks)
+    ax.set(ylabel="dev score (mean of the task's metrics), %", title="pre-trained vs random init")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA"))
+    parser.add_argument("--checkpoint", action="append", default=[], help="NAME=DIR (repeat)")
+    parser.add_argument("--random-init", help="size of the random-init row (e.g. tiny)")
+    parser.add_argument("--tasks", nargs="+", default=["sst2", "mrpc", "stsb", "rte", "cola"])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-train-examples", type=int, help="the first N of each task")
+    args = parser.parse_args()
+    if not args.data:
+        raise SystemExit("give --data or set BERTKIT_DATA (../shared/data)")
+    checkpoints = {}
+    for item in args.checkpoint:
+        name, _, directory = item.partition("=")
+        if not directory:
+            raise SystemExit(f"--checkpoint {item!r}: expected NAME=DIR")
+        checkpoints[name] = Path(directory)
+    rows: dict[str, tuple[Path, bool]] = {n: (d, False) for n, d in checkpoints.items()}
+    if args.random_init:
+        if not checkpoints:
+            raise SystemExit("--random-init takes its vocabulary from a --checkpoint")
+        vocab = next(iter(checkpoints.values()))
+        init = random_init_dir(args.random_init, vocab, args.out / "random" / "init")
+        rows["random"] = (init, True)
+    table: dict = {}
+    for task in args.tasks:
+        table[task] = {"scores": {}}
+        for name, (model, random) in rows.items():
+            table[task]["scores"][name] = run_row(name, model, random, task, args)
+            if "random" in table[task]["scores"]:
+                table[task]["comparison"] = compare_to_baseline(table[task]["scores"], "random")
+            settings = {k: str(v) for k, v in vars(args).items()}
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "findings.json").write_text(
+                json.dumps({"settings": settings, "tasks": table}, indent=1)
+            )
+    plot(table, args.out / "findings.png")
+    print("| task | " + " | ".join(rows) + " | Δ vs random (95% CI) |")
+    print("|---|" + "---|" * (len(rows) + 1))
+    for task, entry in table.items():
+        cells = []
+        for name in rows:
+            s = entry["scores"][name]
+            std = statistics.stdev(s) if len(s) > 1 else 0.0
+            cells.append(f"{100 * statistics.fmean(s):.1f} ± {100 * std:.1f}")
+        deltas = []
+        for name, comparison in entry.get("comparison", {}).items():
+            interval = comparison.get("vs_baseline")
+            if interval:
+                deltas.append(
+                    f"{name}: {100 * interval['difference']:+.1f} "
+                    f"[{100 * interval['low']:+.1f}, {100 * interval['high']:+.1f}]"
+                )
+        print(f"| {task} | " + " | ".join(cells) + f" | {'; '.join(deltas)} |")
+    print(f"wrote {args.out / 'findings.json'} and {args.out / 'findings.png'}")
+
+
+if __name__ == "__main__":
+    main()
