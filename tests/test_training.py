@@ -504,3 +504,15 @@ def test_held_out_measure_masks_every_chosen_piece(setup, tmp_path):
     batch = stream.next_batch()
     picked = batch["input_ids"].gather(1, batch["masked_positions"])[batch["labels"] != -100]
     assert set(picked.tolist()) == {tokenizer.vocab["[MASK]"]}
+
+
+def test_phases_share_a_budget(setup, tmp_path):
+    from bertkit.cli import main
+
+    args = ["--data", setup / "shards", "--config", setup / "config.json", "--batch-size", 8]
+    args += ["--log-every", 1, "--device", "cpu", "--out", tmp_path / "run", "--budget", "4s"]
+    assert main(["pretrain", *map(str, args), "--phases", "32:0.5,64:0.5"]) == 0
+    for directory in (tmp_path / "run" / "phase1-seq32", tmp_path / "run"):
+        state = torch.load(directory / "trainer_state.pt", weights_only=True)
+        assert 2.0 <= state["train_seconds"] < 3.5  # half of the budget each
+    assert main(["pretrain", *map(str, args), "--phases", "32:0.5,64:0.6"]) == 2

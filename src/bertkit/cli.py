@@ -56,7 +56,11 @@ def _prepare(args: argparse.Namespace) -> None:
 def _pretrain(args: argparse.Namespace) -> None:
     from bertkit.pretraining.dataset import MaskingConfig
     from bertkit.pretraining.recipes import recipe
-    from bertkit.pretraining.train import parse_budget, parse_phases, run_phases
+    from bertkit.pretraining.train import (
+        parse_budget,
+        parse_phases,
+        run_phases,
+    )
 
     settings = recipe(args.recipe or "paper")
     if args.warmup_steps is not None or args.warmup_fraction is not None:
@@ -69,9 +73,12 @@ def _pretrain(args: argparse.Namespace) -> None:
     for key, value in settings.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.phases:
-        if budget is not None:
-            raise ValueError("--phases counts steps; give --max-steps with it, not --budget")
+    budgets = None
+    if args.phases and budget is not None:  # SEQ_LEN:SHARE of the budget
+        shares = parse_phases(args.phases, shares=True)
+        phases = [(length, None) for length, _ in shares]
+        budgets = [share * budget for _, share in shares]
+    elif args.phases:
         phases = parse_phases(args.phases)
     elif args.max_steps is not None or budget is not None:
         phases = [(args.seq_len, args.max_steps)]
@@ -83,6 +90,7 @@ def _pretrain(args: argparse.Namespace) -> None:
         phases,
         config=args.config,
         budget_seconds=budget,
+        budgets=budgets,
         batch_size=args.batch_size,
         objective=args.objective,
         dropout=args.dropout,
@@ -392,7 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_argument(
         "--phases",
         help="the paper's schedule as SEQ_LEN:STEPS,...; e.g. 128:90000,512:10000 (each phase "
-        "continues from the last with a fresh schedule; replaces --max-steps/--seq-len)",
+        "continues from the last with a fresh schedule; replaces --max-steps/--seq-len); with "
+        "--budget, SEQ_LEN:SHARE of the budget, e.g. 32:0.7,128:0.3",
     )
     _recipe_flag(pretrain, "--batch-size", int, "global sequences per step")
     _recipe_flag(pretrain, "--seq-len", int, "tokens per sequence")

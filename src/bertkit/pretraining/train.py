@@ -414,23 +414,28 @@ def parse_budget(text: str) -> float:
     return seconds
 
 
-def parse_phases(text: str) -> list[tuple[int, int]]:
-    """`"128:900,512:100"` -> [(128, 900), (512, 100)]: (sequence length, steps) per phase.
+def parse_phases(text: str, shares: bool = False) -> list[tuple[int, Any]]:
+    """`"128:900,512:100"` -> [(128, 900), (512, 100)]: (sequence length, steps) per phase; with
+    `shares` (phases of a --budget), `"32:0.7,128:0.3"` -> [(32, 0.7), (128, 0.3)], shares that
+    sum to 1.
 
     >>> parse_phases("128:900,512:100")
     [(128, 900), (512, 100)]
+    >>> parse_phases("32:0.7,128:0.3", shares=True)
+    [(32, 0.7), (128, 0.3)]
     """
+    what, example = ("SHARE", "32:0.7,128:0.3") if shares else ("STEPS", "128:90000,512:10000")
     phases = []
     for part in text.split(","):
         try:
-            length, steps = (int(x) for x in part.split(":"))
+            length, amount = part.split(":")
+            phases.append((int(length), float(amount) if shares else int(amount)))
         except ValueError:
-            raise ValueError(
-                f"--phases: {part!r} is not SEQ_LEN:STEPS (e.g. 128:90000,512:10000)"
-            ) from None
-        if length <= 0 or steps <= 0:
-            raise ValueError(f"--phases: {part!r} needs a positive length and step count")
-        phases.append((length, steps))
+            raise ValueError(f"--phases: {part!r} is not SEQ_LEN:{what} (e.g. {example})") from None
+        if phases[-1][0] <= 0 or phases[-1][1] <= 0:
+            raise ValueError(f"--phases: {part!r} needs a positive length and {what.lower()}")
+    if shares and not math.isclose(sum(share for _, share in phases), 1.0, abs_tol=1e-6):
+        raise ValueError(f"--phases {text!r}: the shares of the budget must sum to 1")
     return phases
 
 
@@ -441,13 +446,19 @@ def run_phases(
     *,
     resume: bool = False,
     init_from: str | os.PathLike | None = None,
+    budgets: list[float] | None = None,
     **kwargs: Any,
 ) -> list[dict[str, Any]]:
     """The paper's schedule: phases of (sequence length, steps), each continuing from the previous
     phase's weights with a fresh optimiser and schedule. Earlier phases are kept in
     `out/phase<N>-seq<L>`; the last one writes to `out`. With `resume`, finished phases are skipped
-    and the current one continues from its trainer state. `init_from` is where phase 1 starts."""
+    and the current one continues from its trainer state. `init_from` is where phase 1 starts.
+    `budgets` (seconds, one per phase) replaces the step counts by time budgets."""
     out = Path(out)
+    if budgets is not None:
+        if len(budgets) != len(phases):
+            raise ValueError("give one budget per phase")
+        phases = [(length, None) for length, _ in phases]
     kwargs.setdefault("eval_seq_len", None)
     if kwargs["eval_seq_len"] is None:  # every phase evaluates on the same held-out sequences
         kwargs["eval_seq_len"] = max(length for length, _ in phases)
@@ -457,10 +468,10 @@ def run_phases(
         last = number == len(phases)
         directory = out if last else out / f"phase{number}-seq{seq_len}"
         state = directory / STATE_FILE
+        if budgets is not None:
+            kwargs["budget_seconds"] = budgets[number - 1]
         if resume and state.exists() and _finished(state, steps, kwargs.get("budget_seconds")):
-            logger.info(
-                "phase %d (%d x %d) already finished in %s", number, steps, seq_len, directory
-            )
+            logger.info("phase %d (length %d) already finished in %s", number, seq_len, directory)
         else:
             phase_entries = run_pretraining(
                 data,
