@@ -128,7 +128,7 @@ class Trainer:
             self.schedule = build_schedule(self.optimizer, config.warmup_steps, config.max_steps)
         self.wrapped = distributed.wrap(self.model, self.dist)
         self.step = 0
-        self.tokens_seen = 0  # real (unpadded) tokens of every step so far, all ranks
+        self.tokens_seen = 0  # real (unpadded) tokens so far: this rank's times the world size
         self.train_seconds = 0.0  # time in training steps (what a budget counts), all sessions
         # wall-clock seconds of the work this state holds: before this process (from the
         # checkpoint) plus since this trainer was made
