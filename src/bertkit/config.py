@@ -305,6 +305,26 @@ class BertConfig:
         return data
 
     @classmethod
+    def resolve(cls, spec: str | os.PathLike | BertConfig, vocab_size: int) -> BertConfig:
+        """What a `--config` names, for a vocabulary of `vocab_size`: a preset (tiny … large,
+        sized to it), a config.json / bert_config.json path or a BertConfig (either must match)."""
+        if isinstance(spec, BertConfig):
+            resolved = spec
+        elif str(spec) in PRESETS:
+            resolved = cls.from_preset(str(spec), vocab_size=vocab_size)
+        elif Path(spec).is_file():
+            resolved = cls.from_json_file(spec)
+        else:
+            raise ValueError(
+                f"--config {str(spec)!r} is neither a preset ({', '.join(PRESETS)}) nor a file"
+            )
+        if resolved.vocab_size != vocab_size:
+            raise ValueError(
+                f"config vocab_size {resolved.vocab_size} != the vocabulary's {vocab_size} tokens"
+            )
+        return resolved
+
+    @classmethod
     def from_json_file(cls, path: str | os.PathLike, *, strict: bool = True) -> BertConfig:
         """Read a Google `bert_config.json` or a Hugging Face `config.json`."""
         path = Path(path)

@@ -318,22 +318,10 @@ def random_init_dir(
     """A model directory without weights for `random_init` fine-tuning: `config` (a preset name
     such as "mini", or a config JSON) sized to the vocabulary in `vocab` (a directory with
     vocab.txt, or the file), written as OUT/config.json + vocab.txt."""
-    from bertkit.config import PRESETS, BertConfig
+    from bertkit.config import BertConfig
 
     tokenizer = BertTokenizer.from_pretrained(vocab)
-    if str(config) in PRESETS:
-        model_config = BertConfig.from_preset(str(config), vocab_size=tokenizer.vocab_size)
-    elif Path(config).is_file():
-        model_config = BertConfig.from_json_file(config)
-        if model_config.vocab_size != tokenizer.vocab_size:
-            raise ValueError(
-                f"{config}: vocab_size {model_config.vocab_size} but {vocab} holds "
-                f"{tokenizer.vocab_size} tokens"
-            )
-    else:
-        raise ValueError(
-            f"--config {config!r} is neither a preset ({', '.join(PRESETS)}) nor a file"
-        )
+    model_config = BertConfig.resolve(config, tokenizer.vocab_size)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model_config.to_json_file(out / "config.json")

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bertkit.config import PRESETS, BertConfig
+from bertkit.config import BertConfig
 from bertkit.heads import IGNORE_INDEX, BertForMaskedLM, BertForPreTraining
 from bertkit.model import sinusoidal_positions_
 from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
@@ -171,20 +171,7 @@ def resolve_config(
 ) -> BertConfig:
     """A preset name (tiny … large), a config.json / bert_config.json path, or a BertConfig;
     `dropout` (if given) replaces both the hidden and the attention dropout."""
-    if isinstance(config, BertConfig):
-        resolved = config
-    elif config in PRESETS:
-        resolved = BertConfig.from_preset(config, vocab_size=vocab_size)
-    elif Path(config).is_file():
-        resolved = BertConfig.from_json_file(config)
-    else:
-        raise ValueError(
-            f"--config {config!r} is neither a preset ({', '.join(PRESETS)}) nor a file"
-        )
-    if resolved.vocab_size != vocab_size:
-        raise ValueError(
-            f"config vocab_size {resolved.vocab_size} != the shards' vocabulary ({vocab_size})"
-        )
+    resolved = BertConfig.resolve(config, vocab_size)
     if seq_len > resolved.max_position_embeddings:
         raise ValueError(
             f"--seq-len {seq_len} exceeds max_position_embeddings {resolved.max_position_embeddings}"

@@ -216,10 +216,10 @@ class Trainer:
         return True
 
     def finished(self) -> bool:
-        if self.config.max_steps and self.step >= self.config.max_steps:
-            return True
-        return isinstance(self.schedule, BudgetSchedule) and self.train_seconds >= (
-            self.config.budget_seconds or 0.0
+        """The step count or the time budget is spent, whichever comes first."""
+        config = self.config
+        return bool(config.max_steps and self.step >= config.max_steps) or (
+            config.budget_seconds is not None and self.train_seconds >= config.budget_seconds
         )
 
     @property
