@@ -89,8 +89,9 @@ def plot(rows: list[dict], png: Path, unigram_loss: float | None) -> None:
         if all(v is not None for v in nsp):
             axes[2].plot(millions, [100 * v for v in nsp], **style)
     if unigram_loss is not None:
-        axes[1].axhline(unigram_loss, color="grey", linestyle=":", linewidth=1)
-        axes[1].text(2.6, unigram_loss + 0.015, "unigram (counted on AA)", color="grey", fontsize=8)
+        axes[1].axhline(
+            unigram_loss, color="grey", linestyle=":", linewidth=1.5, label="unigram (counted)"
+        )
     axes[2].axhline(50, color="grey", linestyle=":", linewidth=1)
     axes[0].set(title="held-out MLM accuracy, every chosen piece [MASK]", ylabel="%")
     axes[1].set(title="held-out MLM loss (all [MASK])", ylabel="nats", ylim=(7.1, 7.8))
