@@ -23,7 +23,7 @@ import torch
 
 from bertkit.config import BertConfig
 from bertkit.heads import BertForMaskedLM, BertForPreTraining
-from bertkit.model import sinusoidal_positions_
+from bertkit.model import mimetic_attention_, sinusoidal_positions_
 from bertkit.pretraining.dataset import MaskingConfig
 from bertkit.pretraining.shards import chunk_from_token_documents, write_shards
 from bertkit.pretraining.train import run_pretraining
@@ -44,6 +44,10 @@ VARIANTS = {
     "seq32": {"seq_len": 32, "batch_size": 256},
     "seq16": {"seq_len": 16, "batch_size": 512},
     "seq32-lr3e-3": {"seq_len": 32, "batch_size": 256, "learning_rate": 3e-3},
+    "mimetic": {"mimetic": ((0.7, 0.7), (0.4, 0.4))},
+    "mimetic-qk": {"mimetic": ((0.7, 0.7), None)},
+    "mimetic-sin": {"mimetic": ((0.7, 0.7), (0.4, 0.4)), "pos": 0.02},
+    "mimetic-qk-sin": {"mimetic": ((0.7, 0.7), None), "pos": 0.02},
 }
 
 
@@ -76,6 +80,10 @@ def run(name: str, options: dict, root: Path, shards: Path, tokenizer) -> list[f
     positions = model.bert.embeddings.position_embeddings
     if "pos" in options:
         sinusoidal_positions_(positions, options.pop("pos"))
+    if "mimetic" in options:
+        qk, vo = options.pop("mimetic")
+        for layer in model.bert.encoder.layer:
+            mimetic_attention_(layer, qk, vo)
     if "posstd" in options:
         torch.nn.init.normal_(positions.weight, 0.0, options.pop("posstd"))
     shutil.rmtree(root / name, ignore_errors=True)

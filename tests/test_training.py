@@ -516,3 +516,113 @@ def test_phases_share_a_budget(setup, tmp_path):
         state = torch.load(directory / "trainer_state.pt", weights_only=True)
         assert 2.0 <= state["train_seconds"] < 3.5  # half of the budget each
     assert main(["pretrain", *map(str, args), "--phases", "32:0.5,64:0.6"]) == 2
+
+
+def test_lazy_rows_adamw_is_adamw_on_touched_rows_and_leaves_the_rest_alone():
+    from bertkit.training.optim import LazyRowsAdamW
+
+    torch.manual_seed(0)
+    table, bias = torch.nn.Parameter(torch.randn(10, 4)), torch.nn.Parameter(torch.randn(3))
+    table_ref, bias_ref = (torch.nn.Parameter(t.detach().clone()) for t in (table, bias))
+    settings = dict(lr=0.1, betas=(0.9, 0.98), eps=1e-6)
+    lazy = LazyRowsAdamW(
+        [
+            {"params": [bias], "weight_decay": 0.0},
+            {"params": [table], "weight_decay": 0.1, "lazy": True},
+        ],
+        **settings,
+    )
+    reference = torch.optim.AdamW(
+        [{"params": [bias_ref], "weight_decay": 0.0}, {"params": [table_ref], "weight_decay": 0.1}],
+        **settings,
+    )
+    for _ in range(3):  # every row touched: AdamW exactly
+        grads = torch.randn(10, 4), torch.randn(3)
+        table.grad, bias.grad = grads[0].clone(), grads[1].clone()
+        table_ref.grad, bias_ref.grad = grads[0].clone(), grads[1].clone()
+        lazy.set_rows(torch.arange(10))
+        lazy.step()
+        reference.step()
+    assert torch.equal(table, table_ref) and torch.equal(bias, bias_ref)
+    state = {k: v.clone() for k, v in lazy.state[table].items() if torch.is_tensor(v)}
+    before = table.detach().clone()
+    table.grad, bias.grad = torch.randn(10, 4), torch.randn(3)
+    lazy.set_rows(torch.tensor([1, 3]))
+    lazy.step()
+    moved = (table != before).any(1).nonzero().view(-1).tolist()
+    assert moved == [1, 3]
+    for key in ("exp_avg", "exp_avg_sq"):  # untouched rows keep their moments too
+        same = (lazy.state[table][key] == state[key]).all(1)
+        assert same.nonzero().view(-1).tolist() == [0, 2, 4, 5, 6, 7, 8, 9]
+    table.grad = torch.randn(10, 4)
+    with pytest.raises(RuntimeError, match="set_rows"):
+        lazy.step()
+
+
+def test_lazy_embedding_updates_touch_only_the_batch_pieces_and_resume(setup, tmp_path):
+    kwargs = dict(
+        config=str(setup / "nodrop.json"),
+        max_steps=1,
+        batch_size=4,
+        seq_len=32,
+        learning_rate=1e-2,
+        warmup_steps=0,
+        embedding_updates="lazy",
+        progress=False,
+    )
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_json_file(setup / "nodrop.json"))
+    start = model.bert.embeddings.word_embeddings.weight.detach().clone()
+    run_pretraining(setup / "shards", tmp_path / "run", model=model, **kwargs)
+    # the one step's batch, drawn again from the same stream
+    from bertkit.pretraining.dataset import PretrainingData
+    from bertkit.pretraining.shards import Shards
+    from bertkit.tokenizer import BertTokenizer
+
+    stream = PretrainingData(
+        Shards(setup / "shards"),
+        BertTokenizer.from_pretrained(setup / "shards"),
+        batch_size=4,
+        max_seq_length=32,
+    )
+    batch = stream.next_batch()
+    labels = batch["labels"]
+    touched = set(batch["input_ids"].view(-1).tolist()) | set(labels[labels >= 0].tolist())
+    after = load_file(tmp_path / "run" / "model.safetensors")[
+        "bert.embeddings.word_embeddings.weight"
+    ]
+    moved = set((after != start).any(1).nonzero().view(-1).tolist())
+    assert moved and moved <= touched and len(moved) >= 0.9 * len(touched)
+    with pytest.raises(ValueError, match="embedding_updates must be dense or lazy"):
+        run_pretraining(setup / "shards", tmp_path / "bad", **{**kwargs, "embedding_updates": "x"})
+
+
+def test_mimetic_attention_starts_near_identity_and_trains(setup, tmp_path):
+    from bertkit.model import mimetic_attention_
+
+    model = BertForPreTraining(BertConfig.from_json_file(setup / "nodrop.json")).requires_grad_(
+        False
+    )
+    layer = model.bert.encoder.layer[0]
+    mimetic_attention_(layer, qk=(0.0, 1.0), vo=(0.0, 0.5))
+    size, attention = layer.head_size, layer.attention
+    for head in range(layer.num_heads):  # rank-`size` part of I: a projection, PSD
+        rows = slice(head * size, (head + 1) * size)
+        product = attention.self.query.weight[rows].T @ attention.self.key.weight[rows]
+        assert torch.allclose(product, product.T, atol=1e-5)
+        assert torch.allclose(product @ product, product, atol=1e-5)
+        assert float(product.trace()) == pytest.approx(size, rel=1e-4)
+    value_output = attention.output.dense.weight @ attention.self.value.weight
+    assert torch.allclose(value_output, -0.5 * torch.eye(value_output.shape[0]), atol=1e-5)
+    entries = run_pretraining(
+        setup / "shards",
+        tmp_path / "run",
+        config=str(setup / "nodrop.json"),
+        max_steps=3,
+        batch_size=4,
+        seq_len=32,
+        warmup_steps=1,
+        attention_init="mimetic-qk",
+        progress=False,
+    )
+    assert np.isfinite([e["loss"] for e in entries if e["split"] == "train"]).all()

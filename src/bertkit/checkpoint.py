@@ -381,7 +381,9 @@ def load_pretrained(
         model = cls(config)
     model = model.to_empty(device="cpu")
     model.tie_weights()  # to_empty makes separate tensors of tied ones
-    load_state_dict_into(
+    # what did not match ({"missing", "unexpected", "mismatched"}), for callers that need a
+    # head the checkpoint may lack (fill-mask refuses a model whose MLM head would be random)
+    model.load_report = load_state_dict_into(
         model,
         state,
         source=str(path),

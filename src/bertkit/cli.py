@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from bertkit._io import read_jsonl
+
 
 def _vocab(args: argparse.Namespace) -> None:
     from bertkit.tokenizer import train_vocab
@@ -95,6 +97,7 @@ def _pretrain(args: argparse.Namespace) -> None:
         objective=args.objective,
         dropout=args.dropout,
         position_init=args.position_init,
+        attention_init=args.attention_init,
         mlm_bias_init=args.mlm_bias_init,
         eval_data=args.eval_data,
         eval_batches=args.eval_batches,
@@ -113,6 +116,7 @@ def _pretrain(args: argparse.Namespace) -> None:
         warmup_steps=args.warmup_steps,
         warmup_fraction=args.warmup_fraction,
         adam_beta2=args.adam_beta2,
+        embedding_updates=args.embedding_updates,
         accumulation=args.accumulate,
         log_every=args.log_every,
         eval_every=args.eval_every,
@@ -203,19 +207,7 @@ def _predict(args: argparse.Namespace) -> None:
     name = predictor.task.name
     items: list = []
     if args.input:
-        with open(args.input, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    item = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{args.input}:{number}: not JSON ({err.msg})") from None
-                if isinstance(item, dict) and "text" in item:
-                    item = (
-                        (item["text"], item["text_pair"]) if "text_pair" in item else item["text"]
-                    )
-                items.append(item)
+        items = read_jsonl(args.input)
     elif name.startswith("squad"):
         if not (args.question and args.context):
             raise ValueError(f"{name} takes --question and --context (or --input FILE.jsonl)")
@@ -228,6 +220,20 @@ def _predict(args: argparse.Namespace) -> None:
         items = list(args.text)
     for result in predictor(items):
         print(json.dumps(result, ensure_ascii=False))
+
+
+def _fill_mask(args: argparse.Namespace) -> None:
+    import json
+
+    from bertkit.fill_mask import FillMask
+
+    items = read_jsonl(args.input) if args.input else list(args.text)
+    if not items:
+        raise ValueError('give texts with [MASK] ("The capital of France is [MASK].") or --input')
+    fill = FillMask(args.model, device=args.device, batch_size=args.batch_size)
+    for item, masks in zip(items, fill(items, top=args.top), strict=True):
+        text = {"text": item} if isinstance(item, str) else {"text": item[0], "text_pair": item[1]}
+        print(json.dumps({**text, "masks": masks}, ensure_ascii=False))
 
 
 def _extract(args: argparse.Namespace) -> None:
@@ -423,6 +429,13 @@ def build_parser() -> argparse.ArgumentParser:
         pretrain, "--warmup-fraction", float, "warm-up as a fraction of the steps or the budget"
     )
     _recipe_flag(pretrain, "--adam-beta2", float, "Adam's second-moment decay")
+    _recipe_flag(
+        pretrain,
+        "--embedding-updates",
+        str,
+        "dense (every word-embedding row each step, the paper's) or lazy (only the rows of "
+        "pieces the batch reads or predicts: LazyAdam)",
+    )
     pretrain.add_argument(
         "--accumulate", type=int, default=1, help="micro-batches per optimiser step"
     )
@@ -441,6 +454,14 @@ def build_parser() -> argparse.ArgumentParser:
         str,
         "start of the learned position embeddings: normal (Google's truncated normal) or "
         "sinusoidal (Vaswani et al.'s sines, same scale; still learned)",
+    )
+    _recipe_flag(
+        pretrain,
+        "--attention-init",
+        str,
+        "start of the attention weights: normal (Google's truncated normal), mimetic "
+        "(Trockman & Kolter 2023: W_q^T W_k near +I, W_o W_v near -I; still learned) or "
+        "mimetic-qk (queries and keys only)",
     )
     _recipe_flag(
         pretrain,
@@ -543,6 +564,17 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--batch-size", type=int, default=32)
     predict.add_argument("--device")
     predict.set_defaults(func=_predict)
+
+    fill = commands.add_parser(
+        "fill-mask", help="the most likely pieces for each [MASK] of a text (MLM head)"
+    )
+    fill.add_argument("--model", required=True, help="a checkpoint with its MLM head")
+    fill.add_argument("text", nargs="*", help="texts with one or more [MASK]s")
+    fill.add_argument("--input", help='JSON lines: "text" or {"text": ..., "text_pair": ...}')
+    fill.add_argument("--top", type=int, default=5, help="candidates per [MASK] (default 5)")
+    fill.add_argument("--batch-size", type=int, default=32)
+    fill.add_argument("--device")
+    fill.set_defaults(func=_fill_mask)
 
     extract = commands.add_parser(
         "extract", help="frozen per-token features from chosen layers (feature-based approach)"

@@ -146,6 +146,7 @@ def run_demo(
         seq_len=settings["seq_len"],
         dropout=settings.get("dropout"),
         position_init=settings.get("position_init", "normal"),
+        attention_init=settings.get("attention_init", "normal"),
         mlm_bias_init=settings.get("mlm_bias_init", "zeros"),
         adam_beta2=settings.get("adam_beta2", 0.999),
         masking=MaskingConfig(

@@ -306,6 +306,56 @@ def sinusoidal_positions_(embedding: nn.Embedding, std: float) -> nn.Embedding:
     return embedding
 
 
+def _factor(target: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left (H, rank) and right (rank, H) factors whose product is the best rank-`rank`
+    approximation of `target` (SVD, singular values split evenly)."""
+    u, s, vh = torch.linalg.svd(target)
+    root = s[:rank].sqrt()
+    return u[:, :rank] * root, root[:, None] * vh[:rank]
+
+
+@torch.no_grad()
+def mimetic_attention_(
+    layer: nn.Module,
+    qk: tuple[float, float] = (0.7, 0.7),
+    vo: tuple[float, float] | None = (0.4, 0.4),
+    generator: torch.Generator | None = None,
+) -> nn.Module:
+    """Mimetic initialisation of one layer's self-attention (Trockman & Kolter, "Mimetic
+    Initialization of Self-Attention Layers", ICML 2023): per head, W_q^T W_k starts near
+    alpha Z + beta I and, over all heads, W_o W_v near alpha Z - beta I (Z ~ N(0, 1/H)), the
+    structure trained Transformers show. With W_q^T W_k ~ I a token attends to tokens like
+    itself, so rows that share a position pattern attend to each other from step 0 instead of
+    uniformly: the attention saddle that holds a post-LN BERT at the unigram plateau is skipped.
+    The architecture is BERT's; only the starting point of query/key/value/output weights
+    differs (their biases start at 0). `qk`/`vo` are (alpha, beta); `vo=None` leaves the value
+    and output weights at Google's initialisation."""
+    attention = layer.attention
+    query, key = attention.self.query, attention.self.key
+    value, dense = attention.self.value, attention.output.dense
+    hidden, size = query.weight.shape[1], layer.head_size
+
+    def noisy_identity(alpha: float, beta: float) -> torch.Tensor:
+        z = torch.randn(hidden, hidden, generator=generator, dtype=torch.float64)
+        return alpha * z / math.sqrt(hidden) + beta * torch.eye(hidden, dtype=torch.float64)
+
+    for head in range(layer.num_heads):
+        left, right = _factor(noisy_identity(*qk), size)  # W_q_h^T W_k_h = left @ right
+        rows = slice(head * size, (head + 1) * size)
+        query.weight[rows] = left.T.to(query.weight.dtype)
+        key.weight[rows] = right.to(key.weight.dtype)
+    nn.init.zeros_(query.bias)
+    nn.init.zeros_(key.bias)
+    if vo is not None:
+        alpha, beta = vo
+        left, right = _factor(noisy_identity(alpha, -beta), hidden)  # W_o W_v = left @ right
+        dense.weight.copy_(left.to(dense.weight.dtype))
+        value.weight.copy_(right.to(value.weight.dtype))
+        nn.init.zeros_(value.bias)
+        nn.init.zeros_(dense.bias)
+    return layer
+
+
 class BertPreTrainedModel(nn.Module):
     """Shared by the encoder and every head: config, initialisation, checkpoint I/O."""
 

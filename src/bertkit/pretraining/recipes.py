@@ -27,6 +27,8 @@ RECIPES: dict[str, dict[str, Any]] = {
         "mask_prob": 0.15,
         "max_predictions": 20,
         "position_init": "normal",
+        "attention_init": "normal",
+        "embedding_updates": "dense",
         "adam_beta2": 0.999,
         "mlm_bias_init": "zeros",
     },
@@ -42,6 +44,8 @@ RECIPES: dict[str, dict[str, Any]] = {
         "mask_prob": 0.15,
         "max_predictions": 20,
         "position_init": "normal",
+        "attention_init": "normal",
+        "embedding_updates": "dense",
     },
 }
 

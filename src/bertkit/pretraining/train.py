@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from bertkit.config import BertConfig
 from bertkit.heads import IGNORE_INDEX, BertForMaskedLM, BertForPreTraining
-from bertkit.model import sinusoidal_positions_
+from bertkit.model import mimetic_attention_, sinusoidal_positions_
 from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
 from bertkit.pretraining.shards import Shards
 from bertkit.tokenizer import BertTokenizer
@@ -39,6 +39,11 @@ class PretrainingObjective:
         masked = (batch["labels"] != IGNORE_INDEX).sum()
         pairs = len(batch["input_ids"]) if self.nsp else 0
         return torch.tensor([float(masked), float(pairs)], dtype=torch.float64)
+
+    def vocabulary_rows(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Pieces the batch reads (its inputs) or predicts (MLM targets)."""
+        labels = batch["labels"]
+        return torch.cat([batch["input_ids"].reshape(-1), labels[labels != IGNORE_INDEX]])
 
     def loss(self, model, batch, totals):
         labels = batch["labels"]
@@ -197,6 +202,7 @@ def run_pretraining(
     objective: str = "mlm+nsp",
     dropout: float | None = None,
     position_init: str = "normal",
+    attention_init: str = "normal",
     mlm_bias_init: str = "zeros",
     eval_data: str | os.PathLike | None = None,
     eval_batches: int = 20,
@@ -208,6 +214,7 @@ def run_pretraining(
     warmup_steps: int | None = None,
     warmup_fraction: float | None = None,
     adam_beta2: float = 0.999,
+    embedding_updates: str = "dense",
     accumulation: int = 1,
     log_every: int = 10,
     eval_every: int = 0,
@@ -254,6 +261,8 @@ def run_pretraining(
         model_config = resolve_config(
             config, tokenizer.vocab_size, max(seq_len, eval_seq_len or 0), objective, dropout
         )
+        if embedding_updates not in ("dense", "lazy"):
+            raise ValueError(f"embedding_updates must be dense or lazy, not {embedding_updates!r}")
         model_class = BertForPreTraining if objective == "mlm+nsp" else BertForMaskedLM
         torch.manual_seed(seed)
         if model is not None:
@@ -269,6 +278,14 @@ def run_pretraining(
             elif position_init != "normal":
                 raise ValueError(
                     f"position_init must be normal or sinusoidal, not {position_init!r}"
+                )
+            if attention_init in ("mimetic", "mimetic-qk"):
+                vo = None if attention_init == "mimetic-qk" else (0.4, 0.4)
+                for layer in model.bert.encoder.layer:
+                    mimetic_attention_(layer, vo=vo)
+            elif attention_init != "normal":
+                raise ValueError(
+                    f"attention_init must be normal, mimetic or mimetic-qk, not {attention_init!r}"
                 )
             if mlm_bias_init == "unigram":
                 unigram_bias_(model.cls.predictions.bias, shards.token_counts(tokenizer.vocab_size))
@@ -313,6 +330,7 @@ def run_pretraining(
             warmup_steps=warmup_steps,
             warmup_fraction=warmup_fraction if warmup_fraction is not None else 0.1,
             adam_beta2=adam_beta2,
+            lazy_embeddings=embedding_updates == "lazy",
             accumulation=accumulation,
             precision=precision,
             log_every=log_every,

@@ -1,0 +1,135 @@
+"""Fill-mask: what a masked-LM head puts at each `[MASK]` of a text.
+
+    fill = FillMask("runs/pretrain")
+    fill("The capital of France is [MASK].", top=5)
+    # [[{"position": 6, "tokens": ["paris", ...], "ids": [...], "probabilities": [...]}]]
+
+One list per text, one dict per `[MASK]` in the order they appear; a text may hold several
+`[MASK]`s (each predicted independently, as BERT was trained) and a pair of texts is written
+`("text a", "text b")`. Any checkpoint bertkit loads works if it carries the MLM head (bertkit's
+pre-training output, Hugging Face `BertForMaskedLM` / `BertForPreTraining`, Google's
+`bert_model.ckpt`); an encoder saved without it (e.g. all-MiniLM-L6-v2) is refused, since its
+head would be random. The probabilities are a softmax over the whole vocabulary, as Hugging
+Face's `pipeline("fill-mask")` gives them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from bertkit.heads import BertForMaskedLM
+from bertkit.tokenizer import MASK, BertTokenizer
+
+# The tensor whose absence means the checkpoint has no MLM head (the others follow it).
+MLM_HEAD_TENSOR = "cls.predictions.transform.dense.weight"
+
+Text = str | tuple[str, str] | list[str]
+
+
+class FillMask:
+    def __init__(
+        self,
+        model: str | os.PathLike,
+        *,
+        device: str | None = None,
+        batch_size: int = 32,
+        max_seq_length: int | None = None,
+    ) -> None:
+        self.model = BertForMaskedLM.from_pretrained(model)
+        if MLM_HEAD_TENSOR in self.model.load_report["missing"]:
+            raise ValueError(
+                f"{model}: this checkpoint has no masked-LM head (no {MLM_HEAD_TENSOR}), so "
+                "fill-mask would print random words; use a pre-trained BERT saved with its "
+                "MLM head (bertkit pretrain's output, BertForMaskedLM, BertForPreTraining)"
+            )
+        self.tokenizer = BertTokenizer.from_pretrained(model)
+        if MASK not in self.tokenizer.vocab:
+            raise ValueError(f"{model}: the vocabulary has no {MASK} token")
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model.to(self.device).eval()
+        self.batch_size = batch_size
+        self.max_seq_length = max_seq_length or self.model.config.max_position_embeddings
+
+    @torch.no_grad()
+    def __call__(self, texts: Text | Sequence[Text], top: int = 5) -> list[list[dict[str, Any]]]:
+        """Per text, per `[MASK]`: `position` (its index among the pieces, [CLS] = 0), the `top`
+        most likely `tokens`, their `ids` and `probabilities` (most likely first)."""
+        if isinstance(texts, str) or (
+            isinstance(texts, tuple) and len(texts) == 2 and all(isinstance(t, str) for t in texts)
+        ):
+            texts = [texts]
+        texts = list(texts)
+        if top < 1:
+            raise ValueError(f"top must be at least 1, got {top}")
+        top = min(top, self.tokenizer.vocab_size)
+        results: list[list[dict[str, Any]]] = []
+        for start in range(0, len(texts), self.batch_size):
+            results += self._batch(texts[start : start + self.batch_size], start, top)
+        return results
+
+    def _batch(self, texts: list[Text], first: int, top: int) -> list[list[dict[str, Any]]]:
+        singles, pairs = [], []
+        for number, text in enumerate(texts, start=first):
+            if isinstance(text, str):
+                singles.append(text)
+                pairs.append(None)
+            elif isinstance(text, (tuple, list)) and len(text) == 2:
+                singles.append(str(text[0]))
+                pairs.append(str(text[1]))
+            else:
+                raise ValueError(f"text {number}: a string or a pair of strings, not {text!r}")
+        if any(p is not None for p in pairs) and any(p is None for p in pairs):
+            # Encode mixed batches one kind at a time: the tokenizer takes pairs or singles.
+            return [r for n, t in enumerate(texts) for r in self._batch([t], first + n, top)]
+        encoded = self.tokenizer(
+            singles,
+            None if pairs[0] is None else pairs,
+            truncation=False,
+            padding=True,
+            return_tensors="pt",
+        )
+        ids = encoded["input_ids"]
+        mask_id = self.tokenizer.vocab[MASK]
+        lengths = encoded["attention_mask"].sum(1).tolist()
+        for number, length in enumerate(lengths, start=first):
+            if length > self.max_seq_length:
+                raise ValueError(
+                    f"text {number}: {length} pieces, more than the model's "
+                    f"{self.max_seq_length}; shorten it"
+                )
+        is_mask = ids == mask_id
+        counts = is_mask.sum(1)
+        for number, count in enumerate(counts.tolist(), start=first):
+            if count == 0:
+                raise ValueError(f"text {number}: no {MASK} to fill")
+        # masked positions, padded with position 0 ([CLS]) up to the most [MASK]s of a text
+        positions = torch.zeros(len(texts), int(counts.max()), dtype=torch.long)
+        for row in range(len(texts)):
+            found = is_mask[row].nonzero().view(-1)
+            positions[row, : len(found)] = found
+        logits = self.model(
+            ids.to(self.device),
+            encoded["token_type_ids"].to(self.device),
+            encoded["attention_mask"].to(self.device),
+            masked_positions=positions.to(self.device),
+        ).logits.float()  # (B, P, V)
+        probabilities, best = logits.softmax(-1).topk(top, dim=-1)
+        results = []
+        for row in range(len(texts)):
+            masks = []
+            for slot in range(int(counts[row])):
+                chosen = best[row, slot].tolist()
+                masks.append(
+                    {
+                        "position": int(positions[row, slot]),
+                        "tokens": self.tokenizer.convert_ids_to_tokens(chosen),
+                        "ids": chosen,
+                        "probabilities": probabilities[row, slot].tolist(),
+                    }
+                )
+            results.append(masks)
+        return results
