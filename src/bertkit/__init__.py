@@ -27,6 +27,9 @@ _EXPORTS = {
     "FinetuneConfig": "bertkit.finetune",
     "Predictor": "bertkit.predict",
     "extract": "bertkit.features",
+    "FillMask": "bertkit.fill_mask",
+    "similarity": "bertkit.insight",
+    "attention": "bertkit.insight",
 }
 __all__ = [
     "BertConfig",
@@ -44,6 +47,9 @@ __all__ = [
     "FinetuneConfig",
     "Predictor",
     "extract",
+    "FillMask",
+    "similarity",
+    "attention",
 ]
 
 
@@ -69,5 +75,7 @@ if TYPE_CHECKING:
         BertForSequenceClassification,
         BertForTokenClassification,
     )
+    from bertkit.fill_mask import FillMask
+    from bertkit.insight import attention, similarity
     from bertkit.model import BertModel, BertModelOutput
     from bertkit.tokenizer import BertTokenizer, train_vocab

@@ -236,6 +236,28 @@ def _fill_mask(args: argparse.Namespace) -> None:
         print(json.dumps({**text, "masks": masks}, ensure_ascii=False))
 
 
+def _similarity(args: argparse.Namespace) -> None:
+    import json
+
+    from bertkit.insight import similarity
+
+    layer = args.layer if args.layer in ("last", "all") else int(args.layer)
+    result = similarity(args.model, args.text, layer=layer, pooling=args.pooling, word=args.word)
+    result.save_png(args.out)
+    print(json.dumps({**result.to_json(), "png": str(args.out)}, ensure_ascii=False))
+
+
+def _attention(args: argparse.Namespace) -> None:
+    from bertkit.insight import attention
+
+    result = attention(args.model, args.text, args.pair)
+    if str(args.out).lower().endswith((".html", ".htm")):
+        result.save_html(args.out)
+    else:
+        result.save_png(args.out, layer=args.layer, head=args.head)
+    print(args.out)
+
+
 def _extract(args: argparse.Namespace) -> None:
     from bertkit.features import extract, save_features
     from bertkit.model import BertModel
@@ -575,6 +597,33 @@ def build_parser() -> argparse.ArgumentParser:
     fill.add_argument("--batch-size", type=int, default=32)
     fill.add_argument("--device")
     fill.set_defaults(func=_fill_mask)
+
+    similar = commands.add_parser(
+        "similarity",
+        help="cosine similarity of contextual embeddings: pieces, texts, a word across contexts",
+    )
+    similar.add_argument("--model", required=True, help="any checkpoint bertkit loads")
+    similar.add_argument("text", nargs="+", help="texts to compare")
+    similar.add_argument(
+        "--layer", default="last", help="0 (embeddings) .. L, negative from the top, last, all"
+    )
+    similar.add_argument(
+        "--pooling", default="mean", choices=("mean", "cls"), help="text vectors (default mean)"
+    )
+    similar.add_argument("--word", help='a word in two or more texts (e.g. "bank") to follow')
+    similar.add_argument("--out", default="similarity.png", help="PNG to write")
+    similar.set_defaults(func=_similarity)
+
+    attend = commands.add_parser("attention", help="attention maps as a PNG or an HTML page")
+    attend.add_argument("--model", required=True, help="any checkpoint bertkit loads")
+    attend.add_argument("text", help="the text")
+    attend.add_argument("--pair", help="a second segment ([CLS] text [SEP] pair [SEP])")
+    attend.add_argument("--layer", type=int, help="one map: layer 1..L (with --head)")
+    attend.add_argument("--head", type=int, help="one map: head 0..A-1 (with --layer)")
+    attend.add_argument(
+        "--out", default="attention.png", help="a .png (grid, or one map) or .html (interactive)"
+    )
+    attend.set_defaults(func=_attention)
 
     extract = commands.add_parser(
         "extract", help="frozen per-token features from chosen layers (feature-based approach)"
