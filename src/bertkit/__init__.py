@@ -67,6 +67,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from bertkit.config import BertConfig
+    from bertkit.fill_mask import FillMask
     from bertkit.heads import (
         BertForMaskedLM,
         BertForMultipleChoice,
@@ -75,7 +76,6 @@ if TYPE_CHECKING:
         BertForSequenceClassification,
         BertForTokenClassification,
     )
-    from bertkit.fill_mask import FillMask
     from bertkit.insight import attention, similarity
     from bertkit.model import BertModel, BertModelOutput
     from bertkit.tokenizer import BertTokenizer, train_vocab
