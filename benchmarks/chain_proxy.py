@@ -23,7 +23,7 @@ import torch
 
 from bertkit.config import BertConfig
 from bertkit.heads import BertForMaskedLM, BertForPreTraining
-from bertkit.model import mimetic_attention_, sinusoidal_positions_
+from bertkit.model import local_attention_, mimetic_attention_, sinusoidal_positions_
 from bertkit.pretraining.dataset import MaskingConfig
 from bertkit.pretraining.shards import chunk_from_token_documents, write_shards
 from bertkit.pretraining.train import run_pretraining
@@ -48,6 +48,7 @@ VARIANTS = {
     "mimetic-qk": {"mimetic": ((0.7, 0.7), None)},
     "mimetic-sin": {"mimetic": ((0.7, 0.7), (0.4, 0.4)), "pos": 0.02},
     "mimetic-qk-sin": {"mimetic": ((0.7, 0.7), None), "pos": 0.02},
+    "local": {"local": True},
 }
 
 
@@ -84,6 +85,8 @@ def run(name: str, options: dict, root: Path, shards: Path, tokenizer) -> list[f
         qk, vo = options.pop("mimetic")
         for layer in model.bert.encoder.layer:
             mimetic_attention_(layer, qk, vo)
+    if options.pop("local", False):
+        local_attention_(model)
     if "posstd" in options:
         torch.nn.init.normal_(positions.weight, 0.0, options.pop("posstd"))
     shutil.rmtree(root / name, ignore_errors=True)

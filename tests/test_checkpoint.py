@@ -405,3 +405,20 @@ def test_tensors_missing_from_the_checkpoint_get_a_real_initialisation(tiny_conf
         tmp_path / "c", num_labels=5, ignore_mismatched_sizes=True
     )
     assert torch.all(clf.classifier.bias == 0) and clf.classifier.weight.abs().max() <= 0.04 + 1e-7
+
+
+def test_written_files_honour_the_umask(tmp_path):
+    import os
+    import stat
+
+    from bertkit._io import atomic_write_text
+
+    previous = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "a.txt", "x")
+        os.umask(0o077)
+        atomic_write_text(tmp_path / "b.txt", "x")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == 0o644  # not mkstemp's 0600
+    assert stat.S_IMODE((tmp_path / "b.txt").stat().st_mode) == 0o600

@@ -82,3 +82,38 @@ def test_pretrain_recipe_sets_its_settings_and_flags_win(monkeypatch, capsys):
         main(["pretrain", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: 10)" in text and "paper 256; laptop 32" in text
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (
+            ["pretrain", "--data", "d", "--out", "o", "--save-every", "0"],
+            "--save-every: must be positive",
+        ),
+        (
+            ["pretrain", "--data", "d", "--out", "o", "--log-every", "0"],
+            "--log-every: must be positive",
+        ),
+        (
+            ["pretrain", "--data", "d", "--out", "o", "--max-steps", "0"],
+            "--max-steps: must be positive",
+        ),
+        (
+            ["pretrain", "--data", "d", "--out", "o", "--batch-size", "0"],
+            "--batch-size: must be positive",
+        ),
+        (["pretrain", "--data", "d", "--out", "o", "--lr", "inf"], "--lr: 'inf' is not a finite"),
+        (
+            ["pretrain", "--data", "d", "--out", "o", "--mask-prob", "1.5"],
+            "--mask-prob: must be in [0, 1]",
+        ),
+        (["finetune", "mrpc", "--epochs", "0"], "--epochs: must be positive"),
+        (["fill-mask", "--model", "m", "x", "--top", "-1"], "--top: must be positive"),
+    ],
+)
+def test_numeric_flags_are_checked_when_parsed(args, says, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    assert says in capsys.readouterr().err

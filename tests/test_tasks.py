@@ -444,6 +444,7 @@ def test_finetune_resumes_after_a_kill(tiny_checkpoint, tmp_path, monkeypatch):
     state = torch.load(state_file, weights_only=True)
     assert state["seconds"] > 0
     torch.save({**state, "seconds": 1000.0}, state_file)
+    (tmp_path / "run" / "trainer_state.sha256").unlink()  # edited by hand: no checksum to match
     resumed = finetune(
         "qnli", tiny_checkpoint, data, tmp_path / "run", FinetuneConfig(**QUICK, resume=True)
     )
@@ -551,3 +552,51 @@ def test_random_init_finetuning_draws_each_seed_its_own_encoder(tiny_checkpoint,
     assert config["hidden_size"] == 128 and config["num_hidden_layers"] == 2  # the tiny preset
     both = ["finetune", "qnli", "--model", str(tiny_checkpoint), "--config", "tiny"]
     assert cli.main([*both, "--data", str(data), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_conll_pos_and_chunk_columns_and_their_metrics_against_seqeval():
+    from seqeval.metrics import accuracy_score, f1_score
+
+    pos, chunk = get_task("conll2003-pos"), get_task("conll2003-chunk")
+    sentences = pos.read(FIXTURES / "conll2003_iob1", "dev")
+    assert sentences[0].words[:3] == ("EU", "rejects", "German")
+    assert sentences[0].tags[:3] == ("NNP", "VBZ", "JJ")
+    assert sentences[0].columns[0] == ("I-NP", "I-ORG")  # the other columns, for writing back
+    chunks = chunk.read(FIXTURES / "conll2003_iob1", "dev")
+    assert chunks[0].tags[:3] == ("I-NP", "I-VP", "I-NP")  # IOB1 as in the file
+    assert {"B-NP", "I-VP", "O"} <= set(chunk.labels()) and "NN|SYM" in pos.labels()
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+
+    def noisy(tags, labels):  # a prediction: each tag kept with probability 0.7
+        return [t if rng.random() < 0.7 else labels[rng.integers(len(labels))] for t in tags]
+
+    guessed = [noisy(s.tags, pos.labels()) for s in sentences]
+    gold = [list(s.tags) for s in sentences]
+    assert pos.score(sentences, guessed)["accuracy"] == pytest.approx(accuracy_score(gold, guessed))
+    from bertkit.tasks.ner import to_iob2
+
+    guessed = [to_iob2(noisy(s.tags, chunk.labels())) for s in chunks]
+    gold = [to_iob2(s.tags) for s in chunks]
+    assert chunk.score(chunks, guessed)["f1"] == pytest.approx(f1_score(gold, guessed), abs=1e-9)
+    from bertkit.tasks.ner import ConllTask
+
+    with pytest.raises(ValueError, match="columns are ner, pos and chunk"):
+        ConllTask("lemma")
+
+
+@pytest.mark.parametrize("task", ["conll2003-pos", "conll2003-chunk"])
+def test_finetune_pos_and_chunk(task, tiny_checkpoint, tmp_path):
+    data = tmp_path / "conll"
+    data.mkdir()
+    for name in ("train.txt", "valid.txt", "test.txt"):
+        (data / name).write_text((FIXTURES / "conll2003_iob1" / name).read_text() * 4)
+    out = tmp_path / "run"
+    results = finetune(task, tiny_checkpoint, data, out, FinetuneConfig(**{**QUICK, "epochs": 4}))
+    metric = "accuracy" if task.endswith("pos") else "f1"
+    assert 0.0 <= results["dev"][metric] <= 1.0
+    line = (out / "predictions_dev.conll").read_text().splitlines()[0].split()
+    assert line[0] == "EU" and len(line) == 5  # word, the two other columns, gold, predicted
+    tagged = Predictor(out)(["EU rejects German call"])
+    assert len(tagged[0]["tags"]) == 4

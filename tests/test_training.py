@@ -626,3 +626,203 @@ def test_mimetic_attention_starts_near_identity_and_trains(setup, tmp_path):
         progress=False,
     )
     assert np.isfinite([e["loss"] for e in entries if e["split"] == "train"]).all()
+
+
+def test_local_attention_starts_on_the_neighbours(setup, tmp_path):
+    from bertkit.model import local_attention_
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_json_file(setup / "nodrop.json")).eval()
+    local_attention_(model)
+    ids = torch.randint(10, 400, (4, 40))
+    with torch.no_grad():
+        maps = model.bert(ids, output_attentions=True).attentions[0][:, :, 1:-1]  # (B, A, S-2, S)
+    rows = torch.arange(1, 39)
+    left = maps[:, 0, torch.arange(38), rows - 1].mean()
+    right = maps[:, 1, torch.arange(38), rows + 1].mean()
+    assert left > 0.5 and right > 0.5  # uniform would be 1/40
+    embeddings = model.bert.embeddings
+    assert embeddings.word_embeddings.weight[:, -16:].abs().max() == 0  # positions own those
+    assert embeddings.position_embeddings.weight[:, :-16].abs().max() == 0
+    entries = run_pretraining(
+        setup / "shards",
+        tmp_path / "run",
+        config=str(setup / "nodrop.json"),
+        max_steps=3,
+        batch_size=4,
+        seq_len=32,
+        warmup_steps=1,
+        attention_init="local",
+        progress=False,
+    )
+    assert np.isfinite([e["loss"] for e in entries if e["split"] == "train"]).all()
+
+
+def _tiny_cli_args(setup, out, steps=40):
+    return [
+        "--data", setup / "shards", "--config", setup / "config.json", "--max-steps", steps,
+        "--batch-size", 8, "--seq-len", 64, "--warmup-steps", 2, "--log-every", 1,
+        "--save-every", 1000, "--lr", 1e-3, "--device", "cpu", "--out", out,
+    ]  # fmt: skip
+
+
+def test_sigterm_saves_a_resumable_checkpoint_and_exits_with_one_line(setup, tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.Popen(
+        cli("pretrain", *_tiny_cli_args(setup, out, steps=400)),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    log = out / "log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 5):
+        time.sleep(0.02)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 128 + signal.SIGTERM, err
+    lines = [line for line in err.splitlines() if line.startswith("bertkit pretrain:")]
+    assert len(lines) == 1 and "stopped by SIGTERM at step" in lines[0] and "--resume" in lines[0]
+    assert "Traceback" not in err
+    step = int(lines[0].split("at step ")[1].split(";")[0])
+    assert torch.load(out / "trainer_state.pt", weights_only=True)["step"] == step  # nothing lost
+    assert max(losses(out)) == step
+    (out / ".trainer_state.pt.leftover.tmp").write_bytes(b"x" * 100)  # what a SIGKILL can leave
+    args = _tiny_cli_args(setup, out, steps=400)
+    args[args.index("--max-steps") + 1] = 400
+    resumed = subprocess.run(
+        cli("pretrain", *args, "--resume"), env=env, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert sorted(losses(out)) == list(range(1, 401))
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(setup, tmp_path):
+    from bertkit.cli import main
+    from bertkit.errors import TrainingDiverged
+    from bertkit.pretraining import train as train_module
+
+    out = tmp_path / "run"
+    args = [str(a) for a in _tiny_cli_args(setup, out, steps=6)]
+    args[args.index("--save-every") + 1] = "2"
+    real = train_module.PretrainingObjective.loss
+    calls = []
+
+    def poisoned(self, model, batch, totals):  # step 5's loss is NaN
+        calls.append(1)
+        loss, stats = real(self, model, batch, totals)
+        return (loss * float("nan"), stats) if len(calls) == 5 else (loss, stats)
+
+    train_module.PretrainingObjective.loss = poisoned
+    try:
+        with pytest.raises(TrainingDiverged, match="NaN or infinite at step 5"):
+            train_module.run_phases(
+                setup / "shards", out, [(64, 6)], config=str(setup / "config.json"),
+                batch_size=8, learning_rate=1e-3, warmup_steps=2, save_every=2, progress=False,
+            )  # fmt: skip
+    finally:
+        train_module.PretrainingObjective.loss = real
+    state = torch.load(out / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 4
+    weights = load_file(out / "model.safetensors")
+    assert all(torch.isfinite(v).all() for v in weights.values())
+    assert all(torch.equal(weights[k], state["model"][k]) for k in weights if k in state["model"])
+    # absurd learning rates end in a clear message, not a model of NaNs
+    bad = tmp_path / "bad"
+    args = [str(a) for a in _tiny_cli_args(setup, bad, steps=5)]
+    args[args.index("--lr") + 1] = "1e30"
+    assert main(["pretrain", *args]) == 2
+    assert not (bad / "model.safetensors").exists()
+
+
+def test_a_finished_run_resumed_repairs_its_final_files(setup, tmp_path):
+    from bertkit.cli import main
+
+    out = tmp_path / "run"
+    args = [str(a) for a in _tiny_cli_args(setup, out, steps=6)]
+    args[args.index("--save-every") + 1] = "3"
+    assert main(["pretrain", *args]) == 0
+    final = load_file(out / "model.safetensors")
+    # a kill between the final model and the final state (older orders wrote the state first):
+    # the model file is stale and the curves were never drawn
+    stale = {k: torch.zeros_like(v) for k, v in final.items()}
+    from safetensors.torch import save_file
+
+    save_file(stale, out / "model.safetensors", metadata={"format": "pt"})
+    (out / "curves.png").unlink()
+    assert main(["pretrain", *args, "--resume"]) == 0
+    repaired = load_file(out / "model.safetensors")
+    assert all(torch.equal(repaired[k], final[k]) for k in final)
+    assert (out / "curves.png").exists()
+    assert sorted(losses(out)) == list(range(1, 7))  # nothing trained again
+
+
+def test_a_corrupt_or_truncated_state_is_refused_by_name(setup, tmp_path):
+    from bertkit.cli import main
+
+    out = tmp_path / "run"
+    args = [str(a) for a in _tiny_cli_args(setup, out, steps=4)]
+    args[args.index("--save-every") + 1] = "2"
+    assert main(["pretrain", *args]) == 0
+    state = out / "trainer_state.pt"
+    good = state.read_bytes()
+    flipped = bytearray(good)
+    middle = len(flipped) // 2
+    flipped[middle : middle + 64] = bytes(b ^ 0xFF for b in flipped[middle : middle + 64])
+    for broken in (bytes(flipped), good[: len(good) // 3]):
+        state.write_bytes(broken)
+        with pytest.raises(ValueError, match="trainer_state.pt: the file is corrupt"):
+            run_pretraining(
+                setup / "shards", out, config=str(setup / "config.json"), max_steps=4,
+                batch_size=8, seq_len=64, learning_rate=1e-3, warmup_steps=2, resume=True,
+                progress=False,
+            )  # fmt: skip
+    (out / "trainer_state.sha256").unlink()  # without the checksum: still a clear error
+    with pytest.raises(ValueError, match="trainer_state.pt: cannot read the trainer state"):
+        run_pretraining(
+            setup / "shards", out, config=str(setup / "config.json"), max_steps=4, batch_size=8,
+            seq_len=64, learning_rate=1e-3, warmup_steps=2, resume=True, progress=False,
+        )  # fmt: skip
+
+
+def test_bertadam_is_googles_update_without_bias_correction():
+    """Against a reference written from Google's optimization.py (AdamWeightDecayOptimizer):
+    m, v without bias correction; update = m / (sqrt(v) + eps) + wd * w; w -= lr * update; no
+    weight decay on LayerNorm and biases (the groups of `parameter_groups`)."""
+    from bertkit.training.optim import build_optimizer
+
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict(
+        {"dense": torch.nn.Linear(5, 4), "LayerNorm": torch.nn.LayerNorm(4)}
+    )
+    start = {n: p.detach().double().numpy().copy() for n, p in model.named_parameters()}
+    optimizer = build_optimizer(model, lr=0.01, weight_decay=0.1, kind="bertadam")
+    grads = [{n: torch.randn_like(p) for n, p in model.named_parameters()} for _ in range(4)]
+    for step in grads:
+        for n, p in model.named_parameters():
+            p.grad = step[n].clone()
+        optimizer.step()
+    beta1, beta2, eps, lr = 0.9, 0.999, 1e-6, 0.01
+    for name, weights in start.items():
+        m = np.zeros_like(weights)
+        v = np.zeros_like(weights)
+        decay = 0.0 if name.endswith("bias") or name.startswith("LayerNorm") else 0.1
+        for step in grads:
+            g = step[name].double().numpy()
+            m = beta1 * m + (1.0 - beta1) * g
+            v = beta2 * v + (1.0 - beta2) * g * g
+            weights = weights - lr * (m / (np.sqrt(v) + eps) + decay * weights)
+        got = dict(model.named_parameters())[name].detach().double().numpy()
+        np.testing.assert_allclose(got, weights, rtol=1e-5, atol=1e-6)
+    # the first step moves a weight ~3x lr (1 - b1) / sqrt(1 - b2), AdamW's about lr
+    first = torch.nn.Parameter(torch.zeros(1))
+    first.grad = torch.ones(1)
+    build_optimizer(
+        torch.nn.ParameterList([first]), lr=1.0, weight_decay=0.0, kind="bertadam"
+    ).step()
+    assert float(first.detach()) == pytest.approx(-0.1 / (0.001**0.5 + 1e-6), rel=1e-5)
+    with pytest.raises(ValueError, match="adamw or bertadam"):
+        build_optimizer(model, kind="sgd")

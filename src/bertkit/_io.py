@@ -22,6 +22,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # mkstemp makes the file 0600; give it the mode a plain open() would (0666 minus the umask,
+    # typically 0644) so that a colleague or a serving container can read models and shards
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     tmp = Path(name)
     try:
@@ -33,6 +36,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def _umask() -> int:
+    current = os.umask(0)  # reading the umask means setting it; put it straight back
+    os.umask(current)
+    return current
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

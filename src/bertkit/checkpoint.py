@@ -298,10 +298,12 @@ def load_state_dict_into(
         )
     if mismatched:
         logger.warning("%s: re-initialised tensors of another shape: %s", source, mismatched)
-    heads = [u for u in unexpected if u.startswith(("cls.", "classifier.", "qa_outputs."))]
+    # heads and the pooler (which a masked LM, like transformers' BertForMaskedLM, has not)
+    unused = ("cls.", "classifier.", "qa_outputs.", "bert.pooler.", "pooler.")
+    heads = [u for u in unexpected if u.startswith(unused)]
     others = [u for u in unexpected if u not in heads]
     if heads:
-        logger.info("%s: head tensors not used by %s: %s", source, type(model).__name__, heads)
+        logger.info("%s: tensors not used by %s: %s", source, type(model).__name__, heads)
     if others:
         logger.warning("%s: unexpected tensors ignored: %s", source, others)
     return {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -166,6 +167,7 @@ def _finetune(args: argparse.Namespace) -> None:
         max_eval_examples=args.max_eval_examples,
         bilstm=args.bilstm,
         random_init=args.config is not None,
+        optimizer=args.optimizer,
     )
     if args.grid:
         results = finetune_grid(args.task, args.model, args.data, args.out, config, args.seeds)
@@ -341,6 +343,55 @@ def _recipe_flag(parser: argparse.ArgumentParser, flag: str, kind: type, text: s
     parser.add_argument(flag, type=kind, help=f"{text} (recipe: {values})")
 
 
+# Numeric flags and the values they accept: checked at parse time, so `--save-every 0` or
+# `--batch-size 0` get argparse's usage line and a reason instead of a traceback mid-run.
+_POSITIVE = (
+    "size workers max_steps batch_size seq_len lr accumulate max_predictions dupe_factor "
+    "log_every eval_batches save_every epochs max_seq_length seeds eval_batch_size "
+    "max_train_examples max_eval_examples top steps eval_seq_len"
+).split()
+_NON_NEGATIVE = "min_frequency num_unused warmup_steps eval_every".split()
+_FRACTION = {  # name: (low, high, high included)
+    "mask_prob": (0.0, 1.0, True),
+    "mask_token_prob": (0.0, 1.0, True),
+    "random_token_prob": (0.0, 1.0, True),
+    "dropout": (0.0, 1.0, False),
+    "warmup": (0.0, 1.0, False),
+    "warmup_fraction": (0.0, 1.0, False),
+    "adam_beta2": (0.0, 1.0, False),
+}
+
+
+def _checked(kind: type, name: str):
+    def parse(text: str):
+        value = kind(text)
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if name in _POSITIVE and value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        if name in _NON_NEGATIVE and value < 0:
+            raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+        if name in _FRACTION:
+            low, high, closed = _FRACTION[name]
+            if not (low <= value <= high if closed else low <= value < high):
+                raise argparse.ArgumentTypeError(
+                    f"must be in [{low:g}, {high:g}{']' if closed else ')'}, got {text}"
+                )
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in "invalid int value"
+    return parse
+
+
+def _check_numbers(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _check_numbers(sub)
+        elif action.type in (int, float):
+            action.type = _checked(action.type, action.dest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bertkit", description="BERT: tokenizer, model, checkpoints, pre-training, fine-tuning"
@@ -483,7 +534,8 @@ def build_parser() -> argparse.ArgumentParser:
         str,
         "start of the attention weights: normal (Google's truncated normal), mimetic "
         "(Trockman & Kolter 2023: W_q^T W_k near +I, W_o W_v near -I; still learned) or "
-        "mimetic-qk (queries and keys only)",
+        "mimetic-qk (queries and keys only) or local (layer 1's heads start on the left and "
+        "right neighbours; positions in their own dimensions)",
     )
     _recipe_flag(
         pretrain,
@@ -537,6 +589,13 @@ def build_parser() -> argparse.ArgumentParser:
         "a config JSON), each seed its own init: the 'no pre-training' row",
     )
     finetune.add_argument("--vocab", help="with --config: directory with vocab.txt (or the file)")
+    finetune.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=("adamw", "bertadam"),
+        help="adamw (torch's, bias-corrected; default) or bertadam (Google's original update "
+        "without bias correction, eps 1e-6)",
+    )
     finetune.add_argument("--data", required=True, help="folder with the task's official files")
     finetune.add_argument("--out", required=True, help="output directory")
     finetune.add_argument("--epochs", type=int, help="default: the paper's (3; SQuAD 2.0: 2)")
@@ -660,6 +719,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--steps", type=int, help="stop after this many steps if sooner")
     demo.set_defaults(func=_demo)
+    _check_numbers(parser)
     return parser
 
 
@@ -669,9 +729,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    from bertkit.errors import TrainingDiverged, TrainingInterrupted
+
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
+    except TrainingInterrupted as err:
+        print(f"bertkit {args.command}: {err}", file=sys.stderr)
+        return err.exit_code
+    except (ValueError, FileNotFoundError, FileExistsError, TrainingDiverged) as err:
         print(f"bertkit {args.command}: error: {err}", file=sys.stderr)
         return 2
     return 0

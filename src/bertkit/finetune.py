@@ -40,7 +40,7 @@ from bertkit.tasks import Task, get_task
 from bertkit.tasks.base import FinetuneData, collate, run_outputs
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
-from bertkit.training.loop import LOG_FILE, STATE_FILE, Trainer, TrainingConfig
+from bertkit.training.loop import DIGEST_FILE, LOG_FILE, STATE_FILE, Trainer, TrainingConfig
 from bertkit.viz import plot_log, read_log
 
 logger = logging.getLogger("bertkit")
@@ -72,6 +72,9 @@ class FinetuneConfig:
     # The "no pre-training" baseline: the model directory's config and vocabulary only, every
     # weight initialised afresh from the run's seed (each seed its own random encoder).
     random_init: bool = False
+    # adamw (torch's AdamW, bias-corrected) or bertadam (Google's original update, without
+    # bias correction: the optimiser of the paper's fine-tuning runs)
+    optimizer: str = "adamw"
 
     def resolved(self, task: Task) -> FinetuneConfig:
         return dataclasses.replace(
@@ -242,6 +245,7 @@ def finetune(
             learning_rate=config.learning_rate,
             warmup_steps=int(config.warmup_proportion * max_steps),
             weight_decay=config.weight_decay,
+            optimizer=config.optimizer,
             precision=config.precision,
             log_every=max(1, min(50, steps_per_epoch // 4)),
             eval_every=steps_per_epoch,
@@ -275,6 +279,7 @@ def finetune(
     plot_log(out / LOG_FILE, out / "curves.png", title=f"{task.name}: {Path(model).name}")
     if not config.keep_state:
         (out / STATE_FILE).unlink(missing_ok=True)
+        (out / DIGEST_FILE).unlink(missing_ok=True)
     return results
 
 
@@ -344,7 +349,7 @@ def save_finetuned(model, tokenizer, out: Path, task: Task, config: FinetuneConf
 def _prediction_name(task: Task, split: str) -> str:
     if task.name.startswith("squad"):
         return "predictions.json" if split == "dev" else f"predictions_{split}.json"
-    if task.name == "conll2003":
+    if task.name.startswith("conll2003"):
         return f"predictions_{split}.conll"
     if task.name == "swag":
         return f"predictions_{split}.csv"

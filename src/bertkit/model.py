@@ -356,6 +356,74 @@ def mimetic_attention_(
     return layer
 
 
+@torch.no_grad()
+def local_attention_(
+    model: nn.Module,
+    position_dims: int | None = None,
+    sharpness: float = 2.0,
+    offsets: tuple[int, ...] = (-1, 1),
+) -> nn.Module:
+    """Start a BERT whose first layer reads each piece's neighbours: head h of layer 1 attends to
+    the piece `offsets[h % len(offsets)]` positions away (by default head 0 the left neighbour,
+    head 1 the right, and so on; a left-to-right model takes (-1, -2)), so a masked piece sees its context from step 0 instead of after the thousands of
+    steps it takes learned absolute positions to find "one to the left" (the MLM plateau).
+
+    How: the last `position_dims` dimensions of the embedding space hold the positions and
+    nothing else (token and segment embeddings start at 0 there; the positions at 0 elsewhere;
+    default min(32, head size)):
+    sinusoids, half at frequencies spread over (0, pi] (sharp peaks), half slow (no aliasing);
+    a head's query is its key rotated by the offset, the angle-addition identity making
+    q_i . k_j peak at j = i + offset. Everything stays a learned parameter of the paper's
+    architecture (checkpoints load anywhere); only the starting point differs. `sharpness`
+    scales the attention scores (2: ~75% of a head's attention on its neighbour at the start)."""
+    embeddings = model.embeddings if hasattr(model, "embeddings") else model.bert.embeddings
+    layer = (model.encoder if hasattr(model, "encoder") else model.bert.encoder).layer[0]
+    hidden = embeddings.word_embeddings.weight.shape[1]
+    position_dims = position_dims or min(32, layer.head_size, hidden // 4 * 2)
+    pairs = position_dims // 2
+    if position_dims % 2 or not 2 <= position_dims <= min(hidden, layer.head_size):
+        raise ValueError(f"position_dims must be even and in 2..{min(hidden, layer.head_size)}")
+    rest = hidden - position_dims
+    high = pairs // 2
+    rates = torch.cat(
+        [
+            torch.arange(1, high + 1, dtype=torch.float64) * math.pi / (high + 0.5),
+            torch.logspace(math.log10(0.2), math.log10(0.005), pairs - high, dtype=torch.float64),
+        ]
+    )
+    positions = embeddings.position_embeddings.weight
+    p = torch.arange(positions.shape[0], dtype=torch.float64)[:, None]
+    # amplitude: the position part's norm equals a token embedding's norm over its dimensions
+    scale = float(embeddings.word_embeddings.weight[:, :rest].norm(dim=1).mean()) / math.sqrt(pairs)
+    table = torch.zeros(positions.shape, dtype=torch.float64)
+    table[:, rest::2] = torch.sin(p * rates) * scale
+    table[:, rest + 1 :: 2] = torch.cos(p * rates) * scale
+    positions.copy_(table.to(positions.dtype))
+    embeddings.word_embeddings.weight[:, rest:] = 0.0
+    embeddings.token_type_embeddings.weight[:, rest:] = 0.0
+    # After the embedding LayerNorm a row has norm sqrt(hidden), about half of it positional:
+    # each sin/cos pair has amplitude ~ sqrt(hidden / 2 / pairs).
+    amplitude2 = hidden / 2 / pairs
+    gain = math.sqrt(sharpness * 8.0 * math.sqrt(layer.head_size) / (pairs * amplitude2))
+    query, key, size = layer.attention.self.query, layer.attention.self.key, layer.head_size
+    for head in range(layer.num_heads):
+        offset = offsets[head % len(offsets)]
+        rows = slice(head * size, head * size + position_dims)
+        query.weight[head * size : (head + 1) * size] = 0.0
+        key.weight[head * size : (head + 1) * size] = 0.0
+        cos, sin = torch.cos(rates * offset), torch.sin(rates * offset)
+        block = torch.zeros(position_dims, position_dims, dtype=torch.float64)
+        for k in range(pairs):  # q = R(offset) p_i, so q_i . p_j = sum cos(w (i + offset - j))
+            block[2 * k : 2 * k + 2, 2 * k : 2 * k + 2] = torch.tensor(
+                [[cos[k], sin[k]], [-sin[k], cos[k]]], dtype=torch.float64
+            )
+        query.weight[rows, rest:] = (gain * block).to(query.weight.dtype)
+        key.weight[rows, rest:] = gain * torch.eye(position_dims, dtype=key.weight.dtype)
+    nn.init.zeros_(query.bias)
+    nn.init.zeros_(key.bias)
+    return model
+
+
 class BertPreTrainedModel(nn.Module):
     """Shared by the encoder and every head: config, initialisation, checkpoint I/O."""
 

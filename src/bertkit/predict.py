@@ -61,8 +61,12 @@ class Predictor:
         name = self.task.name
         if name.startswith("squad"):
             return self._spans(examples, features, outputs)
-        if name == "conll2003":
+        if name.startswith("conll2003"):
             tags = self.task.predictions(examples, features, outputs)
+            if name == "conll2003-pos":
+                return [
+                    {"words": list(e.words), "tags": t} for e, t in zip(examples, tags, strict=True)
+                ]
             return [
                 {
                     "words": list(e.words),
@@ -98,11 +102,12 @@ class Predictor:
                 (item["question"], item["context"]) if isinstance(item, dict) else item
             )
             return SquadExample(str(n), question, context, ())
-        if name == "conll2003":
+        if name.startswith("conll2003"):
             words = item.split() if isinstance(item, str) else list(item)
             if not words:
                 raise ValueError(f"item {n}: no words to tag")
-            return TaggedSentence(str(n), tuple(words), ("O",) * len(words))
+            filler = self.task.labels()[0] if self.task.tagset else "O"
+            return TaggedSentence(str(n), tuple(words), (filler,) * len(words))
         if name == "swag":
             endings = tuple(item["endings"])
             return ChoiceExample(str(n), item["context"], item.get("start", ""), endings, None)

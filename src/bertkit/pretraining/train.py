@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from bertkit.config import BertConfig
 from bertkit.heads import IGNORE_INDEX, BertForMaskedLM, BertForPreTraining
-from bertkit.model import mimetic_attention_, sinusoidal_positions_
+from bertkit.model import local_attention_, mimetic_attention_, sinusoidal_positions_
 from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
 from bertkit.pretraining.shards import Shards
 from bertkit.tokenizer import BertTokenizer
@@ -283,9 +283,12 @@ def run_pretraining(
                 vo = None if attention_init == "mimetic-qk" else (0.4, 0.4)
                 for layer in model.bert.encoder.layer:
                     mimetic_attention_(layer, vo=vo)
+            elif attention_init == "local":  # a left-to-right model cannot see to the right
+                local_attention_(model, offsets=(-1, -2) if objective == "ltr" else (-1, 1))
             elif attention_init != "normal":
                 raise ValueError(
-                    f"attention_init must be normal, mimetic or mimetic-qk, not {attention_init!r}"
+                    "attention_init must be normal, mimetic, mimetic-qk or local, not "
+                    f"{attention_init!r}"
                 )
             if mlm_bias_init == "unigram":
                 unigram_bias_(model.cls.predictions.bias, shards.token_counts(tokenizer.vocab_size))
@@ -475,25 +478,17 @@ def run_phases(
         state = directory / STATE_FILE
         if budgets is not None:
             kwargs["budget_seconds"] = budgets[number - 1]
-        if resume and state.exists() and _finished(state, steps, kwargs.get("budget_seconds")):
-            logger.info("phase %d (length %d) already finished in %s", number, seq_len, directory)
-        else:
-            phase_entries = run_pretraining(
-                data,
-                directory,
-                seq_len=seq_len,
-                max_steps=steps,
-                init_from=previous,
-                resume=resume and state.exists(),
-                **kwargs,
-            )
-            entries.extend({**e, "phase": number} for e in phase_entries)
+        # A finished phase is run too: the trainer sees it is done, makes sure its model file
+        # holds the final weights, and the curves are drawn again (nothing is trained twice).
+        phase_entries = run_pretraining(
+            data,
+            directory,
+            seq_len=seq_len,
+            max_steps=steps,
+            init_from=previous,
+            resume=resume and state.exists(),
+            **kwargs,
+        )
+        entries.extend({**e, "phase": number} for e in phase_entries)
         previous = directory
     return entries
-
-
-def _finished(state_file: Path, steps: int | None, budget: float | None) -> bool:
-    state = torch.load(state_file, map_location="cpu", weights_only=True)
-    if steps is not None and int(state["step"]) >= steps:
-        return True
-    return budget is not None and float(state.get("train_seconds", 0.0)) >= budget

@@ -1,4 +1,5 @@
-"""The paper's fine-tuning tasks: GLUE (nine), SQuAD v1.1/v2.0, CoNLL-2003 NER, SWAG."""
+"""The paper's fine-tuning tasks: GLUE (nine), SQuAD v1.1/v2.0, CoNLL-2003 NER, SWAG; and
+CoNLL-2003's POS tagging and chunking."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ TASK_NAMES = (
     "squad1",
     "squad2",
     "conll2003",
+    "conll2003-pos",
+    "conll2003-chunk",
     "swag",
 )
 
@@ -34,6 +37,8 @@ def get_task(name: str) -> Task:
         return SquadTask(int(name[-1]))
     if name == "conll2003":
         return ConllTask()
+    if name in ("conll2003-pos", "conll2003-chunk"):
+        return ConllTask(name.split("-")[1])
     if name == "swag":
         return SwagTask()
     raise ValueError(f"unknown task {name!r}; one of {', '.join(TASK_NAMES)}")

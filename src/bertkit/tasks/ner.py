@@ -1,4 +1,4 @@
-"""CoNLL-2003 named-entity recognition.
+"""CoNLL-2003: named-entity recognition, and POS tagging and chunking from the same files.
 
 The files have one token per line, `token POS chunk NER`, blank lines between sentences and
 `-DOCSTART- -X- -X- O` lines between documents. The original release tags in IOB1 (`I-` opens
@@ -8,6 +8,10 @@ label set the classifier learns. As in the paper, the first WordPiece of each wo
 word's label and the other pieces are left out of the loss and the predictions. A sentence
 longer than the window is cut at word boundaries into several windows. Scores are conlleval's
 (entity-level, exact type and span).
+
+The files' other columns are tasks too (`conll2003-pos`, `conll2003-chunk`), labelled the same
+way (first piece of each word): POS tags (Penn Treebank, 46 in CoNLL-2003) scored by token
+accuracy, chunks (IOB1/IOB2 of NP, VP, PP, ...) by conlleval's chunk F1.
 """
 
 from __future__ import annotations
@@ -24,6 +28,13 @@ from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, head_logits, require_file
 
 ENTITY_TYPES = ("LOC", "MISC", "ORG", "PER")
+CHUNK_TYPES = ("ADJP", "ADVP", "CONJP", "INTJ", "LST", "NP", "PP", "PRT", "SBAR", "UCP", "VP")
+POS_TAGS = (
+    '"', "''", "$", "(", ")", ",", ".", ":", "CC", "CD", "DT", "EX", "FW", "IN", "JJ", "JJR",
+    "JJS", "LS", "MD", "NN", "NN|SYM", "NNP", "NNPS", "NNS", "PDT", "POS", "PRP", "PRP$", "RB",
+    "RBR", "RBS", "RP", "SYM", "TO", "UH", "VB", "VBD", "VBG", "VBN", "VBP", "VBZ", "WDT", "WP",
+    "WP$", "WRB", "``",
+)  # fmt: skip
 SPLIT_FILES = {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"}
 
 
@@ -46,8 +57,14 @@ def to_iob2(tags: Sequence[str]) -> list[str]:
     return out
 
 
-def read_conll(path: str | os.PathLike, entity_types: Sequence[str] = ENTITY_TYPES):
-    """Sentences of a CoNLL-2003 file (the NER tag is the last column)."""
+def read_conll(
+    path: str | os.PathLike,
+    entity_types: Sequence[str] = ENTITY_TYPES,
+    column: int = -1,
+    tagset: Sequence[str] | None = None,
+):
+    """Sentences of a CoNLL-2003 file with the tags of `column` (-1, the last: NER; 1: POS;
+    2: chunks): chunks of `entity_types` in IOB1/IOB2/IOBES, or, with `tagset`, plain tags."""
     path = Path(path)
     sentences: list[TaggedSentence] = []
     words: list[str] = []
@@ -55,7 +72,8 @@ def read_conll(path: str | os.PathLike, entity_types: Sequence[str] = ENTITY_TYP
     middle: list[tuple[str, ...]] = []
     first_line = 0
     width = None
-    allowed = {"O"} | {f"{p}-{t}" for p in "BIES" for t in entity_types}
+    allowed = set(tagset) if tagset else {"O"} | {f"{p}-{t}" for p in "BIES" for t in entity_types}
+    what = "one of the POS tags" if tagset else f"O or B-/I-/E-/S- of {', '.join(entity_types)}"
 
     def close() -> None:
         if words:
@@ -77,25 +95,23 @@ def read_conll(path: str | os.PathLike, entity_types: Sequence[str] = ENTITY_TYP
                 continue
             if width is None:
                 width = len(fields)
-                if width < 2:
+                if width < 2 or not -width < column < width or column == 0:
                     raise DataError(
-                        path, number, "one column; expected `token ... NER-tag` (4 in CoNLL-2003)"
+                        path, number, f"{width} columns; expected `token POS chunk NER` (4)"
                     )
             elif len(fields) != width:
                 raise DataError(
                     path, number, f"{len(fields)} columns, the file's lines have {width}"
                 )
-            if fields[-1] not in allowed:
-                raise DataError(
-                    path,
-                    number,
-                    f"tag {fields[-1]!r} is not O or B-/I-/E-/S- of {', '.join(entity_types)}",
-                )
+            tag = fields[column]
+            if tag not in allowed:
+                raise DataError(path, number, f"tag {tag!r} is not {what}")
             if not words:
                 first_line = number
             words.append(fields[0])
-            tags.append(fields[-1])
-            middle.append(tuple(fields[1:-1]))
+            tags.append(tag)
+            index = column % width
+            middle.append(tuple(f for i, f in enumerate(fields[1:], start=1) if i != index))
     close()
     if not sentences:
         raise DataError(path, None, "no sentences")
@@ -103,9 +119,22 @@ def read_conll(path: str | os.PathLike, entity_types: Sequence[str] = ENTITY_TYP
 
 
 class ConllTask(Task):
+    """NER by default; `ConllTask("pos")` / `ConllTask("chunk")` tag the other columns."""
+
     name = "conll2003"
     head = "BertForTokenClassification"
     metrics = ("f1", "precision", "recall")
+    column, kinds, tagset = -1, ENTITY_TYPES, None
+
+    def __init__(self, column: str = "ner") -> None:
+        if column == "pos":
+            self.name, self.metrics = "conll2003-pos", ("accuracy",)
+            self.column, self.kinds, self.tagset = 1, (), POS_TAGS
+        elif column == "chunk":
+            self.name, self.column, self.kinds = "conll2003-chunk", 2, CHUNK_TYPES
+        elif column != "ner":
+            raise ValueError(f"CoNLL-2003 columns are ner, pos and chunk, not {column!r}")
+
     padded_inputs = {
         "input_ids": 0,
         "token_type_ids": 0,
@@ -114,12 +143,22 @@ class ConllTask(Task):
     }
 
     def labels(self) -> list[str]:
-        return ["O"] + [f"{p}-{t}" for t in ENTITY_TYPES for p in "BI"]
+        if self.tagset:
+            return list(self.tagset)
+        return ["O"] + [f"{p}-{t}" for t in self.kinds for p in "BI"]
+
+    def _gold(self, tags):
+        return list(tags) if self.tagset else to_iob2(tags)
 
     def read(self, data_dir, split: str) -> list[TaggedSentence]:
         if split not in SPLIT_FILES:
-            raise ValueError(f"conll2003 has no split {split!r}; it has {sorted(SPLIT_FILES)}")
-        return read_conll(require_file(Path(data_dir) / SPLIT_FILES[split], "CoNLL-2003"))
+            raise ValueError(f"{self.name} has no split {split!r}; it has {sorted(SPLIT_FILES)}")
+        return read_conll(
+            require_file(Path(data_dir) / SPLIT_FILES[split], "CoNLL-2003"),
+            self.kinds,
+            self.column,
+            self.tagset,
+        )
 
     def featurize(self, examples, tokenizer, max_seq_length: int) -> list[Feature]:
         all_words = [w for e in examples for w in e.words]
@@ -133,7 +172,7 @@ class ConllTask(Task):
         for n, example in enumerate(examples):
             word_pieces = [p[:budget] or [unk] for p in pieces[at : at + len(example.words)]]
             at += len(example.words)
-            tags = to_iob2(example.tags)
+            tags = self._gold(example.tags)
             start = 0
             while start < len(word_pieces):  # windows of whole words
                 end, used = start, 0
@@ -189,6 +228,10 @@ class ConllTask(Task):
         return tags
 
     def score(self, examples, predictions) -> dict[str, float]:
+        if self.tagset:  # POS: token accuracy
+            return {"accuracy": metrics.accuracy(
+                [t for p in predictions for t in p], [t for e in examples for t in e.tags]
+            )}  # fmt: skip
         # Both sides in IOB2, so token accuracy compares like with like when the file is IOB1
         # (the entity figures do not depend on the scheme).
         return metrics.entity_scores(

@@ -15,10 +15,13 @@ follows the same trajectory; the model is also saved in the Hugging Face layout 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
 import random
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -28,12 +31,14 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from bertkit._io import atomic_path
+from bertkit._io import atomic_path, atomic_write_text
+from bertkit.errors import TrainingDiverged, TrainingInterrupted
 from bertkit.training import distributed
 from bertkit.training.optim import BudgetSchedule, build_optimizer, build_schedule
 
 logger = logging.getLogger("bertkit")
 STATE_FILE = "trainer_state.pt"
+DIGEST_FILE = "trainer_state.sha256"  # the state's checksum, verified on resume
 LOG_FILE = "log.jsonl"
 
 
@@ -63,6 +68,8 @@ class TrainingConfig:
     max_grad_norm: float = 1.0
     # update only the word-embedding rows a step touches (LazyRowsAdamW; not the paper's)
     lazy_embeddings: bool = False
+    # adamw (torch's, with bias correction) or bertadam (Google's original: without)
+    optimizer: str = "adamw"
     accumulation: int = 1  # micro-batches per optimiser step
     precision: str = "auto"  # auto (bf16 on GPUs that have it, fp32 on CPU) | fp32 | bf16 | fp16
     log_every: int = 10
@@ -124,6 +131,7 @@ class Trainer:
             weight_decay=config.weight_decay,
             betas=(0.9, config.adam_beta2),
             lazy=self.vocabulary,
+            kind=config.optimizer,
         )
         if config.budget_seconds is None and not config.max_steps:
             raise ValueError("give a step count (max_steps) or a time budget (budget_seconds)")
@@ -157,8 +165,14 @@ class Trainer:
         return state
 
     def save(self) -> None:
-        """Rank 0 writes the checkpoint atomically (one file), then the HF-layout model."""
+        """Rank 0 writes the HF-layout model, then the checkpoint (atomically, one file). The
+        state is written last: a run killed between the two resumes from the previous state and
+        writes both again, so a state that says "finished" always has its final model beside it.
+        Non-finite weights are never written (TrainingDiverged)."""
+        self._check_finite_weights()
         if self.dist.is_main:
+            if self.save_model is not None:
+                self.save_model(self.model, self.out_dir)
             state = {
                 "step": self.step,
                 "model": self.model.state_dict(),
@@ -174,14 +188,33 @@ class Trainer:
             }
             with atomic_path(self.out_dir / STATE_FILE) as tmp:
                 torch.save(state, tmp)
-            if self.save_model is not None:
-                self.save_model(self.model, self.out_dir)
+                # The digest file lists the previous state's checksum and this one's, and is
+                # written before the state is renamed into place: a kill at any point leaves a
+                # state whose checksum is listed.
+                digests = _read_digests(self.out_dir / DIGEST_FILE)[-1:] + [_sha256(tmp)]
+                atomic_write_text(self.out_dir / DIGEST_FILE, json.dumps({"sha256": digests}))
         distributed.barrier(self.dist)
+
+    def _check_finite_weights(self) -> None:
+        bad = [n for n, p in self.model.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            raise TrainingDiverged(
+                f"{self.out_dir}: weights became NaN or infinite by step {self.step} "
+                f"(e.g. {bad[:3]}); not saved: the last checkpoint written is kept. Lower --lr "
+                f"(it was {self.config.learning_rate:g})"
+            )
 
     def load(self) -> bool:
         path = self.out_dir / STATE_FILE
         if not path.exists():
             return False
+        digests = _read_digests(self.out_dir / DIGEST_FILE)
+        if digests and _sha256(path) not in digests:  # (runs from before digests have none)
+            raise ValueError(
+                f"{path}: the file is corrupt (its SHA-256 is not the one recorded in "
+                f"{DIGEST_FILE} when it was written); restore it from a copy, or delete it and "
+                f"{DIGEST_FILE} to start the run afresh"
+            )
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - any unreadable state is reported the same way
@@ -259,12 +292,23 @@ class Trainer:
             torch.backends.mkldnn.enabled = previous
 
     def _train(self) -> list[dict[str, Any]]:
+        with _StopSignals() as stop:
+            return self._train_until(stop)
+
+    def _train_until(self, stop: _StopSignals) -> list[dict[str, Any]]:
         config = self.config
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        if self.dist.is_main:  # temporary files of writes a kill cut short
+            for leftover in self.out_dir.glob(".*.tmp"):
+                leftover.unlink(missing_ok=True)
         torch.manual_seed(config.seed)
         resumed = config.resume and self.load()
         if config.resume and not resumed:
             logger.warning("%s: no %s to resume from; starting afresh", self.out_dir, STATE_FILE)
+        if resumed and self.finished() and self.save_model is not None and self.dist.is_main:
+            # the state is written after the model, but a state from before that order (or a
+            # model file touched since) is made consistent: the final weights are in the state
+            self.save_model(self.model, self.out_dir)
         log = _Log(
             self.out_dir / LOG_FILE, self.dist.is_main, keep_until=self.step if resumed else 0
         )
@@ -309,7 +353,15 @@ class Trainer:
                 self.optimizer.set_rows(self._touched_rows(batches))
             self.scaler.unscale_(self.optimizer)
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
-            norm = norm.detach().double()  # before clipping; read at log steps only (no sync)
+            norm = norm.detach().double()  # before clipping
+            if not self.scaler.is_enabled() and not torch.isfinite(norm):
+                # (with fp16 loss scaling an overflow only skips the step: the scaler's job)
+                raise TrainingDiverged(
+                    f"{self.out_dir}: the loss or its gradient is NaN or infinite at step "
+                    f"{self.step + 1} (learning rate {self.schedule.get_last_lr()[0]:g}); "
+                    "stopped before the weights were touched, the last checkpoint is kept. "
+                    f"Lower --lr (the peak was {config.learning_rate:g})"
+                )
             norms = norm if norms is None else norms + norm
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -359,8 +411,17 @@ class Trainer:
                 log.write(entry)
                 self._tell(entry)
                 self.wrapped.train()
-            if self.step % config.save_every == 0 or last:
+            stopping = stop.requested(self.dist)
+            if self.step % config.save_every == 0 or last or stopping:
                 self.save()
+            if stopping and not last:
+                if bar is not None:
+                    bar.close()
+                raise TrainingInterrupted(
+                    f"stopped by {stopping} at step {self.step}; a checkpoint is saved in "
+                    f"{self.out_dir}: continue with --resume",
+                    stopping,
+                )
         if bar is not None:
             bar.close()
         return entries
@@ -384,6 +445,68 @@ class Trainer:
 
         total = self.config.max_steps if self.config.budget_seconds is None else None
         return tqdm(total=total, initial=self.step, desc="train", unit="step")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read_digests(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    try:
+        digests = json.loads(path.read_text(encoding="utf-8"))["sha256"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise ValueError(
+            f"{path}: not a checksum file written by bertkit (delete it to skip the check)"
+        ) from None
+    if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
+        raise ValueError(f"{path}: not a checksum file written by bertkit (delete it)")
+    return digests
+
+
+class _StopSignals:
+    """While training, the first SIGTERM or SIGINT (Ctrl-C) asks the loop to stop after the
+    current step, save a checkpoint and raise TrainingInterrupted; a second one stops at once.
+    Only in the main thread (signal handlers cannot be set elsewhere)."""
+
+    SIGNALS = ("SIGTERM", "SIGINT")
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                number = getattr(signal, name)
+                self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def _handle(self, number: int, frame: object) -> None:
+        if self.name is not None:  # the second signal: stop now
+            raise SystemExit(128 + number)
+        self.name = signal.Signals(number).name
+        logger.warning(
+            "%s: finishing this step and saving; send it again to stop at once", self.name
+        )
+
+    def requested(self, dist: distributed.Distributed) -> str | None:
+        """The signal's name once any rank got one (every rank stops at the same step)."""
+        if not dist.enabled:
+            return self.name
+        flag = torch.tensor([1.0 if self.name else 0.0], device=dist.device)
+        if float(distributed.all_reduce_sum(flag, dist)) > 0:
+            return self.name or "a signal to another rank"
+        return None
 
 
 class _Log:

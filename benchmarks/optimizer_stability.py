@@ -1,0 +1,147 @@
+"""Fine-tuning stability, BertAdam vs AdamW (issue 11 §3; Mosbach et al., ICLR 2021): many
+seeds of each setting on small GLUE tasks, with the spread and the count of failed runs (dev score
+at or below the majority-class baseline).
+
+    BERTKIT_DATA=../shared/data python benchmarks/optimizer_stability.py --model MODEL \
+        --out runs/stability --tasks rte mrpc --seeds 10 \
+        --settings bertadam:3 adamw:3 adamw:10
+
+A setting is OPTIMIZER:EPOCHS (`bertkit finetune --optimizer … --epochs …`); everything else is
+the paper's (lr 5e-5 unless --lr, batch 32, 10% warm-up). Resumable (finished seeds are kept);
+OUT/stability.json after every run; OUT/stability.png: every seed's dev score as a strip per
+task and setting, with the majority baseline as a line. The score is the task's main score (the
+mean of its metrics: RTE accuracy, MRPC mean of accuracy and F1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from collections import Counter
+from pathlib import Path
+
+from bertkit.finetune import FinetuneConfig, finetune_seeds, main_score
+from bertkit.tasks import get_task
+
+TASK_DATA = {"rte": "glue/RTE", "mrpc": "glue/MRPC", "cola": "glue/CoLA", "stsb": "glue/STS-B"}
+
+
+def majority_baseline(task_name: str, data: Path) -> float:
+    """The main score of always predicting the most frequent training label on dev."""
+    task = get_task(task_name)
+    train = task.read(data, "train")
+    dev = task.read(data, task.dev_splits()[0])
+    common = Counter(e.label for e in train).most_common(1)[0][0]
+    return main_score(task, task.score(dev, [common] * len(dev)))
+
+
+def parse_setting(text: str) -> tuple[str, int]:
+    optimizer, _, epochs = text.partition(":")
+    if optimizer not in ("adamw", "bertadam") or not epochs.isdigit() or int(epochs) < 1:
+        raise SystemExit(f"--settings {text!r}: expected adamw:EPOCHS or bertadam:EPOCHS")
+    return optimizer, int(epochs)
+
+
+def summary(scores: list[float], baseline: float) -> dict:
+    return {
+        "mean": statistics.fmean(scores),
+        "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+        "min": min(scores),
+        "max": max(scores),
+        "failed": sum(s <= baseline for s in scores),
+        "runs": len(scores),
+    }
+
+
+def plot(table: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(table)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        entry = table[task]
+        names = list(entry["scores"])
+        for x, name in enumerate(names):
+            scores = [100 * s for s in entry["scores"][name]]
+            jitter = [x + 0.08 * ((i % 5) - 2) for i in range(len(scores))]
+            ax.scatter(jitter, scores, s=18, alpha=0.8)
+            if scores:
+                ax.hlines(statistics.fmean(scores), x - 0.25, x + 0.25, color="black", lw=1.5)
+        ax.axhline(100 * entry["baseline"], color="red", ls="--", lw=1, label="majority class")
+        ax.set_xticks(range(len(names)), names, fontsize=8)
+        ax.set_title(f"{task} (dev, one dot per seed; bar: mean)", fontsize=9)
+        ax.set_ylabel("dev score, %")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="pre-trained checkpoint directory")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA"))
+    parser.add_argument("--tasks", nargs="+", default=["rte", "mrpc"], choices=list(TASK_DATA))
+    parser.add_argument("--settings", nargs="+", default=["bertadam:3", "adamw:3", "adamw:10"])
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--lr", type=float)
+    parser.add_argument("--max-train-examples", type=int, help="the first N (quick checks)")
+    args = parser.parse_args()
+    if not args.data:
+        raise SystemExit("give --data or set BERTKIT_DATA (../shared/data)")
+    settings = [parse_setting(s) for s in args.settings]
+    table: dict = {}
+    args.out.mkdir(parents=True, exist_ok=True)
+    for task in args.tasks:
+        data = Path(args.data) / TASK_DATA[task]
+        baseline = majority_baseline(task, data)
+        table[task] = {"baseline": baseline, "scores": {}, "summary": {}}
+        for optimizer, epochs in settings:
+            name = f"{optimizer}:{epochs}"
+            config = FinetuneConfig(
+                epochs=epochs,
+                learning_rate=args.lr,
+                seed=args.seed,
+                optimizer=optimizer,
+                resume=True,
+                progress=False,
+                max_train_examples=args.max_train_examples,
+            )
+            results = finetune_seeds(
+                task,
+                args.model,
+                data,
+                args.out / task / f"{optimizer}_{epochs}",
+                config,
+                args.seeds,
+            )
+            scores = [main_score(get_task(task), run["dev"]) for run in results["runs"]]
+            table[task]["scores"][name] = scores
+            table[task]["summary"][name] = summary(scores, baseline)
+            (args.out / "stability.json").write_text(
+                json.dumps({"settings": {k: str(v) for k, v in vars(args).items()}, "tasks": table},
+                           indent=1)
+            )  # fmt: skip
+    plot(table, args.out / "stability.png")
+    print("| task | setting | mean | std | min | max | failed (≤ majority) |")
+    print("|---|---|---|---|---|---|---|")
+    for task, entry in table.items():
+        for name, s in entry["summary"].items():
+            print(
+                f"| {task} | {name} | {100 * s['mean']:.1f} | {100 * s['std']:.1f} | "
+                f"{100 * s['min']:.1f} | {100 * s['max']:.1f} | {s['failed']}/{s['runs']} "
+                f"(majority {100 * entry['baseline']:.1f}) |"
+            )
+    print(f"wrote {args.out / 'stability.json'} and {args.out / 'stability.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""Exceptions the `bertkit` command turns into one-line messages (no torch import here, so the
+command can catch them without loading torch)."""
+
+from __future__ import annotations
+
+import signal
+
+
+class TrainingDiverged(ArithmeticError):
+    """The loss, a gradient or a weight became NaN or infinite; the last good checkpoint stays."""
+
+
+class TrainingInterrupted(Exception):
+    """SIGTERM or Ctrl-C stopped the run after it saved a resumable checkpoint. `exit_code` is
+    the shell's convention for the signal (128 + its number)."""
+
+    def __init__(self, message: str, signal_name: str) -> None:
+        super().__init__(message)
+        number = getattr(signal, signal_name, None)
+        self.exit_code = 128 + int(number) if number is not None else 1
