@@ -7,7 +7,6 @@ The model: h = LayerNorm(GELU(W [E[left]; E[right]] + b)), logits = h E^T + bias
 embeddings E (V x 128) tied as in BERT, the bias started at the log unigram; Adam (lr 2e-3 after
 10% warm-up, linear decay, beta2 0.98), 640 targets a step (BERT-tiny's 32 sequences x 20 masked
 pieces), neighbours unmasked. Held-out accuracy and cross-entropy on 20,000 AB positions.
-`--lazy` updates only the embedding rows a step touches (bertkit's --embedding-updates lazy).
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit.pretraining.shards import Shards
-from bertkit.training.optim import LazyRowsAdamW
 
 
 class Neighbours(nn.Module):
@@ -48,7 +46,6 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--batch", type=int, default=640)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--lazy", action="store_true")
     parser.add_argument("--eval-every", type=int, default=200)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -58,11 +55,8 @@ def main() -> None:
     counts = np.bincount(train, minlength=vocab) + 0.5
     unigram = torch.tensor(np.log(counts / counts.sum()), dtype=torch.float32)
     model = Neighbours(vocab, 128, unigram)
-    lazy = model.embed.weight if args.lazy else None
-    others = [p for p in model.parameters() if p is not lazy]
-    groups = [{"params": others}] + ([{"params": [lazy], "lazy": True}] if args.lazy else [])
-    opt = (LazyRowsAdamW if args.lazy else torch.optim.AdamW)(
-        groups, lr=args.lr, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01
     )
     warm = args.steps // 10
     rng = np.random.default_rng(0)
@@ -78,8 +72,6 @@ def main() -> None:
         loss = F.cross_entropy(model(left, right), mid)
         opt.zero_grad()
         loss.backward()
-        if args.lazy:
-            opt.set_rows(torch.cat([left, mid, right]).unique())
         opt.step()
         if step % args.eval_every == 0 or step == args.steps:
             with torch.no_grad():

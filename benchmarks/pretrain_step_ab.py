@@ -13,8 +13,6 @@ clipping, AdamW, on real batches of the shards (bert-base-uncased vocabulary: it
 - `logits`: the MLM logits materialised and `F.cross_entropy` + argmax on them (the path other
   implementations take; the loop's before `fused_mlm`);
 - `fused-adamw`: AdamW(fused=True) (one kernel over all parameters);
-- `lazy`: `--embedding-updates lazy` (LazyRowsAdamW: the word-embedding rows the batch reads or
-  predicts, not all 30,522);
 - `compile`: `torch.compile(model, dynamic=True)` with foreach AdamW (its compile time is
   reported apart: a short budget pays it too);
 - `profile`: no timing, a torch.profiler table of one step's top operators.
@@ -33,7 +31,7 @@ from bertkit.pretraining.dataset import PretrainingData
 from bertkit.pretraining.shards import Shards
 from bertkit.pretraining.train import PretrainingObjective
 from bertkit.tokenizer import BertTokenizer
-from bertkit.training.optim import build_optimizer, parameter_groups
+from bertkit.training.optim import parameter_groups
 
 
 class _Opaque(torch.nn.Module):
@@ -52,12 +50,7 @@ def build(args, variant: str):
     model = BertForPreTraining(config).train()
     groups = parameter_groups(model, 0.01)
     kind = {"fused-adamw": {"fused": True}}.get(variant, {"foreach": True})
-    if variant == "lazy":  # --embedding-updates lazy: only the touched vocabulary rows move
-        optimizer = build_optimizer(
-            model, lr=1e-4, lazy=model.bert.embeddings.word_embeddings.weight
-        )
-    else:
-        optimizer = torch.optim.AdamW(groups, lr=1e-4, eps=1e-6, **kind)
+    optimizer = torch.optim.AdamW(groups, lr=1e-4, eps=1e-6, **kind)
     forward = model
     if variant == "compile":
         forward = torch.compile(model, dynamic=True)
@@ -73,8 +66,6 @@ def build(args, variant: str):
     def step(i: int) -> None:
         loss, _ = objective.loss(forward, batches[i], totals[i])
         loss.backward()
-        if variant == "lazy":
-            optimizer.set_rows(torch.unique(objective.vocabulary_rows(batches[i])))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -95,7 +86,7 @@ def main() -> None:
         "--variants",
         nargs="+",
         default=["foreach", "logits", "fused-adamw"],
-        help="foreach logits fused-adamw lazy compile profile",
+        help="foreach logits fused-adamw compile profile",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

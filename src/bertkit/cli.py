@@ -117,7 +117,6 @@ def _pretrain(args: argparse.Namespace) -> None:
         warmup_steps=args.warmup_steps,
         warmup_fraction=args.warmup_fraction,
         adam_beta2=args.adam_beta2,
-        embedding_updates=args.embedding_updates,
         accumulation=args.accumulate,
         log_every=args.log_every,
         eval_every=args.eval_every,
@@ -502,13 +501,6 @@ def build_parser() -> argparse.ArgumentParser:
         pretrain, "--warmup-fraction", float, "warm-up as a fraction of the steps or the budget"
     )
     _recipe_flag(pretrain, "--adam-beta2", float, "Adam's second-moment decay")
-    _recipe_flag(
-        pretrain,
-        "--embedding-updates",
-        str,
-        "dense (every word-embedding row each step, the paper's) or lazy (only the rows of "
-        "pieces the batch reads or predicts: LazyAdam)",
-    )
     pretrain.add_argument(
         "--accumulate", type=int, default=1, help="micro-batches per optimiser step"
     )

@@ -251,7 +251,7 @@ def finetune(
             eval_every=steps_per_epoch,
             save_every=steps_per_epoch,
             seed=config.seed,
-            resume=config.resume,
+            resume=config.resume and (out / STATE_FILE).exists(),  # a fresh seed starts quietly
             progress=config.progress,
             extra={"task": task.name, "finetune": dataclasses.asdict(config)},
         ),

@@ -31,7 +31,6 @@ RECIPES: dict[str, dict[str, Any]] = {
         "max_predictions": 20,
         "position_init": "normal",
         "attention_init": "normal",
-        "embedding_updates": "dense",
         "adam_beta2": 0.999,
         "mlm_bias_init": "zeros",
     },
@@ -48,7 +47,6 @@ RECIPES: dict[str, dict[str, Any]] = {
         "max_predictions": 20,
         "position_init": "normal",
         "attention_init": "local",
-        "embedding_updates": "dense",
     },
 }
 

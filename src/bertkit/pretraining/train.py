@@ -40,11 +40,6 @@ class PretrainingObjective:
         pairs = len(batch["input_ids"]) if self.nsp else 0
         return torch.tensor([float(masked), float(pairs)], dtype=torch.float64)
 
-    def vocabulary_rows(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Pieces the batch reads (its inputs) or predicts (MLM targets)."""
-        labels = batch["labels"]
-        return torch.cat([batch["input_ids"].reshape(-1), labels[labels != IGNORE_INDEX]])
-
     def loss(self, model, batch, totals):
         labels = batch["labels"]
         valid = labels != IGNORE_INDEX
@@ -214,7 +209,6 @@ def run_pretraining(
     warmup_steps: int | None = None,
     warmup_fraction: float | None = None,
     adam_beta2: float = 0.999,
-    embedding_updates: str = "dense",
     accumulation: int = 1,
     log_every: int = 10,
     eval_every: int = 0,
@@ -261,8 +255,6 @@ def run_pretraining(
         model_config = resolve_config(
             config, tokenizer.vocab_size, max(seq_len, eval_seq_len or 0), objective, dropout
         )
-        if embedding_updates not in ("dense", "lazy"):
-            raise ValueError(f"embedding_updates must be dense or lazy, not {embedding_updates!r}")
         model_class = BertForPreTraining if objective == "mlm+nsp" else BertForMaskedLM
         torch.manual_seed(seed)
         if model is not None:
@@ -333,7 +325,6 @@ def run_pretraining(
             warmup_steps=warmup_steps,
             warmup_fraction=warmup_fraction if warmup_fraction is not None else 0.1,
             adam_beta2=adam_beta2,
-            lazy_embeddings=embedding_updates == "lazy",
             accumulation=accumulation,
             precision=precision,
             log_every=log_every,

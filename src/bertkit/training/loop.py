@@ -66,8 +66,6 @@ class TrainingConfig:
     weight_decay: float = 0.01
     adam_beta2: float = 0.999  # the paper's; 0.98 (RoBERTa) forgets the first steps' gradients
     max_grad_norm: float = 1.0
-    # update only the word-embedding rows a step touches (LazyRowsAdamW; not the paper's)
-    lazy_embeddings: bool = False
     # adamw (torch's, with bias correction) or bertadam (Google's original: without)
     optimizer: str = "adamw"
     accumulation: int = 1  # micro-batches per optimiser step
@@ -121,16 +119,11 @@ class Trainer:
         self.evaluate, self.save_model = evaluate, save_model
         self.out_dir = Path(config.out_dir)
         self.model = model.to(self.dist.device)
-        self.vocabulary = None  # the word-embedding matrix, when its rows update lazily
-        if config.lazy_embeddings:
-            encoder = getattr(self.model, "bert", self.model)
-            self.vocabulary = encoder.embeddings.word_embeddings.weight
         self.optimizer = build_optimizer(
             self.model,
             lr=config.learning_rate,
             weight_decay=config.weight_decay,
             betas=(0.9, config.adam_beta2),
-            lazy=self.vocabulary,
             kind=config.optimizer,
         )
         if config.budget_seconds is None and not config.max_steps:
@@ -255,16 +248,6 @@ class Trainer:
         self.tokens_seen = int(state.get("tokens_seen", 0))
         return True
 
-    def _touched_rows(self, batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-        """Vocabulary rows this step reads or predicts, on every rank (the same on all)."""
-        touched = torch.zeros(self.vocabulary.shape[0], device=self.dist.device)
-        for batch in batches:
-            rows = getattr(self.objective, "vocabulary_rows", None)
-            ids = rows(batch) if rows is not None else batch["input_ids"].reshape(-1)
-            touched[ids.to(self.dist.device)] = 1.0
-        touched = distributed.all_reduce_sum(touched, self.dist)
-        return touched.nonzero().view(-1)
-
     def finished(self) -> bool:
         """The step count or the time budget is spent, whichever comes first."""
         config = self.config
@@ -349,8 +332,6 @@ class Trainer:
                 self.scaler.scale(loss).backward()
                 stats = stats.detach().double()  # stays on the device until a log step
                 sums = stats if sums is None else sums + stats
-            if self.vocabulary is not None:
-                self.optimizer.set_rows(self._touched_rows(batches))
             self.scaler.unscale_(self.optimizer)
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
             norm = norm.detach().double()  # before clipping

@@ -4,8 +4,6 @@ peak learning rate, then linear decay to zero at the last step."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
@@ -33,25 +31,16 @@ def build_optimizer(
     weight_decay: float = 0.01,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-6,
-    lazy: nn.Parameter | None = None,
     kind: str = "adamw",
 ) -> torch.optim.Optimizer:
-    """AdamW over `parameter_groups`; with `lazy` (the word-embedding matrix), a
-    `LazyRowsAdamW` that updates only the rows of that matrix each step touches; with
-    kind="bertadam", Google's original update (`BertAdam`: no bias correction)."""
+    """torch's AdamW over `parameter_groups`, or with kind="bertadam" Google's original update
+    (`BertAdam`: no bias correction)."""
     groups = parameter_groups(model, weight_decay)
     if kind == "bertadam":
-        if lazy is not None:
-            raise ValueError("lazy embedding updates are an AdamW option, not BertAdam's")
         return BertAdam(groups, lr=lr, betas=betas, eps=eps)
     if kind != "adamw":
         raise ValueError(f"optimizer must be adamw or bertadam, not {kind!r}")
-    if lazy is None:
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
-    for group in groups:
-        group["params"] = [p for p in group["params"] if p is not lazy]
-    groups.append({"params": [lazy], "weight_decay": weight_decay, "lazy": True})
-    return LazyRowsAdamW(groups, lr=lr, betas=betas, eps=eps)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
 
 
 class BertAdam(torch.optim.Optimizer):
@@ -95,61 +84,6 @@ class BertAdam(torch.optim.Optimizer):
                     update.add_(parameter, alpha=decay)
                 parameter.add_(update, alpha=-lr)
         return loss
-
-
-class LazyRowsAdamW(torch.optim.AdamW):
-    """AdamW, except that a group marked `lazy` (a vocabulary matrix) moves only the rows the
-    step touched (`set_rows`), as TensorFlow's LazyAdamOptimizer: untouched rows keep their
-    weights, moments and weight decay as they are. Not the paper's optimiser (an option).
-
-    Why: with the output softmax tied to the input embeddings, every row gets a gradient each
-    step, and for the thousands of pieces absent from the batch it is only the softmax's small
-    push-down along the mean hidden state. Adam divides it by its own scale, so all rare rows
-    move at the full learning rate in one shared direction: the embeddings collapse onto it
-    (mean pairwise cosine 0.57 after 4,000 laptop-recipe steps, from 0 at the start), pieces
-    become hard to tell apart as inputs, and masked LM sits at the unigram plateau.
-    The bias correction uses the optimiser's step count, as LazyAdam does."""
-
-    def set_rows(self, rows: torch.Tensor) -> None:
-        """The rows (vocabulary ids) the coming `step` updates in the lazy group."""
-        self._rows = rows
-
-    @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        held = [(g, p, p.grad) for g in self.param_groups if g.get("lazy") for p in g["params"]]
-        for _, parameter, _ in held:
-            parameter.grad = None  # AdamW skips parameters without a gradient
-        loss = super().step(closure)
-        rows = getattr(self, "_rows", None)
-        for group, parameter, grad in held:
-            parameter.grad = grad
-            if grad is None:
-                continue
-            if rows is None:
-                raise RuntimeError("LazyRowsAdamW.step: call set_rows(ids) before each step")
-            self._lazy_update(parameter, grad, rows, group)
-        self._rows = None
-        return loss
-
-    def _lazy_update(self, parameter, grad, rows, group) -> None:
-        state = self.state[parameter]
-        if not state:
-            state["step"] = torch.tensor(0.0)
-            state["exp_avg"] = torch.zeros_like(parameter)
-            state["exp_avg_sq"] = torch.zeros_like(parameter)
-        state["step"] += 1
-        step = float(state["step"])
-        (beta1, beta2), lr, eps = group["betas"], group["lr"], group["eps"]
-        g = grad.index_select(0, rows)
-        weights = parameter.index_select(0, rows)
-        m = state["exp_avg"].index_select(0, rows).lerp_(g, 1 - beta1)
-        v = state["exp_avg_sq"].index_select(0, rows).mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        weights.mul_(1 - lr * group["weight_decay"])
-        denominator = (v.sqrt() / math.sqrt(1 - beta2**step)).add_(eps)
-        weights.addcdiv_(m, denominator, value=-lr / (1 - beta1**step))
-        parameter.index_copy_(0, rows, weights)
-        state["exp_avg"].index_copy_(0, rows, m)
-        state["exp_avg_sq"].index_copy_(0, rows, v)
 
 
 def warmup_linear_decay(step: int, warmup_steps: int, total_steps: int) -> float:
