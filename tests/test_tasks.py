@@ -600,3 +600,28 @@ def test_finetune_pos_and_chunk(task, tiny_checkpoint, tmp_path):
     assert line[0] == "EU" and len(line) == 5  # word, the two other columns, gold, predicted
     tagged = Predictor(out)(["EU rejects German call"])
     assert len(tagged[0]["tags"]) == 4
+
+
+def test_one_writer_per_folder_and_no_silent_reuse(tiny_checkpoint, tmp_path):
+    from bertkit._io import run_lock
+    from bertkit.checkpoint import convert
+
+    data = _grow(FIXTURES / "glue" / "QNLI", tmp_path / "data", 3)
+    out = tmp_path / "run"
+    with run_lock(out), pytest.raises(FileExistsError, match=r"another bertkit process \(pid"):
+        finetune("qnli", tiny_checkpoint, data, out, FinetuneConfig(**QUICK))
+    first = finetune("qnli", tiny_checkpoint, data, out, FinetuneConfig(**QUICK))
+    with pytest.raises(FileExistsError, match="not empty .*--overwrite"):
+        finetune("qnli", tiny_checkpoint, data, out, FinetuneConfig(**QUICK))
+    again = finetune("qnli", tiny_checkpoint, data, out, FinetuneConfig(**QUICK, overwrite=True))
+    assert again["dev"] == pytest.approx(first["dev"])  # the same seed, trained afresh
+    # convert into a used folder: refused; with overwrite, no stale weights stay beside the new
+    google = tmp_path / "google"
+    convert(out, google, to="google")
+    with pytest.raises(FileExistsError, match="not empty"):
+        convert(out, google, to="google")
+    hf = tmp_path / "hf"
+    convert(google, hf)
+    convert(out, hf, to="google", overwrite=True)
+    assert not (hf / "model.safetensors").exists() and (hf / "bert_model.ckpt.index").exists()
+    assert (hf / "bertkit_task.json").exists()  # a task model keeps its task when converted

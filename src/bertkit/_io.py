@@ -92,3 +92,39 @@ def read_jsonl(path: str | os.PathLike) -> list:
                 item = (item["text"], item["text_pair"]) if "text_pair" in item else item["text"]
             items.append(item)
     return items
+
+
+LOCK_FILE = ".bertkit.lock"
+
+
+@contextlib.contextmanager
+def run_lock(directory: str | os.PathLike) -> Iterator[None]:
+    """One writer per run folder: an OS lock on DIRECTORY/.bertkit.lock, held while the block
+    runs and released by the OS when the process dies (no stale locks after a kill). A second
+    process gets FileExistsError naming the folder and the holder's pid. Where the platform has
+    no `fcntl` (Windows), nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    path = Path(directory) / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path, "a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            raise FileExistsError(
+                f"{directory}: another bertkit process (pid {holder}) is writing this folder; "
+                "wait for it to finish or pick another output folder"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # closing releases the lock

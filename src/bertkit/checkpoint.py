@@ -453,10 +453,26 @@ def _write_vocab(model: BertPreTrainedModel, directory: Path, tokenizer: Any) ->
 
 
 # ---------------------------------------------------------------------------- conversion
-def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "hf") -> Path:
+def convert(
+    src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "hf", overwrite: bool = False
+) -> Path:
     """Convert a checkpoint directory to the Hugging Face (`to="hf"`) or Google (`"google"`)
-    layout, keeping every head it has. The vocabulary and tokenizer settings are copied."""
+    layout, keeping every head it has. The vocabulary and tokenizer settings are copied.
+    A non-empty `dst` is refused unless `overwrite`, which first removes the weights and configs
+    of both layouts there (a stale `model.safetensors` beside new Google files would be what
+    `from_pretrained` loads)."""
     src, dst = Path(src), Path(dst)
+    if to not in ("hf", "google"):
+        raise ValueError(f"unknown target format {to!r}; expected 'hf' or 'google'")
+    if dst.is_dir() and any(dst.iterdir()) and dst.resolve() != src.resolve():
+        if not overwrite:
+            raise FileExistsError(
+                f"{dst}: not empty; pass overwrite=True (--overwrite) to replace the "
+                "checkpoint it holds, or pick another folder"
+            )
+        stale = [SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN, HF_CONFIG, GOOGLE_CONFIG]
+        for path in [*(dst / n for n in stale), *dst.glob(f"{GOOGLE_PREFIX}.*")]:
+            path.unlink(missing_ok=True)
     config = read_config(src)
     state = read_state_dict(src)
     labels = _labels_in(state)
@@ -488,7 +504,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, to: str = "hf") -
         )
     else:
         raise ValueError(f"unknown target format {to!r}; expected 'hf' or 'google'")
-    for name in ("vocab.txt", "tokenizer_config.json"):
+    for name in ("vocab.txt", "tokenizer_config.json", "bertkit_task.json"):  # (a task model's)
         if (src / name).exists() and src.resolve() != dst.resolve():
             shutil.copyfile(src / name, dst / name)
     return dst

@@ -29,7 +29,7 @@ def _vocab(args: argparse.Namespace) -> None:
 def _convert(args: argparse.Namespace) -> None:
     from bertkit.checkpoint import convert
 
-    out = convert(args.src, args.dst, to=args.to)
+    out = convert(args.src, args.dst, to=args.to, overwrite=args.overwrite)
     print(f"wrote {out} ({args.to} layout)")
 
 
@@ -167,6 +167,7 @@ def _finetune(args: argparse.Namespace) -> None:
         bilstm=args.bilstm,
         random_init=args.config is not None,
         optimizer=args.optimizer,
+        overwrite=args.overwrite,
     )
     if args.grid:
         results = finetune_grid(args.task, args.model, args.data, args.out, config, args.seeds)
@@ -418,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument(
         "--to", choices=("hf", "google"), default="hf", help="target layout (default hf)"
     )
+    convert.add_argument(
+        "--overwrite", action="store_true", help="replace the checkpoint DST holds (if any)"
+    )
     convert.set_defaults(func=_convert)
 
     prepare = commands.add_parser("prepare", help="tokenise a corpus into pre-training shards")
@@ -581,6 +585,9 @@ def build_parser() -> argparse.ArgumentParser:
         "a config JSON), each seed its own init: the 'no pre-training' row",
     )
     finetune.add_argument("--vocab", help="with --config: directory with vocab.txt (or the file)")
+    finetune.add_argument(
+        "--overwrite", action="store_true", help="replace what a non-empty --out holds"
+    )
     finetune.add_argument(
         "--optimizer",
         default="adamw",

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from bertkit._io import atomic_path
+from bertkit._io import LOCK_FILE, atomic_path
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
 from bertkit.tasks import Task, get_task
@@ -72,6 +72,9 @@ class FinetuneConfig:
     # The "no pre-training" baseline: the model directory's config and vocabulary only, every
     # weight initialised afresh from the run's seed (each seed its own random encoder).
     random_init: bool = False
+    # replace what a non-empty output folder holds (without it, or resume, such a folder is
+    # refused: it may hold another run or checkpoint)
+    overwrite: bool = False
     # adamw (torch's AdamW, bias-corrected) or bertadam (Google's original update, without
     # bias correction: the optimiser of the paper's fine-tuning runs)
     optimizer: str = "adamw"
@@ -178,7 +181,7 @@ def finetune(
     config = (config or FinetuneConfig()).resolved(task)
     head_class(task, config.bilstm)  # a head this task cannot have fails before any work
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    _claim(out, config)
     started = time.perf_counter()
     tokenizer = BertTokenizer.from_pretrained(model)
     tokenizer.model_max_length = config.max_seq_length
@@ -297,6 +300,23 @@ def _hyperparameters(config: FinetuneConfig) -> dict[str, Any]:
             "random_init",
         )
     }
+
+
+def _claim(out: Path, config: FinetuneConfig) -> None:
+    """Make `out` this run's: refuse a folder that holds something else unless resuming (the
+    same run) or overwriting; with overwrite, drop the old run's state so nothing resumes it."""
+    own = {LOCK_FILE} | ({"init"} if config.random_init else set())  # random_init_dir's folder
+    held = sorted(p.name for p in out.iterdir() if p.name not in own) if out.is_dir() else []
+    if held and not (config.resume or config.overwrite):
+        raise FileExistsError(
+            f"{out}: not empty ({', '.join(held[:4])}{', ...' if len(held) > 4 else ''}): it "
+            "holds another run or checkpoint. Pass --overwrite to replace it, --resume to "
+            "continue the run it holds, or pick another --out"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    if config.overwrite and not config.resume:
+        for name in (STATE_FILE, DIGEST_FILE, RESULTS_FILE):
+            (out / name).unlink(missing_ok=True)
 
 
 def _finished(out: Path, task: Task, config: FinetuneConfig, train_examples: int):

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from bertkit._io import atomic_path, atomic_write_text
+from bertkit._io import atomic_path, atomic_write_text, run_lock
 from bertkit.errors import TrainingDiverged, TrainingInterrupted
 from bertkit.training import distributed
 from bertkit.training.optim import BudgetSchedule, build_optimizer, build_schedule
@@ -275,7 +275,8 @@ class Trainer:
             torch.backends.mkldnn.enabled = previous
 
     def _train(self) -> list[dict[str, Any]]:
-        with _StopSignals() as stop:
+        lock = run_lock(self.out_dir) if self.dist.is_main else contextlib.nullcontext()
+        with lock, _StopSignals() as stop:
             return self._train_until(stop)
 
     def _train_until(self, stop: _StopSignals) -> list[dict[str, Any]]:
