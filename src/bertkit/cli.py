@@ -205,7 +205,9 @@ def _predict(args: argparse.Namespace) -> None:
 
     from bertkit.predict import PAIR_TASKS, Predictor
 
-    predictor = Predictor(args.model, device=args.device, batch_size=args.batch_size)
+    predictor = Predictor(
+        args.model, device=args.device, batch_size=args.batch_size, backend=args.backend
+    )
     name = predictor.task.name
     items: list = []
     if args.input:
@@ -222,6 +224,15 @@ def _predict(args: argparse.Namespace) -> None:
         items = list(args.text)
     for result in predictor(items):
         print(json.dumps(result, ensure_ascii=False))
+
+
+def _export(args: argparse.Namespace) -> None:
+    from bertkit.serving import export_onnx
+
+    path = export_onnx(
+        args.model, args.out, quantize=args.quantize, opset=args.opset, overwrite=args.overwrite
+    )
+    print(f"wrote {path}" + (" (int8)" if args.quantize else ""))
 
 
 def _fill_mask(args: argparse.Namespace) -> None:
@@ -643,7 +654,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     predict.add_argument("--batch-size", type=int, default=32)
     predict.add_argument("--device")
+    predict.add_argument(
+        "--backend",
+        default="torch",
+        choices=("torch", "onnx"),
+        help="onnx: run MODEL/model.onnx (bertkit export --onnx) with ONNX Runtime",
+    )
     predict.set_defaults(func=_predict)
+
+    export = commands.add_parser("export", help="export a checkpoint for serving (ONNX)")
+    export.add_argument(
+        "--onnx", action="store_true", required=True, help="to ONNX (the one format)"
+    )
+    export.add_argument("model", help="a checkpoint directory (a fine-tuned model or an encoder)")
+    export.add_argument("out", help="output folder (model.onnx + what Predictor needs)")
+    export.add_argument(
+        "--quantize", choices=("int8",), help="int8 dynamic quantisation of the linear layers"
+    )
+    export.add_argument("--opset", type=int, default=17)
+    export.add_argument("--overwrite", action="store_true", help="replace what OUT holds")
+    export.set_defaults(func=_export)
 
     fill = commands.add_parser(
         "fill-mask", help="the most likely pieces for each [MASK] of a text (MLM head)"

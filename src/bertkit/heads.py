@@ -217,9 +217,11 @@ class _Head(BertPreTrainedModel):
         the model is training (losses ignore padding). Requested hidden states or attentions keep
         the padded path, so they match other implementations everywhere. `read_positions`: the
         only positions (besides [CLS]) the head reads, see `BertModel.forward`."""
-        unpad = not (output_hidden_states or output_attentions) and (
+        unpad = not (output_hidden_states or output_attentions or self.padded_only) and (
             self.training or not per_position
         )
+        if self.padded_only:
+            read_positions = None
         return self.bert(
             input_ids,
             token_type_ids,

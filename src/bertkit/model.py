@@ -435,6 +435,9 @@ class BertPreTrainedModel(nn.Module):
         config.validate()
         self.config = config
         self.source_dir: str | None = None  # where from_pretrained read it (for its vocab)
+        # Heads run every position on the padded path, with no data-dependent shapes: what an
+        # ONNX export traces (bertkit.serving); the default picks the faster unpadded path.
+        self.padded_only = False
 
     def init_weights(self) -> None:
         """Google's initialisation: weights ~ N(0, initializer_range) truncated at 2 sigma

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from bertkit.checkpoint import read_config
 from bertkit.finetune import read_task_info
 from bertkit.heads import MODEL_CLASSES
 from bertkit.tasks import get_task
@@ -36,19 +38,37 @@ PAIR_TASKS = ("mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 
 class Predictor:
     def __init__(
-        self, model: str | os.PathLike, *, device: str | None = None, batch_size: int = 32
+        self,
+        model: str | os.PathLike,
+        *,
+        device: str | None = None,
+        batch_size: int = 32,
+        backend: str = "torch",
     ) -> None:
+        """`backend="onnx"`: run `model/model.onnx` (written by `bertkit export --onnx`) with
+        ONNX Runtime on the CPU instead of PyTorch; everything else is the same."""
+        if backend not in ("torch", "onnx"):
+            raise ValueError(f"backend must be torch or onnx, not {backend!r}")
         info = read_task_info(model)
         self.task = get_task(info["task"])
         if "null_threshold" in info:
             self.task.null_threshold = float(info["null_threshold"])
         self.max_seq_length = int(info.get("max_seq_length", self.task.default_max_seq_length))
         self.tokenizer = BertTokenizer.from_pretrained(model)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        head = MODEL_CLASSES[info.get("head", self.task.head)]
-        self.model = head.from_pretrained(model).to(self.device).eval()
+        if backend == "onnx":
+            from bertkit.serving import OnnxModel
+
+            self.device = torch.device("cpu")
+            self.model = OnnxModel(model)
+            config = read_config(Path(model))
+        else:
+            self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            head = MODEL_CLASSES[info.get("head", self.task.head)]
+            self.model = head.from_pretrained(model).to(self.device).eval()
+            config = self.model.config
+        self.backend = backend
         self.batch_size = batch_size
-        labels = self.model.config.id2label
+        labels = config.id2label
         self.labels = [labels[i] for i in sorted(labels)] if labels else None
 
     def __call__(self, items: Sequence[Any]) -> list[dict[str, Any]]:

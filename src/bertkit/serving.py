@@ -1,0 +1,198 @@
+"""Serving a model on CPU with ONNX Runtime: export any bertkit checkpoint (a fine-tuned task
+model or a bare encoder) to ONNX, optionally with int8 dynamic quantisation of its linear layers,
+and run it where `Predictor` would run PyTorch.
+
+    bertkit export --onnx runs/mrpc runs/mrpc-onnx [--quantize int8]
+    bertkit predict --model runs/mrpc-onnx --backend onnx "A sentence." "Its pair."
+    Predictor("runs/mrpc-onnx", backend="onnx")([("A sentence.", "Its pair.")])
+
+The export folder is a complete checkpoint folder for `Predictor`: `model.onnx` plus the source's
+`config.json`, `vocab.txt`, `tokenizer_config.json`, `bertkit_task.json` and `onnx.json` (what
+was exported: head, outputs, opset, quantisation). The graph takes `input_ids`,
+`token_type_ids` and `attention_mask` of any batch size and length (multiple choice: (batch,
+choices, length)) and returns the head's outputs (`logits`, or `start_logits`/`end_logits`; a
+bare encoder: `last_hidden_state`, `pooler_output`). It is traced on the padded path, so its
+outputs equal bertkit's at every position (within 1e-4, tested). `onnxruntime` is an optional
+extra (`pip install onnxruntime`; `onnx` too for `--quantize`), never a core dependency.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertkit._io import atomic_write_text
+
+ONNX_FILE = "model.onnx"
+ONNX_INFO = "onnx.json"
+INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+_COPIED = ("config.json", "vocab.txt", "tokenizer_config.json", "bertkit_task.json")
+
+
+def _outputs(head: str) -> tuple[str, ...]:
+    if head in ("BertForQuestionAnswering", "BertBiLSTMForQuestionAnswering"):
+        return ("start_logits", "end_logits")
+    if head == "BertModel":
+        return ("last_hidden_state", "pooler_output")
+    if head in ("BertForPreTraining",):
+        return ("mlm_logits", "nsp_logits")
+    return ("logits",)
+
+
+class _Traced(torch.nn.Module):
+    """The head with positional inputs and a tuple of tensors out, as the exporter wants."""
+
+    def __init__(self, model: torch.nn.Module, names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, input_ids, token_type_ids, attention_mask):
+        out = self.model(
+            input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask
+        )
+        return tuple(getattr(out, name) for name in self.names)
+
+
+def export_onnx(
+    model: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    quantize: str | None = None,
+    opset: int = 17,
+    overwrite: bool = False,
+) -> Path:
+    """Write `out/model.onnx` (fp32, or int8 with `quantize="int8"`) and the files `Predictor`
+    needs beside it. Returns the ONNX file's path."""
+    from bertkit.heads import MODEL_CLASSES
+
+    model, out = Path(model), Path(out)
+    if quantize not in (None, "int8"):
+        raise ValueError(f"quantize must be int8 or None, not {quantize!r}")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out}: not empty; pass --overwrite or pick another folder")
+    task_file = model / "bertkit_task.json"
+    if task_file.exists():
+        head = json.loads(task_file.read_text())["head"]
+    else:  # config.json's "architectures" (what save_pretrained and transformers write)
+        config_file = model / "config.json"
+        written = json.loads(config_file.read_text()) if config_file.exists() else {}
+        architectures = written.get("architectures") or ["BertModel"]
+        head = architectures[0] if architectures[0] in MODEL_CLASSES else "BertModel"
+    net = MODEL_CLASSES[head].from_pretrained(model).eval()
+    net.padded_only = True
+    names = _outputs(head)
+    choices = head == "BertForMultipleChoice"
+    shape = (2, 2, 16) if choices else (2, 16)  # traced at this size; every axis is dynamic
+    example = (
+        torch.randint(5, net.config.vocab_size, shape),
+        torch.zeros(shape, dtype=torch.long),
+        torch.ones(shape, dtype=torch.long),
+    )
+    example[2][..., -3:] = 0  # some padding in the example, so nothing assumes there is none
+    axes = {0: "batch", 1: "choices", 2: "length"} if choices else {0: "batch", 1: "length"}
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / ONNX_FILE
+    fp32 = out / ".model.fp32.onnx" if quantize else target
+    with torch.no_grad(), warnings.catch_warnings():
+        # the tracer notes every Python-side check on a tensor (shape and id validation): none
+        # of them shapes the graph, so they are not worth a screenful
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript-based exporter
+        torch.onnx.export(
+            _Traced(net, names),
+            example,
+            str(fp32),
+            input_names=list(INPUTS),
+            output_names=list(names),
+            dynamic_axes={**{name: axes for name in INPUTS}, **_output_axes(names, choices)},
+            opset_version=opset,
+            dynamo=False,
+        )
+    if quantize == "int8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(str(fp32), str(target), weight_type=QuantType.QInt8)
+        fp32.unlink()
+    for name in _COPIED:
+        if (model / name).exists():
+            shutil.copyfile(model / name, out / name)
+    atomic_write_text(
+        out / ONNX_INFO,
+        json.dumps(
+            {"source": str(model), "head": head, "outputs": list(names), "opset": opset,
+             "quantize": quantize},
+            indent=1,
+        ),
+    )  # fmt: skip
+    return target
+
+
+def _output_axes(names: tuple[str, ...], choices: bool) -> dict[str, dict[int, str]]:
+    axes = {}
+    for name in names:
+        if name in ("pooler_output", "nsp_logits") or (name == "logits" and not choices):
+            axes[name] = {0: "batch"}
+        else:  # per position (and multiple choice's (batch, choices))
+            axes[name] = {0: "batch", 1: "choices" if choices else "length"}
+    return axes
+
+
+class OnnxModel:
+    """An ONNX Runtime session that answers like a bertkit head: `model(input_ids=…, …)` gives an
+    object with the exported outputs as torch tensors. Threads: torch's count; the workers do
+    not spin after a run (spinning threads slow whatever runs next on a small CPU)."""
+
+    training = False
+
+    def __init__(self, directory: str | os.PathLike, threads: int | None = None) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise ImportError(
+                "the onnx backend needs onnxruntime: pip install onnxruntime"
+            ) from None
+        directory = Path(directory)
+        path = directory / ONNX_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no ONNX model (make one: bertkit export --onnx)")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.names = [o.name for o in self.session.get_outputs()]
+        info = directory / ONNX_INFO
+        self.info: dict[str, Any] = json.loads(info.read_text()) if info.exists() else {}
+
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, **_: Any):
+        feeds = {
+            "input_ids": input_ids,
+            "token_type_ids": torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids,
+            "attention_mask": torch.ones_like(input_ids) if attention_mask is None else attention_mask,
+        }  # fmt: skip
+        arrays = {
+            k: np.ascontiguousarray(v.cpu().numpy(), dtype=np.int64) for k, v in feeds.items()
+        }
+        values = self.session.run(self.names, arrays)
+        return SimpleNamespace(
+            **{n: torch.from_numpy(v) for n, v in zip(self.names, values, strict=True)}
+        )
+
+    # what run_outputs and Predictor call on a torch model
+    def eval(self) -> OnnxModel:
+        return self
+
+    def train(self, mode: bool = True) -> OnnxModel:
+        return self
+
+    def to(self, *_: Any, **__: Any) -> OnnxModel:
+        return self

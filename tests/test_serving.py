@@ -1,0 +1,107 @@
+"""ONNX export and the onnx backend of Predictor (issue 12): the exported graph answers like
+bertkit at every position, for every head, at shapes other than the traced one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bertkit import BertConfig, Predictor
+from bertkit.cli import main
+from bertkit.heads import (
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+from bertkit.model import BertModel
+from bertkit.tokenizer import BertTokenizer
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+from bertkit.serving import OnnxModel, export_onnx  # noqa: E402
+
+CONFIG = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=64,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(minilm_dir):
+    return BertTokenizer.from_pretrained(minilm_dir)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        BertForSequenceClassification,
+        BertForTokenClassification,
+        BertForQuestionAnswering,
+        BertForMultipleChoice,
+        BertModel,
+    ],
+)
+def test_export_answers_like_bertkit_at_other_shapes(head, tokenizer, tmp_path):
+    config = BertConfig(vocab_size=tokenizer.vocab_size, **CONFIG)
+    if head in (BertForSequenceClassification, BertForTokenClassification):
+        config = config.with_labels(3)
+    torch.manual_seed(0)
+    model = head(config).eval()
+    model.save_pretrained(tmp_path / "model", tokenizer=tokenizer)
+    export_onnx(tmp_path / "model", tmp_path / "onnx")
+    session = OnnxModel(tmp_path / "onnx")
+    shape = (3, 2, 40) if head is BertForMultipleChoice else (3, 40)  # traced at (2, [2,] 16)
+    ids = torch.randint(5, 1000, shape)
+    mask = torch.ones_like(ids)
+    mask[..., 30:] = 0
+    mask[0, ..., 10:] = 0
+    segments = torch.zeros_like(ids)
+    segments[..., 20:] = 1
+    with torch.no_grad():
+        reference = model(input_ids=ids, token_type_ids=segments, attention_mask=mask)
+    answer = session(input_ids=ids, token_type_ids=segments, attention_mask=mask)
+    assert session.names, "no outputs"
+    for name in session.names:
+        expected, got = getattr(reference, name), getattr(answer, name)
+        assert got.shape == expected.shape, name
+        assert torch.allclose(got, expected, atol=1e-4), (name, (got - expected).abs().max())
+
+
+def test_predictor_onnx_backend_and_int8(tokenizer, tmp_path, capsys):
+    config = BertConfig(vocab_size=tokenizer.vocab_size, **CONFIG).with_labels(2)
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(config).eval()
+    source = tmp_path / "mrpc"
+    model.save_pretrained(source, tokenizer=tokenizer)
+    (source / "bertkit_task.json").write_text(
+        json.dumps({"task": "mrpc", "head": "BertForSequenceClassification"})
+    )
+    pairs = [("The cat sat on the mat.", "A cat was sitting on a mat."), ("Yes.", "No, never.")]
+    torch_answers = Predictor(source)(pairs)
+    assert main(["export", "--onnx", str(source), str(tmp_path / "fp32")]) == 0
+    onnx_answers = Predictor(tmp_path / "fp32", backend="onnx")(pairs)
+    for a, b in zip(torch_answers, onnx_answers, strict=True):
+        assert a["label"] == b["label"]
+        assert a["probability"] == pytest.approx(b["probability"], abs=1e-5)
+    assert (
+        main(["export", "--onnx", str(source), str(tmp_path / "int8"), "--quantize", "int8"]) == 0
+    )
+    assert json.loads((tmp_path / "int8" / "onnx.json").read_text())["quantize"] == "int8"
+    int8 = (tmp_path / "int8" / "model.onnx").stat().st_size
+    assert int8 < 0.6 * (tmp_path / "fp32" / "model.onnx").stat().st_size
+    quantized = Predictor(tmp_path / "int8", backend="onnx")(pairs)
+    for a, b in zip(torch_answers, quantized, strict=True):  # int8: close, not equal
+        assert a["probability"] == pytest.approx(b["probability"], abs=0.05)
+    capsys.readouterr()
+    args = ["predict", "--model", str(tmp_path / "fp32"), "--backend", "onnx", *pairs[0]]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["label"] == onnx_answers[0]["label"]
+    assert main(["export", "--onnx", str(source), str(tmp_path / "fp32")]) == 2  # not empty
+    with pytest.raises(FileNotFoundError, match="no ONNX model"):
+        Predictor(source, backend="onnx")
