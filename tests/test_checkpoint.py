@@ -422,3 +422,23 @@ def test_written_files_honour_the_umask(tmp_path):
         os.umask(previous)
     assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == 0o644  # not mkstemp's 0600
     assert stat.S_IMODE((tmp_path / "b.txt").stat().st_mode) == 0o600
+
+
+def test_a_full_disk_is_named_and_keeps_the_previous_file(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from bertkit._io import atomic_path
+
+    target = tmp_path / "trainer_state.pt"
+    target.write_bytes(b"previous")
+
+    def torch_save_on_a_full_disk(path):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 12")
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(100, 100, 0))
+    with pytest.raises(OSError, match=f"no space left on device writing {target}"):
+        with atomic_path(target) as tmp:
+            torch_save_on_a_full_disk(tmp)
+    assert target.read_bytes() == b"previous" and not list(tmp_path.glob(".*.tmp"))

@@ -127,3 +127,17 @@ def test_bad_json_names_file_and_line(tmp_path):
     path.write_text(json.dumps({"vocab_size": 10, "hidden_size": 30, "num_attention_heads": 4}))
     with pytest.raises(ValueError, match=r"config.json: BertConfig.hidden_size \(30\)"):
         BertConfig.from_json_file(path)
+
+
+def test_absurd_sizes_are_refused_with_the_figures_before_any_allocation():
+    from bertkit import BertModel
+
+    base = BertConfig.from_preset("base")
+    assert base.parameter_estimate() == sum(p.numel() for p in BertModel(base).parameters())
+    for huge in (
+        dict(hidden_size=10**6, num_attention_heads=1),
+        dict(num_hidden_layers=10**6),
+        dict(vocab_size=10**10),
+    ):
+        with pytest.raises(ValueError, match=r"B parameters: .* GiB in fp32 .* more than this"):
+            BertConfig(**{"vocab_size": 30522, **huge}).validate()

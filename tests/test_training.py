@@ -747,3 +747,20 @@ def test_bertadam_is_googles_update_without_bias_correction():
     assert float(first.detach()) == pytest.approx(-0.1 / (0.001**0.5 + 1e-6), rel=1e-5)
     with pytest.raises(ValueError, match="adamw or bertadam"):
         build_optimizer(model, kind="sgd")
+
+
+def test_resume_names_log_lines_it_cannot_read(tmp_path, caplog):
+    from bertkit.training.loop import _Log
+
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(
+        b'{"step": 1, "split": "train"}\n\xff\xfe garbled\n{"step": 2, "split": "train"}\n'
+        b'{"step": 3, "spl'  # the last line, cut short by a kill: dropped quietly
+    )
+    with caplog.at_level("WARNING", logger="bertkit"):
+        writer = _Log(log, True, keep_until=3)
+        writer.handle.close()
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{log}:2: not a log entry, dropped on resume"
+    ]

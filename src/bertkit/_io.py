@@ -6,7 +6,9 @@ A killed process leaves either the old file or the new one, never a torn one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,10 +34,28 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if _disk_full(err, path.parent):
+            raise OSError(
+                errno.ENOSPC,
+                f"no space left on device writing {path} (the previous file, if any, is intact)",
+            ) from err
         raise
     _fsync_dir(path.parent)
+
+
+def _disk_full(err: BaseException, directory: Path) -> bool:
+    """A full disk, however the writer reported it: OSError ENOSPC, or torch.save's
+    "[enforce fail at inline_container.cc] unexpected pos" when its zip writer ran out."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if isinstance(err, RuntimeError) and "unexpected pos" in str(err):
+        try:
+            return shutil.disk_usage(directory).free < 64 * 2**20
+        except OSError:
+            return False
+    return False
 
 
 def _umask() -> int:

@@ -765,7 +765,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainingInterrupted as err:
         print(f"bertkit {args.command}: {err}", file=sys.stderr)
         return err.exit_code
-    except (ValueError, FileNotFoundError, FileExistsError, TrainingDiverged) as err:
+    except (ValueError, OSError, TrainingDiverged) as err:  # OSError: missing files, full disk
         print(f"bertkit {args.command}: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -196,6 +196,23 @@ class BertConfig:
             "multi_label_classification",
         ):
             raise ValueError(f"BertConfig.problem_type {self.problem_type!r} is unknown")
+        memory = _physical_memory()
+        if memory and 4 * self.parameter_estimate() > memory:
+            raise ValueError(
+                f"this config has about {self.parameter_estimate() / 1e9:,.1f}B parameters: "
+                f"{4 * self.parameter_estimate() / 2**30:,.0f} GiB in fp32 for the weights alone, "
+                f"more than this machine's {memory / 2**30:,.0f} GiB (hidden_size "
+                f"{self.hidden_size}, num_hidden_layers {self.num_hidden_layers}, vocab_size "
+                f"{self.vocab_size}, intermediate_size {self.intermediate_size})"
+            )
+
+    def parameter_estimate(self) -> int:
+        """Parameters of BertModel with this config (embeddings, layers, pooler), computed from
+        the sizes without building anything: BERT-Base gives 109,482,240."""
+        h, i = self.hidden_size, self.intermediate_size
+        embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * h
+        layer = 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h
+        return embeddings + 2 * h + self.num_hidden_layers * layer + (h * h + h)
 
     # ----------------------------------------------------------------------------- helpers
     @property
@@ -348,3 +365,11 @@ class BertConfig:
         from bertkit._io import atomic_write_text
 
         atomic_write_text(path, self.to_json_string(flavour, **extra))
+
+
+def _physical_memory() -> int | None:
+    """Bytes of RAM (None where the platform does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None

@@ -509,12 +509,17 @@ class _Log:
             self.board = SummaryWriter(str(path.parent / "tensorboard"), purge_step=keep_until + 1)
         kept = []
         if keep_until and path.exists():
-            for line in path.read_text().splitlines():
+            lines = path.read_bytes().split(b"\n")
+            for number, raw in enumerate(lines, start=1):
+                if not raw.strip():
+                    continue
                 try:
+                    line = raw.decode("utf-8")
                     if json.loads(line)["step"] <= keep_until:
                         kept.append(line)
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue  # a line cut short by the kill
+                except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+                    if number < len(lines) - 1:  # not the last line, which a kill can cut short
+                        logger.warning("%s:%d: not a log entry, dropped on resume", path, number)
         with atomic_path(path) as tmp:
             tmp.write_text("".join(line + "\n" for line in kept))
         self.handle = open(path, "a")
