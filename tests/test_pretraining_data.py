@@ -1,6 +1,7 @@
 """Corpus readers, shards, and the statistics of NSP/MLM instances (>= 100k of them)."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -379,3 +380,43 @@ def test_encode_documents_drops_empty_sentences_and_documents_anywhere():
     assert chunk.document_sentences.tolist() == [1, 1] and chunk.dropped_documents == 3
     assert tok.encode_ids(["the cat", ""]) == [[5, 6], []]
     assert tok("the cat sat", max_length=3)["input_ids"] == [2, 5, 3]  # __call__ settings restored
+
+
+def test_garbled_shards_and_meta_are_refused_by_file_and_field(tmp_path):
+    import shutil
+
+    tokenizer = synthetic_tokenizer()
+    synthetic_shards(tmp_path / "good", tokenizer, documents=50)
+    good = tmp_path / "good" / "shards"
+    meta = json.loads((good / "meta.json").read_text())
+    name = meta["shards"][0]["name"]
+
+    def broken(label: str) -> Path:
+        target = tmp_path / label
+        shutil.copytree(good, target)
+        return target
+
+    cases = []
+    target = broken("index")  # the document index garbled: offsets go back
+    offsets = np.fromfile(target / f"{name}.documents", dtype=np.int64)
+    offsets[3] = 10**9
+    offsets.tofile(target / f"{name}.documents")
+    cases.append((target, f"{name}.documents: offset .* goes back|offsets run"))
+    target = broken("sentences")
+    offsets = np.fromfile(target / f"{name}.sentences", dtype=np.int64)
+    offsets[-1] += 5
+    offsets.tofile(target / f"{name}.sentences")
+    cases.append((target, "sentences: offsets run 0.* expected 0"))
+    for label, change, says in (
+        ("list", lambda m: [m], "not bertkit shards"),
+        ("dtype", lambda m: {**m, "dtype": "float16"}, "dtype 'float16' is not an integer"),
+        ("missing", lambda m: {k: v for k, v in m.items() if k != "shards"}, "'shards' is missing"),
+        ("count", lambda m: {**m, "shards": [{**m["shards"][0], "tokens": -3}]}, "'tokens' is -3"),
+    ):
+        target = broken(label)
+        (target / "meta.json").write_text(json.dumps(change(meta)))
+        cases.append((target, says))
+    for target, says in cases:
+        with pytest.raises(ValueError, match=says):
+            Shards(target)
+    assert Shards(good).num_documents == 50

@@ -317,6 +317,32 @@ def _encoded(
 
 
 # ------------------------------------------------------------------------------------ reading
+def _field(where, mapping: dict, key: str, kind: type):
+    if key not in mapping:
+        raise ValueError(f"{where}: field {key!r} is missing")
+    value = mapping[key]
+    if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+        raise ValueError(f"{where}: field {key!r} is {value!r}, not a {kind.__name__}")
+    return value
+
+
+def _check_offsets(path: str, offsets: np.ndarray, end: int) -> None:
+    """Offsets must start at 0, never go down and end at the count of what they index: garbled
+    ones would cut sentences out of the wrong place (or ask for gigabytes) much later."""
+    if len(offsets) == 0:
+        return
+    first, last = int(offsets[0]), int(offsets[-1])
+    if first != 0 or last != end:
+        raise ValueError(
+            f"{path}: offsets run {first}..{last}, expected 0..{end}: the file is garbled"
+        )
+    steps = np.diff(offsets)
+    if len(steps) and int(steps.min()) < 0:
+        at = int(np.argmax(steps < 0))
+        raise ValueError(f"{path}: offset {at + 1} goes back ({int(offsets[at])} -> "
+                         f"{int(offsets[at + 1])}): the file is garbled")  # fmt: skip
+
+
 class Shards:
     """Read-only, memory-mapped view of a shards directory.
 
@@ -336,17 +362,31 @@ class Shards:
         except json.JSONDecodeError as err:
             raise ValueError(f"{meta_path}:{err.lineno}: invalid JSON: {err.msg}") from None
         if (
-            self.meta.get("format") != "bertkit-shards"
+            not isinstance(self.meta, dict)
+            or self.meta.get("format") != "bertkit-shards"
             or self.meta.get("version") != FORMAT_VERSION
         ):
             raise ValueError(f"{meta_path}: not bertkit shards of version {FORMAT_VERSION}")
-        dtype = np.dtype(self.meta["dtype"])
+        dtype = _field(meta_path, self.meta, "dtype", str)
+        if dtype not in ("uint16", "uint32", "int32", "int64"):
+            raise ValueError(f"{meta_path}: dtype {dtype!r} is not an integer type of token ids")
+        dtype = np.dtype(dtype)
         self.tokens, self.sentences, self.documents = [], [], []
-        for shard in self.meta["shards"]:
-            base = self.directory / shard["name"]
-            self.tokens.append(self._map(f"{base}.tokens", dtype, shard["tokens"]))
-            self.sentences.append(self._map(f"{base}.sentences", np.int64, shard["sentences"] + 1))
-            self.documents.append(self._map(f"{base}.documents", np.int64, shard["documents"] + 1))
+        for number, shard in enumerate(_field(meta_path, self.meta, "shards", list)):
+            where = f"{meta_path} (shard {number})"
+            if not isinstance(shard, dict):
+                raise ValueError(f"{where}: not an object")
+            name = _field(where, shard, "name", str)
+            sizes = {k: _field(where, shard, k, int) for k in ("tokens", "sentences", "documents")}
+            base = self.directory / name
+            tokens = self._map(f"{base}.tokens", dtype, sizes["tokens"])
+            sentences = self._map(f"{base}.sentences", np.int64, sizes["sentences"] + 1)
+            documents = self._map(f"{base}.documents", np.int64, sizes["documents"] + 1)
+            _check_offsets(f"{base}.sentences", sentences, sizes["tokens"])
+            _check_offsets(f"{base}.documents", documents, sizes["sentences"])
+            self.tokens.append(tokens)
+            self.sentences.append(sentences)
+            self.documents.append(documents)
         counts = [s["documents"] for s in self.meta["shards"]]
         self.document_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
