@@ -117,3 +117,45 @@ def test_numeric_flags_are_checked_when_parsed(args, says, capsys):
         main(args)
     assert exit_info.value.code == 2
     assert says in capsys.readouterr().err
+
+
+def test_the_parser_answers_as_a_new_user_would_want(capsys):
+    parser = build_parser()
+    args = parser.parse_args(
+        ["finetune", "MRPC", "--model", "m", "--data", "d", "--out", "o", "-v"]
+    )
+    assert args.task == "mrpc" and args.verbose
+    assert (
+        parser.parse_args(["finetune", "sst-2", "--model", "m", "--data", "d", "--out", "o"]).task
+        == "sst2"
+    )
+    assert (
+        parser.parse_args(
+            ["finetune", "CoNLL2003-POS", "--model", "m", "--data", "d", "--out", "o"]
+        ).task
+        == "conll2003-pos"
+    )
+    args = parser.parse_args(
+        ["-v", "evaluate", "--model", "m", "--data", "d", "--split", "validation"]
+    )
+    assert args.split == "dev" and args.verbose
+    assert not parser.parse_args(["evaluate", "--model", "m", "--data", "d"]).verbose
+    for argv, says in (
+        (
+            ["finetune", "mrpc", "--data", "d", "--out", "o", "--epoch", "1"],
+            "--epoch → --epochs",
+        ),  # no abbreviations
+        (
+            ["finetune", "mrpc", "--data", "d", "--out", "o", "--learning-rate", "1e-4"],
+            "--learning-rate → --lr",
+        ),
+        (
+            ["finetune", "mrpc", "--data", "d", "--out", "o", "--num-train-epochs", "3"],
+            "--num-train-epochs → --epochs",
+        ),
+        (["pretrain", "--data", "d", "--out", "o", "--batch", "32"], "--batch → --batch-size"),
+    ):
+        with pytest.raises(SystemExit):
+            main(argv)
+        err = capsys.readouterr().err
+        assert says in err and f"usage: bertkit {argv[0]}" in err, err

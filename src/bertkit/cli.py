@@ -394,6 +394,73 @@ def _checked(kind: type, name: str):
     return parse
 
 
+# What users of other tools type, and bertkit's flag for it (offered in "did you mean").
+_FLAG_ALIASES = {
+    "--learning-rate": "--lr",
+    "--learning_rate": "--lr",
+    "--num-train-epochs": "--epochs",
+    "--num_train_epochs": "--epochs",
+    "--per-device-train-batch-size": "--batch-size",
+    "--per_device_train_batch_size": "--batch-size",
+    "--train-batch-size": "--batch-size",
+    "--train_batch_size": "--batch-size",
+    "--output-dir": "--out",
+    "--output_dir": "--out",
+    "--model-name-or-path": "--model",
+    "--model_name_or_path": "--model",
+    "--max-seq-len": "--max-seq-length",
+    "--max_seq_length": "--max-seq-length",
+    "--warmup-ratio": "--warmup",
+    "--warmup_proportion": "--warmup",
+    "--num-train-steps": "--max-steps",
+    "--max_steps": "--max-steps",
+    "--do-lower-case": None,
+}
+
+
+def _task_name(text: str) -> str:
+    """MRPC, sst-2, STS-B, CoNLL2003 ... -> the task's name (case, '-' and '_' ignored)."""
+    from bertkit.tasks import TASK_NAMES
+
+    def key(name: str) -> str:
+        return name.lower().replace("-", "").replace("_", "").replace(".", "")
+
+    names = {key(name): name for name in TASK_NAMES}
+    names.update({"squad11": "squad1", "squad20": "squad2", "squadv1": "squad1",
+                  "squadv2": "squad2", "conll": "conll2003", "ner": "conll2003"})  # fmt: skip
+    if key(text) in names:
+        return names[key(text)]
+    raise argparse.ArgumentTypeError(f"unknown task {text!r}; one of {', '.join(TASK_NAMES)}")
+
+
+def _split_name(text: str) -> str:
+    """`validation`/`valid`/`eval` are the dev split (Hugging Face's and CoNLL's words for it)."""
+    return {"validation": "dev", "valid": "dev", "eval": "dev", "development": "dev"}.get(
+        text.lower(), text
+    )
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    import difflib
+
+    flags = [o for a in parser._actions for o in a.option_strings]
+    hints = []
+    for word in unknown:
+        flag = word.split("=", 1)[0]
+        if not flag.startswith("-"):
+            continue
+        if flag in _FLAG_ALIASES:
+            target = _FLAG_ALIASES[flag]
+            hints.append(
+                f"{flag} → {target}" if target else f"{flag}: not needed (the vocabulary says)"
+            )
+            continue
+        close = difflib.get_close_matches(flag, flags, n=1, cutoff=0.6)
+        if close:
+            hints.append(f"{flag} → {close[0]}")
+    return f" (did you mean: {'; '.join(hints)})" if hints else ""
+
+
 def _check_numbers(parser: argparse.ArgumentParser) -> None:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -405,7 +472,9 @@ def _check_numbers(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="bertkit", description="BERT: tokenizer, model, checkpoints, pre-training, fine-tuning"
+        prog="bertkit",
+        description="BERT: tokenizer, model, checkpoints, pre-training, fine-tuning",
+        allow_abbrev=False,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -439,12 +508,6 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("corpus", nargs="+", help="corpus files or directories")
     prepare.add_argument("--vocab", required=True, help="directory with vocab.txt (or the file)")
     prepare.add_argument("--out", required=True, help="output shards directory")
-    prepare.add_argument(
-        "--seq-len",
-        type=int,
-        default=128,
-        help="accepted for compatibility: instances are cut at training time (--seq-len of pretrain)",
-    )
     prepare.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
     prepare.add_argument(
         "--format", default="auto", choices=("auto", "google", "wiki", "text", "text-file", "jsonl")
@@ -588,7 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
     finetune = commands.add_parser(
         "finetune", help="fine-tune on a task of the paper (GLUE, SQuAD, CoNLL-2003, SWAG)"
     )
-    finetune.add_argument("task", choices=TASK_NAMES)
+    finetune.add_argument("task", type=_task_name, help=f"one of {', '.join(TASK_NAMES)}")
     finetune.add_argument("--model", help="checkpoint directory (ours, HF, Google)")
     finetune.add_argument(
         "--config",
@@ -635,8 +698,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("evaluate", help="score a fine-tuned model on a split")
     evaluate.add_argument("--model", required=True, help="a directory `bertkit finetune` wrote")
     evaluate.add_argument("--data", required=True, help="folder with the task's official files")
-    evaluate.add_argument("--task", choices=TASK_NAMES, help="default: the model's own task")
-    evaluate.add_argument("--split", default="dev", help="dev, test, dev_mismatched, ...")
+    evaluate.add_argument("--task", type=_task_name, help="default: the model's own task")
+    evaluate.add_argument(
+        "--split", default="dev", type=_split_name, help="dev (or validation), test, dev_mismatched"
+    )
     evaluate.add_argument("--out", help="write predictions (test: GLUE submission files) here")
     evaluate.add_argument("--batch-size", type=int, default=64)
     evaluate.add_argument("--device")
@@ -749,11 +814,23 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, help="stop after this many steps if sooner")
     demo.set_defaults(func=_demo)
     _check_numbers(parser)
+    for sub_parser in commands.choices.values():
+        sub_parser.allow_abbrev = False  # --epoch must not silently mean --epochs
+        # -v after the subcommand too (SUPPRESS: absent, it leaves the top-level value alone)
+        sub_parser.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log at INFO"
+        )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's usage and a hint, not the top level's "unrecognized"
+        command = parser._subparsers._group_actions[0].choices[args.command]
+        command.error(
+            f"unrecognized arguments: {' '.join(unknown)}{_did_you_mean(command, unknown)}"
+        )
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
