@@ -51,7 +51,7 @@ def load_vocab(path: str | os.PathLike) -> list[str]:
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: vocabulary file not found") from None
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the first token
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
         raise ValueError(f"{path}:{line}: not UTF-8 (byte offset {err.start})") from None
@@ -330,7 +330,13 @@ class BertTokenizer:
         strategy = _truncation_strategy(truncation)
         pad_mode = _padding_mode(padding)
         self._configure(strategy, limit, pad_mode, pad_to_multiple_of)
-        inputs = texts if pairs is None else list(zip(texts, pairs, strict=True))
+        # An empty second segment is no second segment (Google's `if example.text_b:`, and
+        # transformers'): `[CLS] A [SEP]`, not `[CLS] A [SEP] [SEP]`.
+        inputs = (
+            texts
+            if pairs is None
+            else [(a, b) if b else a for a, b in zip(texts, pairs, strict=True)]
+        )
         try:
             encodings = self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
         except TypeError:

@@ -29,6 +29,17 @@ class DataError(ValueError):
         self.path, self.line = str(path), line
 
 
+def read_text(path: str | os.PathLike) -> str:
+    """A task file's text, UTF-8 with or without a byte-order mark; bytes that are not UTF-8
+    raise DataError naming the file, the line and the byte offset."""
+    raw = Path(path).read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise DataError(path, line, f"not UTF-8 (byte offset {err.start})") from None
+
+
 def require_file(path: Path, what: str) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file ({what})")

@@ -22,6 +22,7 @@ file name the GLUE server expects (`CoLA.tsv`, `MNLI-m.tsv`, ...).
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from bertkit.tasks import metrics
-from bertkit.tasks.base import DataError, Feature, Task, head_logits, require_file
+from bertkit.tasks.base import DataError, Feature, Task, head_logits, read_text, require_file
 
 logger = logging.getLogger("bertkit")
 
@@ -169,7 +170,7 @@ def read_tsv(
         raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
     examples: list[SentenceExample] = []
     skipped = 0
-    with open(path, encoding="utf-8-sig", newline="") as handle:
+    with io.StringIO(read_text(path), newline="") as handle:
         for number, line in enumerate(handle, start=1):
             line = line.rstrip("\r\n")
             if number == 1 and layout.header is not None:

@@ -16,6 +16,7 @@ accuracy, chunks (IOB1/IOB2 of NP, VP, PP, ...) by conlleval's chunk F1.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 
 from bertkit.heads import IGNORE_INDEX
 from bertkit.tasks import metrics
-from bertkit.tasks.base import DataError, Feature, Task, head_logits, require_file
+from bertkit.tasks.base import DataError, Feature, Task, head_logits, read_text, require_file
 
 ENTITY_TYPES = ("LOC", "MISC", "ORG", "PER")
 CHUNK_TYPES = ("ADJP", "ADVP", "CONJP", "INTJ", "LST", "NP", "PP", "PRT", "SBAR", "UCP", "VP")
@@ -84,7 +85,7 @@ def read_conll(
             )
             words.clear(), tags.clear(), middle.clear()
 
-    with open(path, encoding="utf-8") as handle:
+    with io.StringIO(read_text(path)) as handle:  # (a BOM before -DOCSTART- is dropped)
         for number, line in enumerate(handle, start=1):
             fields = line.split()
             if not fields:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from bertkit._io import atomic_path
 from bertkit.tasks import metrics
-from bertkit.tasks.base import DataError, Feature, Task, require_file
+from bertkit.tasks.base import DataError, Feature, Task, read_text, require_file
 
 logger = logging.getLogger("bertkit")
 NEG = -1e4  # logit of a position an answer may not start or end at
@@ -54,8 +54,7 @@ def read_squad(path: str | os.PathLike) -> list[SquadExample]:
     """Questions of an official SQuAD JSON file (v1.1 or v2.0)."""
     path = Path(path)
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as err:
         raise DataError(
             path, err.lineno, f"not valid JSON: {err.msg} (column {err.colno})"
@@ -64,8 +63,14 @@ def read_squad(path: str | os.PathLike) -> list[SquadExample]:
         raise DataError(path, None, 'expected an object with a "data" list of articles')
     examples = []
     for a, article in enumerate(data["data"]):
+        if not isinstance(article, dict) or not isinstance(article.get("paragraphs", []), list):
+            raise DataError(
+                path, None, f'data[{a}]: not an article object with a "paragraphs" list'
+            )
         for p, paragraph in enumerate(article.get("paragraphs", [])):
             where = f"data[{a}].paragraphs[{p}]"
+            if not isinstance(paragraph, dict):
+                raise DataError(path, None, f"{where}: not an object")
             context = paragraph.get("context")
             if not isinstance(context, str) or not context.strip():
                 raise DataError(path, None, f"{where}: no context text")
@@ -81,7 +86,7 @@ def read_squad(path: str | os.PathLike) -> list[SquadExample]:
                 if not impossible and not answers:
                     raise DataError(path, None, f"{where}.qas[{q}] ({qid}): no answers")
                 for text, start in answers:
-                    if context[start : start + len(text)] != text:
+                    if start < 0 or context[start : start + len(text)] != text:
                         raise DataError(
                             path,
                             None,

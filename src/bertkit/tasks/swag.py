@@ -10,6 +10,7 @@ each, a softmax over the four (the paper, Sec. 4.4: 3 epochs, lr 2e-5, batch 16)
 from __future__ import annotations
 
 import csv
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from bertkit.tasks import metrics
-from bertkit.tasks.base import DataError, Feature, Task, head_logits, require_file
+from bertkit.tasks.base import DataError, Feature, Task, head_logits, read_text, require_file
 
 SPLIT_FILES = {"train": "train.csv", "dev": "val.csv", "test": "test.csv"}
 CHOICES = 4
@@ -37,7 +38,7 @@ class ChoiceExample:
 def read_swag(path: str | os.PathLike) -> list[ChoiceExample]:
     path = Path(path)
     examples = []
-    with open(path, encoding="utf-8", newline="") as handle:
+    with io.StringIO(read_text(path), newline="") as handle:
         reader = csv.DictReader(handle)
         header = reader.fieldnames or []
         missing = [c for c in REQUIRED if c not in header]
