@@ -160,6 +160,8 @@ class BertTokenizer:
         override both.
         """
         path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such folder (a model directory or vocab.txt)")
         directory = path.parent if path.is_file() else path
         vocab_file = path if path.is_file() else path / "vocab.txt"
         if not vocab_file.exists():
