@@ -787,3 +787,14 @@ def test_bf16_autocast_trains_on_cpu_close_to_fp32(setup, tmp_path):
     assert np.allclose(first, second, rtol=0.02)  # bf16 keeps 8 bits of mantissa
     weights = load_file(tmp_path / "bf16" / "model.safetensors")
     assert all(v.dtype == torch.float32 for v in weights.values())  # master weights stay fp32
+
+
+def test_pretrain_prints_its_evaluations_and_where_it_wrote(setup, tmp_path, capsys):
+    from bertkit.cli import main
+
+    out = tmp_path / "run"
+    args = [str(a) for a in _tiny_cli_args(setup, out, steps=4)]
+    args += ["--eval-data", str(setup / "shards"), "--eval-batches", "1", "--eval-every", "2"]
+    assert main(["pretrain", *args]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert printed.startswith(f"wrote {out} (") and "held out: mlm_accuracy" in printed

@@ -87,7 +87,7 @@ def _pretrain(args: argparse.Namespace) -> None:
         phases = [(args.seq_len, args.max_steps)]
     else:
         raise ValueError("give --max-steps N, --budget TIME (e.g. 15m) or --phases SEQ:STEPS,...")
-    run_phases(
+    entries = run_phases(
         args.data,
         args.out,
         phases,
@@ -126,6 +126,9 @@ def _pretrain(args: argparse.Namespace) -> None:
         precision=args.precision,
         device=args.device,
     )
+    evaluations = [e for e in entries if e.get("split") == "eval"]
+    last = f"; held out: {_figure_line(evaluations[-1])}" if evaluations else ""
+    print(f"wrote {args.out} (model.safetensors, log.jsonl, curves.png){last}")
 
 
 def _finetune(args: argparse.Namespace) -> None:
@@ -224,6 +227,11 @@ def _predict(args: argparse.Namespace) -> None:
         items = list(args.text)
     for result in predictor(items):
         print(json.dumps(result, ensure_ascii=False))
+
+
+def _figure_line(entry: dict) -> str:
+    keep = ("mlm_accuracy", "mlm_loss", "mlm_perplexity", "nsp_accuracy")
+    return ", ".join(f"{k} {entry[k]:.4f}" for k in keep if isinstance(entry.get(k), float))
 
 
 def _export(args: argparse.Namespace) -> None:

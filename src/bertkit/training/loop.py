@@ -392,6 +392,8 @@ class Trainer:
                 entries.append(entry)
                 log.write(entry)
                 self._tell(entry)
+                if bar is not None:  # on the console too, above the progress bar
+                    bar.write(f"step {self.step}: {_figures(entry)}")
                 self.wrapped.train()
             stopping = stop.requested(self.dist)
             if self.step % config.save_every == 0 or last or stopping:
@@ -449,6 +451,14 @@ def _read_digests(path: Path) -> list[str]:
     if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
         raise ValueError(f"{path}: not a checksum file written by bertkit (delete it)")
     return digests
+
+
+def _figures(entry: dict[str, Any]) -> str:
+    """An evaluation's numbers in one line: "mlm_accuracy 0.2270, nsp_accuracy 0.6730, ..."."""
+    skip = {"step", "split", "tokens", "seconds", "epoch"}
+    return ", ".join(
+        f"{k} {v:.4f}" for k, v in entry.items() if k not in skip and isinstance(v, float)
+    )
 
 
 class _StopSignals:
