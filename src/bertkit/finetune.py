@@ -37,14 +37,13 @@ from bertkit._io import LOCK_FILE, atomic_path
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
 from bertkit.tasks import Task, get_task
-from bertkit.tasks.base import FinetuneData, collate, run_outputs
+from bertkit.tasks.base import TASK_FILE, FinetuneData, collate, read_task_info, run_outputs
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
 from bertkit.training.loop import DIGEST_FILE, LOG_FILE, STATE_FILE, Trainer, TrainingConfig
 from bertkit.viz import plot_log, read_log
 
 logger = logging.getLogger("bertkit")
-TASK_FILE = "bertkit_task.json"
 RESULTS_FILE = "results.json"
 GRID = {"batch_size": (16, 32), "learning_rate": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
 
@@ -554,12 +553,3 @@ def evaluate(
         result["predictions"] = str(task_obj.write_predictions(examples, predictions, out / name))
         _write_json(out / f"eval_{split}.json", result)
     return result
-
-
-def read_task_info(model: str | os.PathLike) -> dict[str, Any]:
-    path = Path(model) / TASK_FILE
-    if not path.exists():
-        raise FileNotFoundError(
-            f"{path}: not a fine-tuned bertkit checkpoint (no {TASK_FILE}); pass the task"
-        )
-    return json.loads(path.read_text())

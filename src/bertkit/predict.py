@@ -22,10 +22,9 @@ import numpy as np
 import torch
 
 from bertkit.checkpoint import read_config
-from bertkit.finetune import read_task_info
 from bertkit.heads import MODEL_CLASSES
 from bertkit.tasks import get_task
-from bertkit.tasks.base import run_outputs
+from bertkit.tasks.base import read_task_info, run_outputs
 from bertkit.tasks.glue import SentenceExample
 from bertkit.tasks.metrics import entities
 from bertkit.tasks.ner import TaggedSentence

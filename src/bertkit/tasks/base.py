@@ -8,6 +8,7 @@ predictions, and predictions into the official metric. `bertkit.finetune` drives
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -241,3 +242,17 @@ def run_outputs(
             ]
         result[key] = np.concatenate(parts)[inverse]
     return result
+
+
+# What a fine-tuned checkpoint says of itself: its task, head and settings (finetune writes it).
+TASK_FILE = "bertkit_task.json"
+
+
+def read_task_info(model: str | os.PathLike) -> dict:
+    """The `bertkit_task.json` of a fine-tuned checkpoint directory."""
+    path = Path(model) / TASK_FILE
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path}: not a fine-tuned bertkit checkpoint (no {TASK_FILE}); pass the task"
+        )
+    return json.loads(path.read_text())
