@@ -321,7 +321,7 @@ def _initialise(
         by_module.setdefault(module_name, []).append(attribute)
     for module_name, attributes in by_module.items():
         module = model.get_submodule(module_name)
-        model._init_module(module)
+        model.init_module(module)
         if not isinstance(module, (torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm)):
             for attribute in attributes:  # a bare parameter, e.g. the MLM output bias
                 getattr(module, attribute).zero_()

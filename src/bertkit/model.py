@@ -445,10 +445,12 @@ class BertPreTrainedModel(nn.Module):
         encoder = getattr(self, "bert", None)  # a head model's BertModel initialised itself
         for child in self.children():
             if child is not encoder:
-                child.apply(self._init_module)
+                child.apply(self.init_module)
         self.tie_weights()
 
-    def _init_module(self, module: nn.Module) -> None:
+    def init_module(self, module: nn.Module) -> None:
+        """Google's initialisation of one module (what `init_weights` applies to every child,
+        and what a checkpoint load uses for tensors the checkpoint lacks)."""
         std = self.config.initializer_range
         if isinstance(module, (nn.Linear, nn.Embedding)):
             truncated_normal_(module.weight, std)
