@@ -673,3 +673,14 @@ def test_vocab_with_a_byte_order_mark_and_an_empty_pair(tmp_path):
     assert load_vocab(tmp_path / "vocab.txt") == tokens
     tokenizer = BertTokenizer.from_pretrained(tmp_path)
     assert tokenizer("a", "")["input_ids"] == tokenizer("a")["input_ids"] == [2, 5, 3]
+
+
+def test_a_tab_inside_a_sentence_is_named_not_cut(tmp_path):
+    mrpc = tmp_path / "MRPC"
+    mrpc.mkdir()
+    header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+    (mrpc / "train.tsv").write_text(header + "1\t1\t2\tA cat.\tA cat\tsat.\n")
+    with pytest.raises(
+        DataError, match=r"train.tsv:2: 6 tab-separated columns, the file's rows have 5"
+    ):
+        get_task("mrpc").read(mrpc, "train")

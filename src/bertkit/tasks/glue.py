@@ -170,10 +170,12 @@ def read_tsv(
         raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
     examples: list[SentenceExample] = []
     skipped = 0
+    width = None if layout.header is not None else layout.min_columns  # columns every row has
     with io.StringIO(read_text(path), newline="") as handle:
         for number, line in enumerate(handle, start=1):
             line = line.rstrip("\r\n")
             if number == 1 and layout.header is not None:
+                width = len(line.split("\t"))
                 fields = tuple(line.split("\t")[: len(layout.header)])
                 if fields != layout.header:
                     raise DataError(
@@ -186,7 +188,7 @@ def read_tsv(
             if not line.strip():
                 continue
             try:
-                examples.append(_row(line, layout, labels, regression, path, number))
+                examples.append(_row(line, layout, labels, regression, path, number, width))
             except DataError:
                 if on_error == "fail":
                     raise
@@ -200,11 +202,18 @@ def read_tsv(
     return examples
 
 
-def _row(line, layout: Layout, labels, regression, path, number) -> SentenceExample:
+def _row(line, layout: Layout, labels, regression, path, number, width=None) -> SentenceExample:
     columns = line.split("\t")
     if len(columns) < layout.min_columns:
         raise DataError(
             path, number, f"{len(columns)} tab-separated columns, expected {layout.min_columns}"
+        )
+    if width is not None and len(columns) > width:  # reading on would cut a sentence short
+        raise DataError(
+            path,
+            number,
+            f"{len(columns)} tab-separated columns, the file's rows have {width}: "
+            "a tab inside a sentence?",
         )
     text_a = columns[layout.text_a].strip()
     text_b = columns[layout.text_b].strip() if layout.text_b is not None else None
