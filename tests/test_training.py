@@ -518,6 +518,21 @@ def test_phases_share_a_budget(setup, tmp_path):
     assert main(["pretrain", *map(str, args), "--phases", "32:0.5,64:0.6"]) == 2
 
 
+def _short_run(setup, out, **settings) -> list[float]:
+    """The training losses of 3 steps of the tiny dropout-free model (settings override)."""
+    settings = {
+        "config": str(setup / "nodrop.json"),
+        "max_steps": 3,
+        "batch_size": 4,
+        "seq_len": 32,
+        "warmup_steps": 1,
+        "progress": False,
+        **settings,
+    }
+    entries = run_pretraining(setup / "shards", out, **settings)
+    return [e["loss"] for e in entries if e["split"] == "train"]
+
+
 def test_mimetic_attention_starts_near_identity_and_trains(setup, tmp_path):
     from bertkit.model import mimetic_attention_
 
@@ -535,18 +550,7 @@ def test_mimetic_attention_starts_near_identity_and_trains(setup, tmp_path):
         assert float(product.trace()) == pytest.approx(size, rel=1e-4)
     value_output = attention.output.dense.weight @ attention.self.value.weight
     assert torch.allclose(value_output, -0.5 * torch.eye(value_output.shape[0]), atol=1e-5)
-    entries = run_pretraining(
-        setup / "shards",
-        tmp_path / "run",
-        config=str(setup / "nodrop.json"),
-        max_steps=3,
-        batch_size=4,
-        seq_len=32,
-        warmup_steps=1,
-        attention_init="mimetic-qk",
-        progress=False,
-    )
-    assert np.isfinite([e["loss"] for e in entries if e["split"] == "train"]).all()
+    assert np.isfinite(_short_run(setup, tmp_path / "run", attention_init="mimetic-qk")).all()
 
 
 def test_local_attention_starts_on_the_neighbours(setup, tmp_path):
@@ -565,18 +569,7 @@ def test_local_attention_starts_on_the_neighbours(setup, tmp_path):
     embeddings = model.bert.embeddings
     assert embeddings.word_embeddings.weight[:, -16:].abs().max() == 0  # positions own those
     assert embeddings.position_embeddings.weight[:, :-16].abs().max() == 0
-    entries = run_pretraining(
-        setup / "shards",
-        tmp_path / "run",
-        config=str(setup / "nodrop.json"),
-        max_steps=3,
-        batch_size=4,
-        seq_len=32,
-        warmup_steps=1,
-        attention_init="local",
-        progress=False,
-    )
-    assert np.isfinite([e["loss"] for e in entries if e["split"] == "train"]).all()
+    assert np.isfinite(_short_run(setup, tmp_path / "run", attention_init="local")).all()
 
 
 def _tiny_cli_args(setup, out, steps=40):
