@@ -23,8 +23,12 @@ import torch
 
 from bertkit.config import BertConfig
 from bertkit.heads import BertForMaskedLM, BertForPreTraining
-from bertkit.model import local_attention_, mimetic_attention_, sinusoidal_positions_
 from bertkit.pretraining.dataset import MaskingConfig
+from bertkit.pretraining.init_schemes import (
+    local_attention_,
+    mimetic_attention_,
+    sinusoidal_positions_,
+)
 from bertkit.pretraining.shards import chunk_from_token_documents, write_shards
 from bertkit.pretraining.train import run_pretraining
 

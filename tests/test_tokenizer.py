@@ -234,8 +234,11 @@ def test_bad_text_and_vocab_errors(tmp_path):
     vocab.write_bytes(b"[PAD]\n[UNK]\n\xff\xfe\n")
     with pytest.raises(ValueError, match="vocab.txt:3: not UTF-8"):
         BertTokenizer(vocab)
-    with pytest.raises(FileNotFoundError, match="no vocab.txt"):
+    with pytest.raises(FileNotFoundError, match="nowhere: no such folder"):
         BertTokenizer.from_pretrained(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="empty: no vocab.txt"):
+        BertTokenizer.from_pretrained(tmp_path / "empty")
     vocab.write_text("[PAD]\r\n[UNK]\r\n[CLS]\r\n[SEP]\r\nthe\r\n")  # Windows line ends
     assert BertTokenizer(vocab)("the")["input_ids"] == [2, 4, 3]
 

@@ -534,7 +534,7 @@ def _short_run(setup, out, **settings) -> list[float]:
 
 
 def test_mimetic_attention_starts_near_identity_and_trains(setup, tmp_path):
-    from bertkit.model import mimetic_attention_
+    from bertkit.pretraining.init_schemes import mimetic_attention_
 
     model = BertForPreTraining(BertConfig.from_json_file(setup / "nodrop.json")).requires_grad_(
         False
@@ -554,7 +554,7 @@ def test_mimetic_attention_starts_near_identity_and_trains(setup, tmp_path):
 
 
 def test_local_attention_starts_on_the_neighbours(setup, tmp_path):
-    from bertkit.model import local_attention_
+    from bertkit.pretraining.init_schemes import local_attention_
 
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig.from_json_file(setup / "nodrop.json")).eval()

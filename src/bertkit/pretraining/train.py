@@ -19,8 +19,12 @@ import torch.nn.functional as F
 
 from bertkit.config import BertConfig
 from bertkit.heads import IGNORE_INDEX, BertForMaskedLM, BertForPreTraining
-from bertkit.model import local_attention_, mimetic_attention_, sinusoidal_positions_
 from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
+from bertkit.pretraining.init_schemes import (
+    local_attention_,
+    mimetic_attention_,
+    sinusoidal_positions_,
+)
 from bertkit.pretraining.shards import Shards
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed

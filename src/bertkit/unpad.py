@@ -1,0 +1,64 @@
+"""Unpadding: BERT's dense layers on real tokens only.
+
+A padded batch is a (B, S) grid, and a quarter to a half of it is often padding. Attention needs
+the grid (every token attends over its row), but the dense layers — the Q/K/V and output
+projections and the feed-forward, nearly all of BERT's FLOPs — act on each token alone, so they
+can run on just the real tokens, packed as rows. `TokenLayout` says where those rows sit in the
+grid and moves tensors between the two shapes; dropout masks are drawn on the grid and taken at
+the real tokens, so a seeded step gives the same numbers on either path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class TokenLayout:
+    """Where the token rows a layer computes on sit in the (B, S) grid attention needs.
+
+    Padded: every grid cell is a row (N = B*S). Unpadded: only real tokens are rows (N = number
+    of ones in the attention mask), so the dense layers, which hold nearly all of BERT's FLOPs,
+    never compute on padding; attention scatters rows into the grid and gathers them back.
+    """
+
+    batch: int
+    seq_len: int
+    index: torch.Tensor | None = None  # (N,) positions in the flattened grid; None = all
+
+    @classmethod
+    def unpadded(cls, attention_mask: torch.Tensor) -> TokenLayout:
+        index = attention_mask.reshape(-1).nonzero().squeeze(1)
+        return cls(attention_mask.shape[0], attention_mask.shape[1], index)
+
+    def to_rows(self, grid: torch.Tensor) -> torch.Tensor:  # (B, S, ...) -> (N, F)
+        flat = grid.reshape(self.batch * self.seq_len, -1)
+        return flat if self.index is None else flat.index_select(0, self.index)
+
+    def dropout(self, rows: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+        """Dropout on rows with the mask the padded grid would draw, taken at the real tokens:
+        a run's random numbers do not depend on unpadding, so a seeded training run is the same
+        on either path (and draws what transformers draws for the same batch)."""
+        if self.index is None or not training or p == 0.0:
+            return F.dropout(rows, p, training)
+        grid = rows.new_ones(self.batch * self.seq_len, rows.shape[-1])
+        return rows * F.dropout(grid, p, True).index_select(0, self.index)
+
+    def subset(self, keep: torch.Tensor) -> tuple[torch.Tensor, TokenLayout]:
+        """The rows of this layout at the grid cells where `keep` (B, S) is true, and the layout
+        of just those rows."""
+        flat = keep.reshape(-1)
+        if self.index is None:
+            rows = flat.nonzero().squeeze(1)
+            return rows, TokenLayout(self.batch, self.seq_len, rows)
+        rows = flat.index_select(0, self.index).nonzero().squeeze(1)
+        return rows, TokenLayout(self.batch, self.seq_len, self.index.index_select(0, rows))
+
+    def to_grid(self, rows: torch.Tensor) -> torch.Tensor:  # (N, F) -> (B, S, F), zeros at padding
+        if self.index is not None:
+            empty = rows.new_zeros(self.batch * self.seq_len, rows.shape[-1])
+            rows = empty.index_copy(0, self.index, rows)
+        return rows.view(self.batch, self.seq_len, rows.shape[-1])
