@@ -363,9 +363,21 @@ def test_finetune_conll_iob1_and_predictions_file(tiny_checkpoint, tmp_path):
     first = written[0].splitlines()
     assert first[0].split()[:4] == ["EU", "NNP", "I-NP", "I-ORG"] and len(first[0].split()) == 5
     assert results["dev"]["accuracy"] > 0.7  # 120 steps: tags are learnt (all-O: 0.58)
-    tagged = Predictor(out)(["EU rejects German call", ["Peter", "Blackburn"]])
-    assert [len(t["tags"]) for t in tagged] == [4, 2]
-    assert all(set(e) == {"type", "text", "words"} for t in tagged for e in t["entities"])
+    text = "EU rejects German call, says Paris."
+    tagged = Predictor(out)([text, ["Peter", "Blackburn"], {"text": "EU rejects"}])
+    assert tagged[0]["words"] == ["EU", "rejects", "German", "call", ",", "says", "Paris", "."]
+    assert [len(t["tags"]) for t in tagged] == [8, 2, 2]  # split as BERT's basic tokenizer does
+    assert all(0 < p <= 1 for t in tagged for p in t["scores"])
+    for entity in tagged[0]["entities"]:  # raw text: character offsets into it
+        assert set(entity) == {"type", "text", "words", "score", "start", "end"}
+        assert text[entity["start"] : entity["end"]] == entity["text"]
+    assert all(set(e) == {"type", "text", "words", "score"} for e in tagged[1]["entities"])
+    from bertkit.predict import _word_spans
+
+    assert _word_spans(text, tagged[0]["words"])[6] == (
+        text.index("Paris"),
+        text.index("Paris") + 5,
+    )
 
 
 def test_finetune_swag_fixture(tiny_checkpoint, tmp_path):
@@ -412,6 +424,8 @@ def test_finetune_squad_end_to_end(version, tiny_checkpoint, tmp_path):
     first = questions[0]
     answer = Predictor(out)([{"question": first.question, "context": first.context}])[0]
     assert answer["answer"] == predictions[first.qid]
+    if answer["answer"]:  # start and end are character offsets of the answer in the context
+        assert first.context[answer["start"] : answer["end"]] == answer["answer"]
     if version == 2:
         assert {"HasAns_exact", "NoAns_exact", "best_f1", "best_f1_thresh"} <= set(results["dev"])
         assert (out / "null_odds.json").exists()

@@ -81,22 +81,7 @@ class Predictor:
         if name.startswith("squad"):
             return self._spans(examples, features, outputs)
         if name.startswith("conll2003"):
-            tags = self.task.predictions(examples, features, outputs)
-            if name == "conll2003-pos":
-                return [
-                    {"words": list(e.words), "tags": t} for e, t in zip(examples, tags, strict=True)
-                ]
-            return [
-                {
-                    "words": list(e.words),
-                    "tags": t,
-                    "entities": [
-                        {"type": kind, "text": " ".join(e.words[s : end + 1]), "words": [s, end]}
-                        for kind, s, end in entities(t)
-                    ],
-                }
-                for e, t in zip(examples, tags, strict=True)
-            ]
+            return self._tags(items, examples, features, outputs)
         logits = outputs["logits"]
         if name == "stsb":
             return [{"score": float(v)} for v in logits[:, 0]]
@@ -114,15 +99,24 @@ class Predictor:
             for p in probs
         ]
 
+    def _words(self, text: str) -> list[tuple[str, tuple[int, int]]]:
+        """BERT's basic split of raw text (whitespace, then punctuation), with offsets."""
+        from tokenizers.pre_tokenizers import BertPreTokenizer
+
+        return BertPreTokenizer().pre_tokenize_str(text)
+
     def _example(self, item: Any, n: int):
         name = self.task.name
+        if isinstance(item, dict) and "text" in item:  # the JSONL shape of `predict --input`
+            item = (item["text"], item["text_pair"]) if "text_pair" in item else item["text"]
         if name.startswith("squad"):
             question, context = (
                 (item["question"], item["context"]) if isinstance(item, dict) else item
             )
             return SquadExample(str(n), question, context, ())
         if name.startswith("conll2003"):
-            words = item.split() if isinstance(item, str) else list(item)
+            # raw text is split as BERT's basic tokenizer does ("Paris." -> "Paris", ".")
+            words = [w for w, _ in self._words(item)] if isinstance(item, str) else list(item)
             if not words:
                 raise ValueError(f"item {n}: no words to tag")
             filler = self.task.labels()[0] if self.task.tagset else "O"
@@ -138,6 +132,41 @@ class Predictor:
             raise ValueError(f"item {n}: {name} takes single sentences")
         return SentenceExample(str(n), item, None, None)
 
+    def _tags(self, items, examples, features, outputs) -> list[dict[str, Any]]:
+        """Per word: its tag and the tag's probability; NER and chunks also as entities with
+        the words they span, their text, character `start`/`end` in a raw-text item, and a
+        `score` (the mean probability of their words' tags, as transformers' "simple"
+        aggregation)."""
+        tags = self.task.predictions(examples, features, outputs)
+        probs = _softmax(outputs["logits"])  # (features, S, C)
+        word_probs = [[0.0] * len(e.words) for e in examples]
+        for f, feature in enumerate(features):
+            row = word_probs[feature["_example"]]
+            for k, position in enumerate(feature["_word_positions"]):
+                row[feature["_first_word"] + k] = float(probs[f, position].max())
+        results = []
+        for item, example, row_tags, row_probs in zip(
+            items, examples, tags, word_probs, strict=True
+        ):
+            spans = _word_spans(item, example.words)
+            result = {"words": list(example.words), "tags": row_tags, "scores": row_probs}
+            if self.task.name != "conll2003-pos":
+                found = []
+                for kind, first, last in entities(row_tags):
+                    entity = {
+                        "type": kind,
+                        "text": " ".join(example.words[first : last + 1]),
+                        "words": [first, last],
+                        "score": float(np.mean(row_probs[first : last + 1])),
+                    }
+                    if spans is not None:
+                        entity["start"], entity["end"] = spans[first][0], spans[last][1]
+                        entity["text"] = item[entity["start"] : entity["end"]]
+                    found.append(entity)
+                result["entities"] = found
+            results.append(result)
+        return results
+
     def _spans(self, examples, features, outputs) -> list[dict[str, Any]]:
         found = self.task.predictions(examples, features, outputs)
         answers = self.task.answers(found)
@@ -149,12 +178,25 @@ class Predictor:
                 {
                     "answer": answer,
                     "start": top["start"] if top and answer else None,
+                    "end": top["start"] + len(answer) if top and answer else None,
                     "score": top["score"] if top else None,
                     "no_answer": answer == "",
                     "null_odds": found["null_odds"][example.qid],
                 }
             )
         return results
+
+
+def _word_spans(item: Any, words: Sequence[str]) -> list[tuple[int, int]] | None:
+    """Character (start, end) of each word in a raw-text item (None for pre-split words)."""
+    if not isinstance(item, str):
+        return None
+    spans, at = [], 0
+    for word in words:
+        start = item.index(word, at)
+        spans.append((start, start + len(word)))
+        at = start + len(word)
+    return spans
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
