@@ -159,3 +159,27 @@ def test_the_parser_answers_as_a_new_user_would_want(capsys):
             main(argv)
         err = capsys.readouterr().err
         assert says in err and f"usage: bertkit {argv[0]}" in err, err
+
+
+def test_vocab_reads_wikiextractor_files_as_prepare_does(tmp_path):
+    doc = '<doc id="{n}" url="https://en.wikipedia.org/wiki?curid={n}" title="T{n}">\nT{n}\n\n{text}\n</doc>\n'
+    text = "The cat sat on the mat. A dog barked at the cat near the river bank."
+    (tmp_path / "wiki_00").write_text("".join(doc.format(n=n, text=text) for n in range(20)))
+    assert (
+        main(
+            [
+                "vocab",
+                str(tmp_path),
+                "--size",
+                "200",
+                "--num-unused",
+                "0",
+                "--out",
+                str(tmp_path / "v"),
+            ]
+        )
+        == 0
+    )
+    tokens = set((tmp_path / "v" / "vocab.txt").read_text().split())
+    assert {"cat", "dog", "river"} <= tokens
+    assert not tokens & {"doc", "url", "curid", "title", "https", "wikipedia"}  # markup, not text

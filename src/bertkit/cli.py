@@ -13,10 +13,14 @@ from bertkit._io import read_jsonl
 
 
 def _vocab(args: argparse.Namespace) -> None:
+    from bertkit.pretraining.corpus import raw_documents
     from bertkit.tokenizer import train_vocab
 
+    # read as `prepare` reads: WikiExtractor's <doc ...> lines, JSONL keys and Google's blank
+    # lines are markup, not text to learn pieces from
+    texts = (unit for units, _ in raw_documents(args.corpus, format=args.format) for unit in units)
     tokenizer = train_vocab(
-        args.corpus,
+        texts=texts,
         vocab_size=args.size,
         lowercase=not args.cased,
         min_frequency=args.min_frequency,
@@ -489,7 +493,13 @@ def build_parser() -> argparse.ArgumentParser:
     from bertkit.pretraining.recipes import RECIPES
 
     vocab = commands.add_parser("vocab", help="train a WordPiece vocabulary from text files")
-    vocab.add_argument("corpus", nargs="+", help="plain-text files")
+    vocab.add_argument("corpus", nargs="+", help="corpus files or directories (as for prepare)")
+    vocab.add_argument(
+        "--format",
+        default="auto",
+        choices=("auto", "google", "wiki", "text", "text-file", "jsonl"),
+        help="corpus layout, as for prepare (default: detected)",
+    )
     vocab.add_argument("--size", type=int, default=30522, help="vocabulary size (default 30522)")
     vocab.add_argument("--out", required=True, help="directory for vocab.txt")
     vocab.add_argument("--cased", action="store_true", help="keep case and accents")
