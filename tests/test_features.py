@@ -96,6 +96,16 @@ def test_extract_command(tiny, tmp_path, capsys):
     argv = ["extract", "--model", str(directory), "--input", str(source), "--out", str(out)]
     assert cli.main([*argv, "--layers", "last,sum_last_4,layer:1"]) == 0
     assert [f.shape[1] for f in load_features(out, "layer:1")] == [16, 16, 16]
+    from safetensors.torch import load_file
+
+    from bertkit import BertTokenizer
+
+    stored = load_file(out)  # the rows' pieces are stored: they read back as the texts
+    offsets = stored["offsets"].tolist()
+    tokenizer = BertTokenizer.from_pretrained(directory)
+    for n, text in enumerate(TEXTS):
+        ids = stored["token_ids"][offsets[n] : offsets[n + 1]].tolist()
+        assert ids == tokenizer(text)["input_ids"]
     source.write_text("one line\n\nthird\n")
     assert cli.main(argv) == 2
     assert "in.txt:2: an empty line" in capsys.readouterr().err

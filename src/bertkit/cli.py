@@ -284,7 +284,7 @@ def _attention(args: argparse.Namespace) -> None:
 
 
 def _extract(args: argparse.Namespace) -> None:
-    from bertkit.features import extract, save_features
+    from bertkit.features import extract, save_features, token_ids
     from bertkit.model import BertModel
     from bertkit.tasks.ner import read_conll
     from bertkit.tokenizer import BertTokenizer
@@ -311,7 +311,8 @@ def _extract(args: argparse.Namespace) -> None:
         device=args.device,
     )
     meta = {"model": args.model, "input": args.input, "per_word": bool(args.words or args.conll)}
-    path = save_features(features, args.out, meta)
+    ids = token_ids(tokenizer, items, args.max_seq_length)
+    path = save_features(features, args.out, meta, ids=ids)
     widths = {s: tuple(v[0].shape[1:]) for s, v in features.items()}
     print(f"wrote {path}: {len(items)} items, features {widths}")
 

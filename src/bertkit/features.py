@@ -132,11 +132,30 @@ def _encode(tokenizer, items, words_given: bool, max_seq_length: int):
     return rows, positions
 
 
+def token_ids(tokenizer, items, max_seq_length: int = 512) -> list[torch.Tensor]:
+    """The id of what each row of `extract`'s features stands for, per item: every WordPiece of
+    a text ([CLS] and [SEP] included), or each word's first piece for lists of words."""
+    words_given = bool(items) and not isinstance(items[0], str)
+    rows, positions = _encode(tokenizer, items, words_given, max_seq_length)
+    if positions is None:
+        return [torch.tensor(r, dtype=torch.long) for r in rows]
+    return [torch.tensor(r, dtype=torch.long)[p] for r, p in zip(rows, positions, strict=True)]
+
+
 def save_features(
-    features: dict[str, list[torch.Tensor]], path: str | os.PathLike, metadata: dict | None = None
+    features: dict[str, list[torch.Tensor]],
+    path: str | os.PathLike,
+    metadata: dict | None = None,
+    ids: list[torch.Tensor] | None = None,
 ) -> Path:
-    """One `.safetensors` file: for each selection, `<selection>` = every item's rows
-    concatenated, and `offsets` (items + 1,) where item i is rows offsets[i]:offsets[i+1]."""
+    """One `.safetensors` file, rows of all items concatenated (CSR layout):
+
+    - `<selection>` (rows, width) for each selection, `:` written `_` (`layer:2` -> `layer_2`;
+      `all` is (rows, L+1, H));
+    - `offsets` (items + 1,): item i is rows offsets[i]:offsets[i+1];
+    - `token_ids` (rows,) with `ids` (`token_ids(...)`): the piece each row stands for, so a row
+      can be read back as text with the model's vocab.txt;
+    - string metadata: the model, the input, `per_word`. `load_features` reads it back."""
     from safetensors.torch import save_file
 
     from bertkit._io import atomic_path
@@ -147,6 +166,10 @@ def save_features(
         tensors[selection.replace(":", "_")] = torch.cat(rows).contiguous()
         lengths = [len(r) for r in rows]
     tensors["offsets"] = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.long)
+    if ids is not None:
+        if [len(i) for i in ids] != lengths:
+            raise ValueError("token ids and features disagree on the rows of some item")
+        tensors["token_ids"] = torch.cat(ids).contiguous()
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={k: str(v) for k, v in (metadata or {}).items()})
     return path
@@ -159,7 +182,7 @@ def load_features(path: str | os.PathLike, selection: str) -> list[torch.Tensor]
     tensors = load_file(str(path))
     key = selection.replace(":", "_")
     if key not in tensors:
-        names = sorted(k for k in tensors if k != "offsets")
+        names = sorted(k for k in tensors if k not in ("offsets", "token_ids"))
         raise KeyError(f"{path}: no features {selection!r}; it has {names}")
     offsets = tensors["offsets"].tolist()
     return [tensors[key][a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
