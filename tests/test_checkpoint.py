@@ -442,3 +442,19 @@ def test_a_full_disk_is_named_and_keeps_the_previous_file(tmp_path, monkeypatch)
         with atomic_path(target) as tmp:
             torch_save_on_a_full_disk(tmp)
     assert target.read_bytes() == b"previous" and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_legacy_non_zip_pytorch_bin_loads(tiny_config, tmp_path):
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    model = BertModel(tiny_config).eval()
+    model.save_pretrained(tmp_path / "m")
+    state = load_file(tmp_path / "m" / "model.safetensors")
+    (tmp_path / "m" / "model.safetensors").unlink()
+    torch.save(state, tmp_path / "m" / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    loaded = BertModel.from_pretrained(tmp_path / "m")
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in state.items())
+    (tmp_path / "m" / "pytorch_model.bin").write_bytes(b"\x80\x02garbage")
+    with pytest.raises(ValueError, match="truncated or corrupt|refused to load"):
+        BertModel.from_pretrained(tmp_path / "m")

@@ -307,3 +307,14 @@ def test_normaliser_is_googles_cleanup():
     assert normalize("A\x00b\tB") == "ab b"  # control chars dropped, whitespace -> space
     assert normalize("É") == unicodedata.normalize("NFD", "e")  # lower-cased, accent stripped
     assert normalize("中") == " 中 "  # CJK ideographs are split off
+
+
+def test_a_folder_with_only_tokenizer_json(tmp_path, minilm_dir):
+    import shutil
+
+    shutil.copy(minilm_dir / "tokenizer.json", tmp_path / "tokenizer.json")
+    only_json = BertTokenizer.from_pretrained(tmp_path)
+    reference = BertTokenizer.from_pretrained(minilm_dir)
+    text = "Hello, World! The café's naïve résumé."
+    assert only_json(text)["input_ids"] == reference(text)["input_ids"]
+    assert only_json.vocab_size == reference.vocab_size == 30522

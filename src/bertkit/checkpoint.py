@@ -164,9 +164,12 @@ def _read_torch_bin(file: Path) -> dict[str, torch.Tensor]:
     import pickle
     import zipfile
 
+    # mmap needs torch's zip format; the legacy format (torch < 1.6, `_use_new_zipfile_serialization
+    # =False`), which transformers still loads, is read without it
+    mmap = zipfile.is_zipfile(file)
     try:
         # weights_only: tensors and plain containers only, never arbitrary pickled code.
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         raise ValueError(
             f"{file}: refused to load: it holds more than tensors (unpickling arbitrary objects "

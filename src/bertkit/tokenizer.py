@@ -77,6 +77,23 @@ def load_vocab(path: str | os.PathLike) -> list[str]:
     return tokens
 
 
+def _vocab_of_tokenizer_json(path: Path) -> list[str] | None:
+    """The vocabulary of a Hugging Face `tokenizer.json` with a WordPiece model, in id order
+    (None when there is no such file or it is not WordPiece)."""
+    if not path.exists():
+        return None
+    try:
+        model = json.loads(path.read_text(encoding="utf-8")).get("model", {})
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise ValueError(f"{path}: not a readable tokenizer.json ({err})") from None
+    if model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
+        return None
+    by_id = sorted(model["vocab"].items(), key=lambda item: item[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise ValueError(f"{path}: the WordPiece ids are not 0..{len(by_id) - 1}")
+    return [token for token, _ in by_id]
+
+
 def looks_uncased(tokens: Iterable[str]) -> bool:
     """True when no ordinary token has an upper-case letter (Google's uncased vocabularies).
 
@@ -164,8 +181,14 @@ class BertTokenizer:
             raise FileNotFoundError(f"{path}: no such folder (a model directory or vocab.txt)")
         directory = path.parent if path.is_file() else path
         vocab_file = path if path.is_file() else path / "vocab.txt"
+        vocab = None
         if not vocab_file.exists():
-            raise FileNotFoundError(f"{directory}: no vocab.txt (a BERT WordPiece vocabulary)")
+            vocab = _vocab_of_tokenizer_json(directory / "tokenizer.json")
+            if vocab is None:
+                raise FileNotFoundError(
+                    f"{directory}: no vocab.txt (a BERT WordPiece vocabulary) and no WordPiece "
+                    "tokenizer.json"
+                )
         settings: dict[str, Any] = {}
         config_file = directory / "tokenizer_config.json"
         if config_file.exists():
@@ -197,7 +220,9 @@ class BertTokenizer:
                     break
         settings.update(overrides)
         if "lowercase" not in settings:
-            settings["lowercase"] = looks_uncased(load_vocab(vocab_file))
+            settings["lowercase"] = looks_uncased(vocab or load_vocab(vocab_file))
+        if vocab is not None:  # a Hugging Face folder with only tokenizer.json
+            return cls(vocab=vocab, **settings)
         return cls(vocab_file, **settings)
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
