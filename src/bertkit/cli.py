@@ -203,6 +203,7 @@ def _evaluate(args: argparse.Namespace) -> None:
         out=args.out,
         batch_size=args.batch_size,
         device=args.device,
+        progress=True,
     )
     print(json.dumps(result, indent=1))
 

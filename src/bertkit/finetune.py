@@ -520,9 +520,11 @@ def evaluate(
     out: str | os.PathLike | None = None,
     batch_size: int = 64,
     device: str | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Score a fine-tuned checkpoint on a split of the task's files; with `out`, write the
-    predictions there (test splits: predictions only, in the official submission layout)."""
+    predictions there (test splits: predictions only, in the official submission layout).
+    `progress`: a progress bar over the batches."""
     info = read_task_info(model)
     task_obj = get_task(task or info["task"])
     if "null_threshold" in info and hasattr(task_obj, "null_threshold"):
@@ -534,7 +536,7 @@ def evaluate(
     net.to(target).eval()
     examples = task_obj.read(data, split)
     features = task_obj.featurize(examples, tokenizer, max_seq_length)
-    outputs = run_outputs(task_obj, net, features, batch_size, target)
+    outputs = run_outputs(task_obj, net, features, batch_size, target, progress=progress)
     predictions = task_obj.predictions(examples, features, outputs)
     labelled = not split.startswith("test")
     threshold = getattr(task_obj, "null_threshold", None)

@@ -211,14 +211,25 @@ def eval_batches(features: list[Feature], batch_size: int) -> list[np.ndarray]:
 
 @torch.no_grad()
 def run_outputs(
-    task: Task, model, features: list[Feature], batch_size: int, device: torch.device
+    task: Task,
+    model,
+    features: list[Feature],
+    batch_size: int,
+    device: torch.device,
+    progress: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Every feature's raw outputs, stacked in feature order (padded along the token axis)."""
+    """Every feature's raw outputs, stacked in feature order (padded along the token axis).
+    `progress`: a progress bar over the batches (on stderr)."""
     was_training = model.training
     model.eval()
     chunks: dict[str, list] = {}
     order = []
-    for indices in eval_batches(features, batch_size):
+    batches = eval_batches(features, batch_size)
+    if progress:
+        from tqdm import tqdm
+
+        batches = tqdm(list(batches), desc="evaluate", unit="batch")
+    for indices in batches:
         batch = collate([features[i] for i in indices], task.padded_inputs)
         batch = {k: v.to(device) for k, v in batch.items()}
         for key, value in task.outputs(model, batch).items():
