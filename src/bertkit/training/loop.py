@@ -9,7 +9,12 @@ Each optimiser step: micro-batches (gradient sync on the last one only), clippin
 schedule; logs to `log.jsonl` (rank 0); evaluation and checkpoints every N steps. A checkpoint is
 one file, `trainer_state.pt` (model, optimiser, schedule, RNG states, data position, step), written
 to a temporary name and renamed, so a run killed at any moment resumes from the last one and
-follows the same trajectory; the model is also saved in the Hugging Face layout beside it.
+follows the same trajectory; the model is saved in the Hugging Face layout *before* it, and the
+state's SHA-256 beside it (`trainer_state.sha256`, checked on resume).
+
+Nothing is lost and nothing is silent: one process writes a run folder (an OS lock); SIGTERM and
+Ctrl-C finish the step, save and raise `TrainingInterrupted`; a NaN or infinite loss, gradient or
+weight raises `TrainingDiverged` before anything is written.
 """
 
 from __future__ import annotations
