@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import random
+import re
 import signal
 import threading
 import time
@@ -460,9 +461,12 @@ def _read_digests(path: Path) -> list[str]:
 
 def _figures(entry: dict[str, Any]) -> str:
     """An evaluation's numbers in one line: "mlm_accuracy 0.2270, nsp_accuracy 0.6730, ..."."""
-    skip = {"step", "split", "tokens", "seconds", "epoch"}
+    skip = {"step", "split", "tokens", "seconds", "epoch", "score"}
     return ", ".join(
-        f"{k} {v:.4f}" for k, v in entry.items() if k not in skip and isinstance(v, float)
+        f"{k} {v:.4f}"
+        for k, v in entry.items()
+        # per-type figures (f1_PER, precision_NP, ...) stay in log.jsonl: one short line here
+        if k not in skip and isinstance(v, float) and not re.search(r"_[A-Z]", k)
     )
 
 
