@@ -594,6 +594,15 @@ def test_sigterm_saves_a_resumable_checkpoint_and_exits_with_one_line(setup, tmp
     deadline = time.time() + 120
     while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 5):
         time.sleep(0.02)
+    # a second writer into the live folder is refused, and the first run goes on
+    second = subprocess.run(
+        cli("pretrain", *_tiny_cli_args(setup, out, steps=400), "--resume"),
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert second.returncode == 2 and "another bertkit process (pid" in second.stderr
+    assert run.poll() is None
     run.send_signal(signal.SIGTERM)
     _, err = run.communicate(timeout=120)
     assert run.returncode == 128 + signal.SIGTERM, err
@@ -791,3 +800,34 @@ def test_pretrain_prints_its_evaluations_and_where_it_wrote(setup, tmp_path, cap
     assert main(["pretrain", *args]) == 0
     printed = capsys.readouterr().out.strip().splitlines()[-1]
     assert printed.startswith(f"wrote {out} (") and "held out: mlm_accuracy" in printed
+
+
+def test_a_kill_during_the_final_save_resumes_to_the_same_model(setup, tmp_path, monkeypatch):
+    """The final save writes the model, then the state: killed inside it, the run resumes from
+    the previous checkpoint and ends with the uninterrupted run's model and a finished state."""
+    from bertkit.pretraining import train as train_module
+
+    args = dict(
+        config=str(setup / "nodrop.json"), max_steps=6, batch_size=4, seq_len=32,
+        learning_rate=1e-3, warmup_steps=1, save_every=3, progress=False,
+    )  # fmt: skip
+    run_pretraining(setup / "shards", tmp_path / "whole", **args)
+    real = train_module.Trainer.save
+
+    def killed_in_the_final_save(self):
+        if self.step == 6:
+            self.save_model(self.model, self.out_dir)  # the model is written ...
+            raise KeyboardInterrupt  # ... and the process dies before the state
+        real(self)
+
+    monkeypatch.setattr(train_module.Trainer, "save", killed_in_the_final_save)
+    with pytest.raises(KeyboardInterrupt):
+        run_pretraining(setup / "shards", tmp_path / "run", **args)
+    assert torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)["step"] == 3
+    monkeypatch.setattr(train_module.Trainer, "save", real)
+    run_pretraining(setup / "shards", tmp_path / "run", resume=True, **args)
+    assert torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)["step"] == 6
+    whole = load_file(tmp_path / "whole" / "model.safetensors")
+    resumed = load_file(tmp_path / "run" / "model.safetensors")
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+    assert (tmp_path / "run" / "curves.png").exists()
