@@ -831,3 +831,24 @@ def test_a_kill_during_the_final_save_resumes_to_the_same_model(setup, tmp_path,
     resumed = load_file(tmp_path / "run" / "model.safetensors")
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
     assert (tmp_path / "run" / "curves.png").exists()
+
+
+def test_ctrl_c_saves_and_says_one_line_instead_of_a_traceback(setup, tmp_path):
+    out = tmp_path / "run"
+    run = subprocess.Popen(
+        cli("pretrain", *_tiny_cli_args(setup, out, steps=400)),
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    log = out / "log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 3):
+        time.sleep(0.02)
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 128 + signal.SIGINT, err
+    assert "stopped by SIGINT at step" in err and "KeyboardInterrupt" not in err
+    step = torch.load(out / "trainer_state.pt", weights_only=True)["step"]
+    assert step == max(losses(out))
