@@ -372,12 +372,11 @@ def test_finetune_conll_iob1_and_predictions_file(tiny_checkpoint, tmp_path):
         assert set(entity) == {"type", "text", "words", "score", "start", "end"}
         assert text[entity["start"] : entity["end"]] == entity["text"]
     assert all(set(e) == {"type", "text", "words", "score"} for e in tagged[1]["entities"])
-    from bertkit.predict import _word_spans
-
-    assert _word_spans(text, tagged[0]["words"])[6] == (
-        text.index("Paris"),
-        text.index("Paris") + 5,
+    assert tagged[0]["offsets"][6] == [text.index("Paris"), text.index("Paris") + 5]
+    assert all(
+        text[a:b] == w for w, (a, b) in zip(tagged[0]["words"], tagged[0]["offsets"], strict=True)
     )
+    assert "offsets" not in tagged[1] and tagged[2]["offsets"] == [[0, 2], [3, 10]]  # dict input
 
 
 def test_finetune_swag_fixture(tiny_checkpoint, tmp_path):

@@ -799,7 +799,8 @@ def test_pretrain_prints_its_evaluations_and_where_it_wrote(setup, tmp_path, cap
     args += ["--eval-data", str(setup / "shards"), "--eval-batches", "1", "--eval-every", "2"]
     assert main(["pretrain", *args]) == 0
     printed = capsys.readouterr().out.strip().splitlines()[-1]
-    assert printed.startswith(f"wrote {out} (") and "held out: mlm_accuracy" in printed
+    assert printed.startswith(f"wrote {out} (") and "held out: " in printed
+    assert " mlm_accuracy " in printed and " nsp_accuracy " in printed
 
 
 def test_a_kill_during_the_final_save_resumes_to_the_same_model(setup, tmp_path, monkeypatch):

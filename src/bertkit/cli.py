@@ -130,8 +130,10 @@ def _pretrain(args: argparse.Namespace) -> None:
         precision=args.precision,
         device=args.device,
     )
+    from bertkit.training.loop import format_figures
+
     evaluations = [e for e in entries if e.get("split") == "eval"]
-    last = f"; held out: {_figure_line(evaluations[-1])}" if evaluations else ""
+    last = f"; held out: {format_figures(evaluations[-1])}" if evaluations else ""
     print(f"wrote {args.out} (model.safetensors, log.jsonl, curves.png){last}")
 
 
@@ -232,11 +234,6 @@ def _predict(args: argparse.Namespace) -> None:
         items = list(args.text)
     for result in predictor(items):
         print(json.dumps(result, ensure_ascii=False))
-
-
-def _figure_line(entry: dict) -> str:
-    keep = ("mlm_accuracy", "mlm_loss", "mlm_perplexity", "nsp_accuracy")
-    return ", ".join(f"{k} {entry[k]:.4f}" for k in keep if isinstance(entry.get(k), float))
 
 
 def _export(args: argparse.Namespace) -> None:

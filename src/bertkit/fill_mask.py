@@ -82,12 +82,9 @@ class FillMask:
                 pairs.append(str(text[1]))
             else:
                 raise ValueError(f"text {number}: a string or a pair of strings, not {text!r}")
-        if any(p is not None for p in pairs) and any(p is None for p in pairs):
-            # Encode mixed batches one kind at a time: the tokenizer takes pairs or singles.
-            return [r for n, t in enumerate(texts) for r in self._batch([t], first + n, top)]
-        encoded = self.tokenizer(
+        encoded = self.tokenizer(  # a None second segment is a single text: batches may mix
             singles,
-            None if pairs[0] is None else pairs,
+            pairs,
             truncation=False,
             padding=True,
             return_tensors="pt",

@@ -65,11 +65,6 @@ class Encoder:
         )
         return pieces, hidden, maps
 
-    def piece_embedding(self, ids: Sequence[int]) -> np.ndarray:
-        """The word-piece embedding rows (before positions and segments are added)."""
-        table = self.model.embeddings.word_embeddings.weight
-        return table[torch.as_tensor(list(ids))].detach().float().cpu().numpy()
-
 
 def _encoder(model: str | os.PathLike | Encoder) -> Encoder:
     return model if isinstance(model, Encoder) else Encoder(model)
@@ -181,8 +176,6 @@ def _word_curves(encoder: Encoder, runs, word: str) -> dict[str, list[float]]:
             f"{word!r} (pieces {target}) occurs in {len(found)} of the texts; give it in two or "
             "more to compare its vectors across contexts"
         )
-    ids = encoder.tokenizer.convert_tokens_to_ids(target)
-    piece = encoder.piece_embedding(ids).mean(0)
     curves = {}
     for i in range(len(found)):
         for j in range(i + 1, len(found)):
@@ -190,8 +183,8 @@ def _word_curves(encoder: Encoder, runs, word: str) -> dict[str, list[float]]:
             per_layer = [
                 float(cosine_matrix(x[None], y[None])[0, 0]) for x, y in zip(ha, hb, strict=True)
             ]
-            same = float(cosine_matrix(piece[None], piece[None])[0, 0])
-            curves[f"{a}-{b}"] = [same, *per_layer]
+            # first the piece embedding: one row of the table whatever the context, so 1.0
+            curves[f"{a}-{b}"] = [1.0, *per_layer]
     return curves
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tokenizers.pre_tokenizers import BertPreTokenizer
 
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
@@ -31,6 +32,8 @@ from bertkit.tasks.ner import TaggedSentence
 from bertkit.tasks.squad import SquadExample
 from bertkit.tasks.swag import ChoiceExample
 from bertkit.tokenizer import BertTokenizer
+
+_BASIC_SPLIT = BertPreTokenizer()  # whitespace, then punctuation: BERT's basic split
 
 PAIR_TASKS = ("mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 
@@ -65,23 +68,29 @@ class Predictor:
             head = MODEL_CLASSES[info.get("head", self.task.head)]
             self.model = head.from_pretrained(model).to(self.device).eval()
             config = self.model.config
-        self.backend = backend
         self.batch_size = batch_size
         labels = config.id2label
         self.labels = [labels[i] for i in sorted(labels)] if labels else None
 
     def __call__(self, items: Sequence[Any]) -> list[dict[str, Any]]:
-        items = list(items)
+        items = [_plain(item) for item in items]
         if not items:
             return []
-        examples = [self._example(item, n) for n, item in enumerate(items)]
+        # raw text to tag is split as BERT's basic tokenizer does ("Paris." -> "Paris", "."),
+        # keeping each word's character offsets; pre-split words are taken as they are
+        tagging = self.task.name.startswith("conll2003")
+        splits = [
+            _BASIC_SPLIT.pre_tokenize_str(item) if tagging and isinstance(item, str) else None
+            for item in items
+        ]
+        examples = [self._example(item, n, splits[n]) for n, item in enumerate(items)]
         features = self.task.featurize(examples, self.tokenizer, self.max_seq_length)
         outputs = run_outputs(self.task, self.model, features, self.batch_size, self.device)
         name = self.task.name
         if name.startswith("squad"):
             return self._spans(examples, features, outputs)
         if name.startswith("conll2003"):
-            return self._tags(items, examples, features, outputs)
+            return self._tags(items, splits, examples, features, outputs)
         logits = outputs["logits"]
         if name == "stsb":
             return [{"score": float(v)} for v in logits[:, 0]]
@@ -99,24 +108,15 @@ class Predictor:
             for p in probs
         ]
 
-    def _words(self, text: str) -> list[tuple[str, tuple[int, int]]]:
-        """BERT's basic split of raw text (whitespace, then punctuation), with offsets."""
-        from tokenizers.pre_tokenizers import BertPreTokenizer
-
-        return BertPreTokenizer().pre_tokenize_str(text)
-
-    def _example(self, item: Any, n: int):
+    def _example(self, item: Any, n: int, split: list | None = None):
         name = self.task.name
-        if isinstance(item, dict) and "text" in item:  # the JSONL shape of `predict --input`
-            item = (item["text"], item["text_pair"]) if "text_pair" in item else item["text"]
         if name.startswith("squad"):
             question, context = (
                 (item["question"], item["context"]) if isinstance(item, dict) else item
             )
             return SquadExample(str(n), question, context, ())
         if name.startswith("conll2003"):
-            # raw text is split as BERT's basic tokenizer does ("Paris." -> "Paris", ".")
-            words = [w for w, _ in self._words(item)] if isinstance(item, str) else list(item)
+            words = [w for w, _ in split] if split is not None else list(item)
             if not words:
                 raise ValueError(f"item {n}: no words to tag")
             filler = self.task.labels()[0] if self.task.tagset else "O"
@@ -132,11 +132,11 @@ class Predictor:
             raise ValueError(f"item {n}: {name} takes single sentences")
         return SentenceExample(str(n), item, None, None)
 
-    def _tags(self, items, examples, features, outputs) -> list[dict[str, Any]]:
-        """Per word: its tag and the tag's probability; NER and chunks also as entities with
-        the words they span, their text, character `start`/`end` in a raw-text item, and a
-        `score` (the mean probability of their words' tags, as transformers' "simple"
-        aggregation)."""
+    def _tags(self, items, splits, examples, features, outputs) -> list[dict[str, Any]]:
+        """Per word: its tag and the tag's probability (and, for raw text, its character
+        `offsets`); NER and chunks also as entities with the words they span, their text,
+        character `start`/`end` in a raw-text item, and a `score` (the mean probability of their
+        words' tags, as transformers' "simple" aggregation)."""
         tags = self.task.predictions(examples, features, outputs)
         probs = _softmax(outputs["logits"])  # (features, S, C)
         word_probs = [[0.0] * len(e.words) for e in examples]
@@ -145,11 +145,13 @@ class Predictor:
             for k, position in enumerate(feature["_word_positions"]):
                 row[feature["_first_word"] + k] = float(probs[f, position].max())
         results = []
-        for item, example, row_tags, row_probs in zip(
-            items, examples, tags, word_probs, strict=True
+        for item, split, example, row_tags, row_probs in zip(
+            items, splits, examples, tags, word_probs, strict=True
         ):
-            spans = _word_spans(item, example.words)
+            spans = [offsets for _, offsets in split] if split is not None else None
             result = {"words": list(example.words), "tags": row_tags, "scores": row_probs}
+            if spans is not None:
+                result["offsets"] = [list(span) for span in spans]
             if self.task.name != "conll2003-pos":
                 found = []
                 for kind, first, last in entities(row_tags):
@@ -187,16 +189,11 @@ class Predictor:
         return results
 
 
-def _word_spans(item: Any, words: Sequence[str]) -> list[tuple[int, int]] | None:
-    """Character (start, end) of each word in a raw-text item (None for pre-split words)."""
-    if not isinstance(item, str):
-        return None
-    spans, at = [], 0
-    for word in words:
-        start = item.index(word, at)
-        spans.append((start, start + len(word)))
-        at = start + len(word)
-    return spans
+def _plain(item: Any) -> Any:
+    """The JSONL shape of `predict --input` ({"text": a[, "text_pair": b]}) as a text or pair."""
+    if isinstance(item, dict) and "text" in item:
+        return (item["text"], item["text_pair"]) if "text_pair" in item else item["text"]
+    return item
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:

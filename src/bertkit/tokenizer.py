@@ -357,8 +357,8 @@ class BertTokenizer:
         strategy = _truncation_strategy(truncation)
         pad_mode = _padding_mode(padding)
         self._configure(strategy, limit, pad_mode, pad_to_multiple_of)
-        # An empty second segment is no second segment (Google's `if example.text_b:`, and
-        # transformers'): `[CLS] A [SEP]`, not `[CLS] A [SEP] [SEP]`.
+        # An empty (or None) second segment is no second segment (Google's `if example.text_b:`,
+        # and transformers'): `[CLS] A [SEP]`, not `[CLS] A [SEP] [SEP]`; a batch may mix both.
         inputs = (
             texts
             if pairs is None

@@ -342,12 +342,16 @@ class Trainer:
             self.scaler.unscale_(self.optimizer)
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
             norm = norm.detach().double()  # before clipping
-            if not self.scaler.is_enabled() and not torch.isfinite(norm):
-                # (with fp16 loss scaling an overflow only skips the step: the scaler's job)
+            # Reading the norm waits for the device: every step on the CPU (where it is free),
+            # at log steps on a GPU (a NaN there may touch the weights first; the finite check
+            # before every save still keeps them out of the checkpoint). With fp16 loss scaling
+            # an overflow only skips the step: the scaler's job.
+            check = self.dist.device.type == "cpu" or (self.step + 1) % config.log_every == 0
+            if check and not self.scaler.is_enabled() and not torch.isfinite(norm):
                 raise TrainingDiverged(
                     f"{self.out_dir}: the loss or its gradient is NaN or infinite at step "
                     f"{self.step + 1} (learning rate {self.schedule.get_last_lr()[0]:g}); "
-                    "stopped before the weights were touched, the last checkpoint is kept. "
+                    "stopped before this step touched the weights, the last checkpoint is kept. "
                     f"Lower --lr (the peak was {config.learning_rate:g})"
                 )
             norms = norm if norms is None else norms + norm
@@ -399,7 +403,7 @@ class Trainer:
                 log.write(entry)
                 self._tell(entry)
                 if bar is not None:  # on the console too, above the progress bar
-                    bar.write(f"step {self.step}: {_figures(entry)}")
+                    bar.write(f"step {self.step}: {format_figures(entry)}")
                 self.wrapped.train()
             stopping = stop.requested(self.dist)
             if self.step % config.save_every == 0 or last or stopping:
@@ -459,7 +463,7 @@ def _read_digests(path: Path) -> list[str]:
     return digests
 
 
-def _figures(entry: dict[str, Any]) -> str:
+def format_figures(entry: dict[str, Any]) -> str:
     """An evaluation's numbers in one line: "mlm_accuracy 0.2270, nsp_accuracy 0.6730, ..."."""
     skip = {"step", "split", "tokens", "seconds", "epoch", "score"}
     return ", ".join(
