@@ -6,7 +6,7 @@ unigram plateau per token seen.
 
 For each run directory (a `bertkit pretrain` output with held-out evaluations in log.jsonl):
 the last evaluation's all-[MASK] MLM accuracy and loss, 80/10/10 accuracy, NSP accuracy, steps and
-tokens seen; the flags from OUT/cmd.txt when present. Writes OUT/runs.json, OUT/plateau.png
+tokens seen; the flags from the run folder's run.json when present. Writes OUT/runs.json, OUT/plateau.png
 (accuracy and loss against tokens seen) and prints a Markdown table. Logs written before the loop
 logged `tokens` get them by replaying the run's data stream (same shards, seed and batch size,
 so the same batches).
@@ -94,13 +94,20 @@ def plot(rows: list[dict], png: Path, unigram_loss: float | None) -> None:
         )
     axes[2].axhline(50, color="grey", linestyle=":", linewidth=1)
     axes[0].set(title="held-out MLM accuracy, every chosen piece [MASK]", ylabel="%")
-    axes[1].set(title="held-out MLM loss (all [MASK])", ylabel="nats", ylim=(7.1, 7.8))
+    lowest = min(p["mlm_loss"] for row in rows for p in row["curve"])
+    # the plateau's band, widened downwards for runs that leave it (their first points stay off)
+    axes[1].set(
+        title="held-out MLM loss (all [MASK])", ylabel="nats", ylim=(min(7.1, lowest - 0.1), 7.8)
+    )
     axes[2].set(title="held-out NSP accuracy", ylabel="%")
     for ax in axes:
         ax.set_xlabel("tokens seen (millions)")
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
+    handles, labels = axes[1].get_legend_handles_labels()
+    fig.legend(
+        handles, labels, fontsize=7, loc="center right"
+    )  # beside the panels: no curve hidden
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
     fig.savefig(png, dpi=100)
     plt.close(fig)
 
