@@ -8,7 +8,7 @@ TORCH := torch==2.13.0
 BERTKIT_DATA ?= $(abspath $(wildcard ../shared/data))
 export BERTKIT_DATA
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-fast lint typecheck bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,14 +27,19 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed
 	$(BIN)/bertkit demo
 
-test: $(VENV)/.installed-dev
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+test: lint typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The inner loop: everything but the tests marked slow (about half the wall time).
+test-fast: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
+
+typecheck: $(VENV)/.installed-dev
+	$(BIN)/mypy src
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/forward_throughput.py

@@ -32,8 +32,8 @@ from bertkit.pretraining.init_schemes import (
 from bertkit.pretraining.shards import chunk_from_token_documents, write_shards
 from bertkit.pretraining.train import run_pretraining
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.test_pretraining_data import synthetic_tokenizer  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers import synthetic_tokenizer
 
 VARIANTS = {
     "base": {},

@@ -94,6 +94,8 @@ def main() -> None:
             learning_rate=args.lr,
             seed=args.seed,
             mix_layers=encoder.config.num_hidden_layers + 1 if selection == "all" else None,
+            out=out / f"tagger_{selection.replace(':', '_')}",  # its log and checkpoints
+            resume=True,  # a killed row continues
         )
         tags = [[labels[i] for i in row] for row in predicted]
         f1 = entity_scores(tags, [s.tags for s in dev])["f1"]

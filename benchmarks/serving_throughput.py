@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forward_throughput import models, texts_for_benchmark  # noqa: E402
+from forward_throughput import models, texts_for_benchmark
 
-from bertkit.serving import OnnxModel, export_onnx  # noqa: E402
+from bertkit.serving import OnnxModel, export_onnx
 
 
 def export_transformers(model, directory: Path) -> Path:

@@ -1,40 +1,25 @@
-"""Shared fixtures. Real data comes from $BERTKIT_DATA (set by .ci/run and the Makefile):
+"""Shared fixtures (helper functions live in helpers.py). Real data comes from $BERTKIT_DATA (set by .ci/run and the Makefile):
 a test that needs it skips when the variable is unset and FAILS when it is set but a file is
 missing, so CI can never pass by silently skipping."""
 
 from __future__ import annotations
 
-import os
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
-from bertkit import BertConfig
+from bertkit import BertConfig, BertForPreTraining, BertModel
+from bertkit.tokenizer import BertTokenizer, train_vocab
 
-
-def data_path(*parts: str) -> Path:
-    root = os.environ.get("BERTKIT_DATA")
-    if not root:
-        pytest.skip("BERTKIT_DATA is not set")
-    path = Path(root, *parts)
-    if not path.exists():
-        pytest.fail(f"BERTKIT_DATA={root} is set but {path} is missing")
-    return path
+from helpers import FIXTURES, data_path, synthetic_shards, synthetic_tokenizer, tiny_bert_config
 
 
 @pytest.fixture
 def tiny_config() -> BertConfig:
     """transformers' BertModelTester sizes: hidden 32, 2 layers, 4 heads, intermediate 37."""
-    return BertConfig(
-        vocab_size=99,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=64,
-        type_vocab_size=2,
-    )
+    return tiny_bert_config()
 
 
 @pytest.fixture
@@ -67,3 +52,63 @@ def minilm_dir() -> Path:
 @pytest.fixture(scope="session")
 def google_tiny() -> Path:
     return data_path("checkpoints", "google_tf_tiny")
+
+
+# Optional dev extras: a test that needs one takes it as a fixture and is skipped (reported by
+# -ra) where it is missing, instead of a whole file skipping silently.
+@pytest.fixture(scope="session")
+def transformers():
+    return pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="session")
+def ort():
+    pytest.importorskip("onnx")
+    return pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="session")
+def scipy_stats():
+    return pytest.importorskip("scipy.stats")
+
+
+@pytest.fixture(scope="session")
+def mlm_dir(tmp_path_factory, minilm_dir):
+    """A small BERT with an MLM head and a real (uncased, 30,522-piece) vocabulary, saved as
+    bertkit saves every model; weights drawn wide so the predictions are far from uniform."""
+    tokenizer = BertTokenizer.from_pretrained(minilm_dir)
+    config = tiny_bert_config(tokenizer.vocab_size, initializer_range=0.3)
+    torch.manual_seed(0)
+    model = BertForPreTraining(config).eval()
+    out = tmp_path_factory.mktemp("mlm")
+    model.save_pretrained(out, tokenizer=tokenizer)
+    return out
+
+
+# --------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A random 2-layer BERT with a vocabulary learned from the fixtures and the shared data."""
+    texts = []
+    for path in FIXTURES.rglob("*"):
+        if path.is_file():
+            texts += path.read_text().splitlines()
+    directory = tmp_path_factory.mktemp("tiny")
+    tokenizer = train_vocab(texts=texts, vocab_size=600, min_frequency=1, show_progress=False)
+    config = tiny_bert_config(tokenizer.vocab_size, max_position_embeddings=128)
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(directory, tokenizer=tokenizer)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    tokenizer = synthetic_tokenizer()
+    synthetic_shards(root, tokenizer, documents=400)
+    config = tiny_bert_config(tokenizer.vocab_size, num_attention_heads=2, intermediate_size=64)
+    config.to_json_file(root / "config.json")
+    dataclasses.replace(
+        config, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    ).to_json_file(root / "nodrop.json")
+    return root

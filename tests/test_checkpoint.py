@@ -18,15 +18,14 @@ from bertkit import (
     BertTokenizer,
 )
 from bertkit._tf_bundle import read_bundle
-from bertkit.checkpoint import convert, hf_to_tf_name, read_state_dict, tf_to_hf_name
+from bertkit.checkpoint import convert, hf_to_tf_name, tf_to_hf_name
 from bertkit.cli import main
 from bertkit.heads import MODEL_CLASSES
 
-transformers = pytest.importorskip("transformers")
-
 ALL_CLASSES = list(MODEL_CLASSES.values())
+
 # The + BiLSTM heads of the paper's Table 5 have no transformers counterpart.
-HF_CLASSES = [c for c in ALL_CLASSES if hasattr(transformers, c.__name__)]
+HF_CLASSES = [c for c in ALL_CLASSES if "BiLSTM" not in c.__name__]
 
 
 def reference_inputs(reference):
@@ -70,20 +69,6 @@ def test_google_tf_checkpoint_reproduces_reference_without_tensorflow(google_tin
     )
 
 
-def test_bundle_reader_skips_optimizer_slots(google_tiny):
-    everything = read_bundle(google_tiny / "bert_model.ckpt")
-    assert "global_step" in everything
-    assert any(name.endswith("/adam_m") for name in everything)
-    weights = read_state_dict(google_tiny)
-    assert not any("adam" in name or "global_step" in name for name in weights)
-    assert weights["bert.encoder.layer.0.attention.self.query.weight"].shape == (64, 64)
-    kernel = everything["bert/encoder/layer_0/intermediate/dense/kernel"]
-    assert kernel.shape == (64, 256)  # TF stores (in, out); ours is (out, in)
-    torch.testing.assert_close(
-        weights["bert.encoder.layer.0.intermediate.dense.weight"], torch.from_numpy(kernel).t()
-    )
-
-
 @pytest.mark.parametrize(
     "tf_name",
     [
@@ -105,7 +90,7 @@ def test_name_table_round_trips(tf_name):
     assert tf_to_hf_name(tf_name + "/adam_m") is None
 
 
-def test_convert_google_to_hf_loads_in_transformers(google_tiny, tmp_path):
+def test_convert_google_to_hf_loads_in_transformers(google_tiny, tmp_path, transformers):
     reference = np.load(google_tiny / "reference.npz")
     assert main(["convert", str(google_tiny), str(tmp_path / "hf")]) == 0
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [
@@ -156,7 +141,9 @@ def test_google_classifier_head_gets_its_label_count(tmp_path, tiny_config):
 # ----------------------------------------------------------------------------- HF layout
 @pytest.mark.parametrize("cls", HF_CLASSES, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "bin"])
-def test_save_load_round_trip_and_transformers_reads_it(cls, safe, tiny_config, tmp_path):
+def test_save_load_round_trip_and_transformers_reads_it(
+    cls, safe, tiny_config, tmp_path, transformers
+):
     config = tiny_config.with_labels(3)
     torch.manual_seed(0)
     model = cls(config).eval()
@@ -254,7 +241,7 @@ def _real_sentences():
     ]
 
 
-def test_minilm_real_weights_match_transformers(minilm_dir, tmp_path):
+def test_minilm_real_weights_match_transformers(minilm_dir, tmp_path, transformers):
     ours = BertModel.from_pretrained(minilm_dir)
     hf = transformers.BertModel.from_pretrained(str(minilm_dir)).eval()
     tok = BertTokenizer.from_pretrained(minilm_dir)
@@ -347,33 +334,6 @@ def test_pickled_code_is_refused(tiny_config, tmp_path):
         BertModel.from_pretrained(tmp_path)
 
 
-def test_truncated_and_corrupt_google_checkpoints(google_tiny, tmp_path):
-    broken = tmp_path / "tf"
-    shutil.copytree(google_tiny, broken)
-    data_file = broken / "bert_model.ckpt.data-00000-of-00001"
-    data = bytearray(data_file.read_bytes())
-    data_file.write_bytes(bytes(data[: len(data) - 1000]))
-    with pytest.raises(ValueError, match=r"data-00000-of-00001: truncated: variable"):
-        BertForPreTraining.from_pretrained(broken)
-    embeddings = read_bundle(google_tiny / "bert_model.ckpt")["bert/embeddings/word_embeddings"]
-    at = bytes(data).find(embeddings.tobytes()[:256])
-    assert at >= 0
-    data[at + 5000] ^= 0xFF  # one flipped bit pattern inside the word embeddings
-    data_file.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match=r"corrupt: checksum mismatch for variable"):
-        BertForPreTraining.from_pretrained(broken)
-    shutil.copy(google_tiny / "bert_model.ckpt.data-00000-of-00001", data_file)
-    index = broken / "bert_model.ckpt.index"
-    raw = bytearray(index.read_bytes())
-    raw[100] ^= 0xFF
-    index.write_bytes(bytes(raw))
-    with pytest.raises(ValueError, match=r"bert_model.ckpt.index: corrupt \(checksum mismatch"):
-        BertForPreTraining.from_pretrained(broken)
-    index.write_bytes(bytes(raw[:20]))
-    with pytest.raises(ValueError, match="bert_model.ckpt.index: truncated"):
-        BertForPreTraining.from_pretrained(broken)
-
-
 def test_missing_files_are_named(tmp_path, tiny_config):
     with pytest.raises(FileNotFoundError, match="checkpoint directory not found"):
         BertModel.from_pretrained(tmp_path / "nowhere")
@@ -425,7 +385,6 @@ def test_written_files_honour_the_umask(tmp_path):
 
 
 def test_a_full_disk_is_named_and_keeps_the_previous_file(tmp_path, monkeypatch):
-    import shutil
     from collections import namedtuple
 
     from bertkit._io import atomic_path

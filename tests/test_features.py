@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
-from bertkit import BertConfig, BertModel, cli
+from bertkit import BertModel, cli
 from bertkit.features import (
+    SELECTIONS,
     BiLSTMTagger,
     extract,
     load_features,
@@ -17,6 +20,8 @@ from bertkit.features import (
 )
 from bertkit.tokenizer import train_vocab
 
+from helpers import tiny_bert_config
+
 TEXTS = ["the cat sat on the mat", "a dog ran far away from home", "cats and dogs"]
 
 
@@ -24,13 +29,12 @@ TEXTS = ["the cat sat on the mat", "a dog ran far away from home", "cats and dog
 def tiny(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tiny_features")
     tokenizer = train_vocab(texts=TEXTS * 3, vocab_size=120, min_frequency=1, show_progress=False)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
+    config = tiny_bert_config(
+        tokenizer.vocab_size,
         hidden_size=16,
         num_hidden_layers=4,
         num_attention_heads=2,
         intermediate_size=24,
-        max_position_embeddings=64,
     )
     torch.manual_seed(0)
     model = BertModel(config)
@@ -40,16 +44,7 @@ def tiny(tmp_path_factory):
 
 def test_selections_combine_the_hidden_states(tiny):
     model, tokenizer, _ = tiny
-    selections = [
-        "embeddings",
-        "last",
-        "second_to_last",
-        "sum_last_4",
-        "concat_last_4",
-        "all",
-        "layer:2",
-        "layer:-1",
-    ]
+    selections = [*SELECTIONS, "layer:2", "layer:-1"]
     features = extract(model, tokenizer, TEXTS, selections)
     batch = tokenizer(TEXTS[0], return_tensors="pt")
     hidden = model(**batch, output_hidden_states=True).hidden_states
@@ -111,7 +106,7 @@ def test_extract_command(tiny, tmp_path, capsys):
     assert "in.txt:2: an empty line" in capsys.readouterr().err
 
 
-def test_bilstm_tagger_learns_from_frozen_features():
+def test_bilstm_tagger_learns_from_frozen_features(tmp_path):
     """A tag readable from the feature vector: the tagger must reach it."""
     torch.manual_seed(0)
     features, labels = [], []
@@ -135,6 +130,19 @@ def test_bilstm_tagger_learns_from_frozen_features():
         for p, g in zip(ps, gs, strict=True)
     )
     assert right / sum(len(g) for g in labels[40:]) > 0.9
+    # on the Trainer: a log, a checkpoint, and a finished run that resumes to the same tagger
+    kwargs = dict(hidden_size=8, epochs=2, batch_size=8, learning_rate=1e-2, out=tmp_path)
+    first, tags = train_tagger(
+        (features[:40], labels[:40]), (features[40:], labels[40:]), 2, **kwargs
+    )
+    entries = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert entries[-1]["step"] == 10 and (tmp_path / "trainer_state.pt").exists()
+    again, tags_again = train_tagger(
+        (features[:40], labels[:40]), (features[40:], labels[40:]), 2, resume=True, **kwargs
+    )
+    assert tags_again == tags
+    for a, b in zip(first.parameters(), again.parameters(), strict=True):
+        assert torch.equal(a, b)
     mixed = BiLSTMTagger(8, 3, hidden_size=4, mix_layers=5)
     logits = mixed(torch.randn(2, 6, 5, 8), torch.tensor([6, 2]))
     assert logits.shape == (2, 6, 3)

@@ -8,41 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import bertkit
 from bertkit import (
     BertConfig,
-    BertForMaskedLM,
-    BertForMultipleChoice,
-    BertForPreTraining,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
     BertModel,
 )
 from bertkit.checkpoint import load_state_dict_into
 
-transformers = pytest.importorskip("transformers")
-ATOL = 1e-5
-
-
-def hf_config(config: BertConfig, **extra):
-    data = config.to_dict()
-    data.pop("model_type")
-    data.update(extra)
-    return transformers.BertConfig(**data, attn_implementation="eager")
-
-
-def pair(cls, hf_cls, config, **hf_extra):
-    """A transformers model with its own random init, and ours loaded from its state dict."""
-    torch.manual_seed(0)
-    hf = getattr(transformers, hf_cls)(hf_config(config, **hf_extra)).eval()
-    ours = cls(config).eval()
-    report = load_state_dict_into(ours, hf.state_dict(), strict=True)
-    assert report == {"missing": [], "unexpected": [], "mismatched": []}
-    return ours, hf
-
-
-def close(a, b, atol=ATOL):
-    torch.testing.assert_close(a, b, atol=atol, rtol=0)
+from helpers import close, hf_config, pair
 
 
 @torch.no_grad()
@@ -60,119 +33,6 @@ def test_bert_model_matches_hf_with_hidden_states_and_attentions(tiny_config, ti
         close(x, y)
     # the fast (SDPA) path and the explicit path agree
     close(ours(**tiny_batch).last_hidden_state, a.last_hidden_state)
-
-
-@torch.no_grad()
-def test_pretraining_heads_and_losses_match_hf(tiny_config, tiny_batch):
-    ours, hf = pair(BertForPreTraining, "BertForPreTraining", tiny_config)
-    labels = torch.full_like(tiny_batch["input_ids"], -100)
-    labels[0, 2], labels[1, 5], labels[2, 1] = 7, 9, 11
-    nsp = torch.tensor([0, 1, 0])
-    a = ours(**tiny_batch, labels=labels, next_sentence_label=nsp)
-    b = hf(**tiny_batch, labels=labels, next_sentence_label=nsp)
-    close(a.mlm_logits, b.prediction_logits)
-    close(a.nsp_logits, b.seq_relationship_logits)
-    close(a.loss, b.loss)
-    assert ours.cls.predictions.decoder.weight is ours.bert.embeddings.word_embeddings.weight
-
-
-@torch.no_grad()
-def test_masked_positions_compute_logits_only_there(tiny_config, tiny_batch):
-    torch.manual_seed(0)
-    model = BertForPreTraining(tiny_config).eval()
-    full = model(**tiny_batch)
-    positions = torch.tensor([[2, 4, 0], [5, 1, 0], [1, 3, 0]])  # last slot is padding
-    labels = torch.tensor([[7, 8, -100], [9, 10, -100], [11, 12, -100]])
-    sparse = model(**tiny_batch, masked_positions=positions, labels=labels)
-    assert sparse.mlm_logits.shape == (3, 3, tiny_config.vocab_size)
-    expected = torch.stack([full.mlm_logits[i, positions[i]] for i in range(3)])
-    close(sparse.mlm_logits, expected)
-    # the same loss as labels on the full sequence
-    dense_labels = torch.full_like(tiny_batch["input_ids"], -100)
-    for i in range(3):
-        dense_labels[i, positions[i, :2]] = labels[i, :2]
-    close(sparse.mlm_loss, model(**tiny_batch, labels=dense_labels).mlm_loss)
-    # no labelled position: a zero loss, not NaN
-    assert (
-        model(**tiny_batch, labels=torch.full_like(labels, -100), masked_positions=positions).loss
-        == 0
-    )
-
-
-@torch.no_grad()
-def test_masked_lm_matches_hf(tiny_config, tiny_batch):
-    ours, hf = pair(BertForMaskedLM, "BertForMaskedLM", tiny_config)
-    labels = torch.where(
-        torch.rand(tiny_batch["input_ids"].shape) < 0.3, tiny_batch["input_ids"], -100
-    )
-    a = ours(**tiny_batch, labels=labels)
-    b = hf(**tiny_batch, labels=labels)
-    close(a.logits, b.logits)
-    close(a.loss, b.loss)
-
-
-@pytest.mark.parametrize(
-    "labels,problem",
-    [(3, "single_label_classification"), (1, "regression"), (4, "multi_label_classification")],
-)
-@torch.no_grad()
-def test_sequence_classification_matches_hf(tiny_config, tiny_batch, labels, problem):
-    config = tiny_config.with_labels(labels)
-    config.problem_type = problem
-    ours, hf = pair(BertForSequenceClassification, "BertForSequenceClassification", config)
-    if problem == "single_label_classification":
-        target = torch.tensor([0, 2, 1])
-    elif problem == "regression":
-        target = torch.tensor([0.5, 3.2, 4.9])
-    else:
-        target = torch.tensor([[1.0, 0, 1, 0], [0, 0, 0, 1], [1, 1, 1, 1]])
-    a = ours(**tiny_batch, labels=target)
-    b = hf(**tiny_batch, labels=target)
-    assert a.logits.shape == (3, labels)
-    close(a.logits, b.logits)
-    close(a.loss, b.loss)
-
-
-@torch.no_grad()
-def test_token_classification_matches_hf(tiny_config, tiny_batch):
-    config = tiny_config.with_labels(9)
-    ours, hf = pair(BertForTokenClassification, "BertForTokenClassification", config)
-    labels = torch.randint(0, 9, tiny_batch["input_ids"].shape)
-    labels[tiny_batch["attention_mask"] == 0] = -100
-    a = ours(**tiny_batch, labels=labels)
-    b = hf(**tiny_batch, labels=labels)
-    assert a.logits.shape == (3, 11, 9)
-    close(a.logits, b.logits)
-    close(a.loss, b.loss)
-
-
-@torch.no_grad()
-def test_question_answering_matches_hf(tiny_config, tiny_batch):
-    ours, hf = pair(BertForQuestionAnswering, "BertForQuestionAnswering", tiny_config)
-    start, end = torch.tensor([1, 3, 40]), torch.tensor([2, 5, 40])  # 40: outside, ignored
-    a = ours(**tiny_batch, start_positions=start, end_positions=end)
-    b = hf(**tiny_batch, start_positions=start, end_positions=end)
-    close(a.start_logits, b.start_logits)
-    close(a.end_logits, b.end_logits)
-    close(a.loss, b.loss)
-
-
-@torch.no_grad()
-def test_multiple_choice_matches_hf(tiny_config):
-    ours, hf = pair(BertForMultipleChoice, "BertForMultipleChoice", tiny_config)
-    generator = torch.Generator().manual_seed(1)
-    inputs = {
-        "input_ids": torch.randint(5, 99, (2, 4, 9), generator=generator),
-        "token_type_ids": torch.randint(0, 2, (2, 4, 9), generator=generator),
-        "attention_mask": torch.ones(2, 4, 9, dtype=torch.long),
-    }
-    inputs["attention_mask"][1, :, 7:] = 0
-    labels = torch.tensor([3, 1])
-    a = ours(**inputs, labels=labels)
-    b = hf(**inputs, labels=labels)
-    assert a.logits.shape == (2, 4)
-    close(a.logits, b.logits)
-    close(a.loss, b.loss)
 
 
 # ----------------------------------------------------------------------------- causal mask
@@ -244,28 +104,6 @@ def test_causal_config_matches_hf_decoder_and_ignores_the_future(tiny_config, ti
     b = ours(changed, tiny_batch["token_type_ids"], tiny_batch["attention_mask"]).last_hidden_state
     close(a[:, :6], b[:, :6])  # left context only
     assert not torch.allclose(a[0, 6:], b[0, 6:])
-
-
-# ----------------------------------------------------------------------------- shapes & sizes
-@pytest.mark.parametrize(
-    "cls",
-    [
-        BertModel,
-        BertForPreTraining,
-        BertForMaskedLM,
-        BertForSequenceClassification,
-        BertForTokenClassification,
-        BertForQuestionAnswering,
-    ],
-)
-def test_every_head_trains_a_step(cls, tiny_config, tiny_batch):
-    torch.manual_seed(0)
-    model = cls(tiny_config).train()
-    out = model(**tiny_batch)
-    assert not any(p.grad is not None for p in model.parameters())
-    outputs = [v for v in vars(out).values() if isinstance(v, torch.Tensor)]
-    sum(o.float().pow(2).mean() for o in outputs).backward()
-    assert all(p.grad is not None for p in model.parameters() if p.requires_grad), cls
 
 
 def test_dropout_is_active_only_in_training(tiny_config, tiny_batch):
@@ -423,7 +261,7 @@ def test_last_layer_runs_only_where_read(tiny_config, tiny_batch, unpad, checkpo
 
 @pytest.mark.parametrize("cls", ["BertForSequenceClassification", "BertForTokenClassification"])
 def test_training_with_dropout_draws_the_same_masks_padded_unpadded_and_in_hf(
-    cls, tiny_config, tiny_batch
+    cls, tiny_config, tiny_batch, transformers
 ):
     """With dropout on, a seeded training step gives the same loss and gradients on the
     unpadded path (what training uses), the padded path and transformers: the masks do not
@@ -431,7 +269,7 @@ def test_training_with_dropout_draws_the_same_masks_padded_unpadded_and_in_hf(
     config = tiny_config.with_labels(3)
     torch.manual_seed(0)
     hf = getattr(transformers, cls)(hf_config(config))
-    ours = globals()[cls](config)
+    ours = getattr(bertkit, cls)(config)
     load_state_dict_into(ours, hf.state_dict(), strict=True)
     real = tiny_batch["attention_mask"].bool()
     if cls == "BertForSequenceClassification":
@@ -455,97 +293,3 @@ def test_training_with_dropout_draws_the_same_masks_padded_unpadded_and_in_hf(
         close(unpadded[0], other[0])
         for a, b in zip(unpadded[1], other[1], strict=True):
             close(a, b)
-
-
-@torch.no_grad()
-def test_heads_skip_padding_only_where_it_cannot_be_seen(tiny_config, tiny_batch, monkeypatch):
-    seen = []
-    original = BertModel.forward
-
-    def spy(self, *args, **kwargs):
-        seen.append(kwargs.get("unpad", False))
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(BertModel, "forward", spy)
-    positions = torch.tensor([[1, 2], [1, 3], [1, 2]])
-    cases = [
-        (BertForSequenceClassification, {}, True),
-        (BertForSequenceClassification, {"output_hidden_states": True}, False),
-        (BertForPreTraining, {"masked_positions": positions}, True),
-        (BertForPreTraining, {}, False),  # logits at every position are returned
-        (BertForTokenClassification, {}, False),
-        (BertForQuestionAnswering, {}, False),
-    ]
-    for cls, extra, expected in cases:
-        torch.manual_seed(0)
-        model = cls(tiny_config).eval()
-        seen.clear()
-        model(**tiny_batch, **extra)
-        assert seen == [expected], (cls, extra)
-    model = BertForTokenClassification(tiny_config).train()
-    seen.clear()
-    model(**tiny_batch)
-    assert seen == [True]  # training: the loss ignores padding
-
-
-def test_fused_vocab_cross_entropy_equals_the_plain_softmax_and_its_gradients():
-    from bertkit.heads import fused_vocab_cross_entropy
-
-    generator = torch.Generator().manual_seed(0)
-    states = torch.randn(150, 16, generator=generator, requires_grad=True)
-    weight = torch.randn(300, 16, generator=generator, requires_grad=True)
-    bias = torch.randn(300, generator=generator, requires_grad=True)
-    labels = torch.randint(0, 300, (150,), generator=generator)
-    logits = torch.nn.functional.linear(states, weight, bias)
-    plain = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
-    expected = torch.autograd.grad(2.5 * plain, (states, weight, bias))
-    total, correct = fused_vocab_cross_entropy(states, weight, bias, labels, chunk=64)
-    got = torch.autograd.grad(2.5 * total, (states, weight, bias))
-    torch.testing.assert_close(total, plain.detach(), rtol=1e-6, atol=1e-4)
-    assert int(correct) == int((logits.argmax(-1) == labels).sum())
-    for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    with torch.no_grad():  # evaluation: the same figures, no gradient work
-        again, hits = fused_vocab_cross_entropy(states, weight, bias, labels)
-    assert torch.allclose(again, total.detach()) and int(hits) == int(correct)
-
-
-def test_fused_mlm_step_equals_the_logits_path():
-    """A pre-training step through `fused_mlm=True` gives the loss and every gradient of the
-    plain path (logits, F.cross_entropy)."""
-    from bertkit.heads import BertForMaskedLM, BertForPreTraining
-
-    config = BertConfig(
-        vocab_size=97,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=48,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    generator = torch.Generator().manual_seed(1)
-    ids = torch.randint(5, 97, (4, 12), generator=generator)
-    mask = torch.ones_like(ids)
-    mask[2, 9:] = 0
-    positions = torch.randint(1, 9, (4, 3), generator=generator)
-    labels = torch.randint(5, 97, (4, 3), generator=generator)
-    labels[1, 2] = -100
-    for cls in (BertForPreTraining, BertForMaskedLM):
-        torch.manual_seed(0)
-        model = cls(config).train()
-        plain = model(ids, attention_mask=mask, masked_positions=positions, labels=labels)
-        plain.loss.backward()
-        expected = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        model.zero_grad()
-        fused = model(
-            ids, attention_mask=mask, masked_positions=positions, labels=labels, fused_mlm=True
-        )
-        fused.loss.backward()
-        torch.testing.assert_close(fused.loss, plain.loss, rtol=1e-6, atol=1e-6)
-        logits = plain.mlm_logits if cls is BertForPreTraining else plain.logits
-        valid = labels != -100
-        assert int(fused.mlm_correct) == int(((logits.argmax(-1) == labels) & valid).sum())
-        for name, parameter in model.named_parameters():
-            if name in expected:
-                torch.testing.assert_close(parameter.grad, expected[name], rtol=1e-4, atol=1e-6)

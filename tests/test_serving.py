@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from bertkit import BertConfig, Predictor
+from bertkit import Predictor
 from bertkit.cli import main
 from bertkit.heads import (
     BertForMultipleChoice,
@@ -17,19 +17,10 @@ from bertkit.heads import (
     BertForTokenClassification,
 )
 from bertkit.model import BertModel
+from bertkit.serving import OnnxModel, export_onnx
 from bertkit.tokenizer import BertTokenizer
 
-ort = pytest.importorskip("onnxruntime")
-pytest.importorskip("onnx")
-from bertkit.serving import OnnxModel, export_onnx  # noqa: E402
-
-CONFIG = dict(
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=37,
-    max_position_embeddings=64,
-)
+from helpers import tiny_bert_config
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +39,7 @@ def tokenizer(minilm_dir):
     ],
 )
 def test_export_answers_like_bertkit_at_other_shapes(head, tokenizer, tmp_path):
-    config = BertConfig(vocab_size=tokenizer.vocab_size, **CONFIG)
+    config = tiny_bert_config(tokenizer.vocab_size)
     if head in (BertForSequenceClassification, BertForTokenClassification):
         config = config.with_labels(3)
     torch.manual_seed(0)
@@ -74,7 +65,7 @@ def test_export_answers_like_bertkit_at_other_shapes(head, tokenizer, tmp_path):
 
 
 def test_predictor_onnx_backend_and_int8(tokenizer, tmp_path, capsys):
-    config = BertConfig(vocab_size=tokenizer.vocab_size, **CONFIG).with_labels(2)
+    config = tiny_bert_config(tokenizer.vocab_size).with_labels(2)
     torch.manual_seed(0)
     model = BertForSequenceClassification(config).eval()
     source = tmp_path / "mrpc"

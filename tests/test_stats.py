@@ -5,10 +5,8 @@ import pytest
 
 from bertkit.stats import summary, t_cdf, t_ppf, welch_interval
 
-scipy_stats = pytest.importorskip("scipy.stats")
 
-
-def test_student_t_against_scipy():
+def test_student_t_against_scipy(scipy_stats):
     rng = np.random.default_rng(0)
     for df in [1.0, 2.5, 4.0, 7.3, 30.0, 500.0]:
         for t in rng.normal(0, 3, 8):
@@ -17,7 +15,7 @@ def test_student_t_against_scipy():
             assert t_ppf(q, df) == pytest.approx(scipy_stats.t.ppf(q, df), abs=1e-8)
 
 
-def test_welch_interval_against_scipy_on_random_inputs():
+def test_welch_interval_against_scipy_on_random_inputs(scipy_stats):
     rng = np.random.default_rng(1)
     for _ in range(25):
         a = rng.normal(rng.uniform(-1, 1), rng.uniform(0.01, 2), int(rng.integers(2, 12)))
@@ -41,7 +39,7 @@ def test_summary_and_errors():
     assert same["difference"] == 0.0 and same["p_value"] == 1.0
 
 
-def test_compare_to_baseline_on_random_study_tables():
+def test_compare_to_baseline_on_random_study_tables(scipy_stats):
     from bertkit.stats import compare_to_baseline
 
     rng = np.random.default_rng(2)

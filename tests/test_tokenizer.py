@@ -1,3 +1,5 @@
+from __future__ import annotations
+
 import json
 import unicodedata
 
@@ -7,9 +9,19 @@ import torch
 
 from bertkit import BertTokenizer, train_vocab
 from bertkit.tokenizer import load_vocab, looks_uncased
-from tests.conftest import data_path
 
-transformers = pytest.importorskip("transformers")
+from helpers import data_path
+
+
+def test_vocab_with_a_byte_order_mark_and_an_empty_pair(tmp_path):
+    from bertkit.tokenizer import BertTokenizer, load_vocab
+
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]
+    (tmp_path / "vocab.txt").write_text("\ufeff" + "\n".join(tokens) + "\n", encoding="utf-8")
+    assert load_vocab(tmp_path / "vocab.txt") == tokens
+    tokenizer = BertTokenizer.from_pretrained(tmp_path)
+    assert tokenizer("a", "")["input_ids"] == tokenizer("a")["input_ids"] == [2, 5, 3]
+
 
 ADVERSARIAL = [
     "",
@@ -85,8 +97,9 @@ def _vocab_dirs(minilm_dir):
     return {"bert-base-uncased": data_path("vocab", "bert-base-uncased"), "minilm": minilm_dir}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert-base-uncased", "minilm"])
-def test_ids_match_hf_fast_on_real_text(name, real_lines, minilm_dir):
+def test_ids_match_hf_fast_on_real_text(name, real_lines, minilm_dir, transformers):
     directory = _vocab_dirs(minilm_dir)[name]
     ours = BertTokenizer.from_pretrained(directory)
     assert ours.lowercase
@@ -105,7 +118,7 @@ def test_ids_match_hf_fast_on_real_text(name, real_lines, minilm_dir):
         assert a[key] == b[key], key
 
 
-def test_matches_googles_algorithm_slow_port(real_lines):
+def test_matches_googles_algorithm_slow_port(real_lines, transformers):
     """transformers' slow BertTokenizer is a line-by-line port of Google's tokenization.py."""
     directory = data_path("vocab", "bert-base-uncased")
     ours = BertTokenizer.from_pretrained(directory)
@@ -115,7 +128,7 @@ def test_matches_googles_algorithm_slow_port(real_lines):
         assert ours.tokenize(text) == slow.tokenize(text), text
 
 
-def test_cased_mode_keeps_case_and_accents():
+def test_cased_mode_keeps_case_and_accents(transformers):
     directory = data_path("vocab", "bert-base-uncased")
     ours = BertTokenizer.from_pretrained(directory, lowercase=False)
     hf = transformers.BertTokenizerFast(str(directory / "vocab.txt"), do_lower_case=False)
@@ -254,7 +267,7 @@ def test_casing_detected_from_config_or_vocab(tmp_path):
     assert tok.lowercase and tok.model_max_length == 128
 
 
-def test_save_load_round_trip_and_hf_reads_it(tmp_path, minilm_dir):
+def test_save_load_round_trip_and_hf_reads_it(tmp_path, minilm_dir, transformers):
     tok = BertTokenizer.from_pretrained(minilm_dir)
     tok.save_pretrained(tmp_path)
     again = BertTokenizer.from_pretrained(tmp_path)

@@ -10,7 +10,7 @@ import errno
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -71,12 +71,6 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
-    """Call `write(tmp_path)` and move the result onto `path` atomically."""
-    with atomic_path(path) as tmp:
-        write(tmp)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -82,7 +82,7 @@ def crc32c(data: bytes | memoryview | np.ndarray) -> int:
     >>> hex(crc32c(b"123456789"))
     '0xe3069283'
     """
-    buffer = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    buffer = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)  # type: ignore[arg-type]
     register = 0xFFFFFFFF
     chunks = len(buffer) // _CHUNK
     if chunks >= 16:  # below that the plain loop is faster
@@ -140,6 +140,7 @@ def _fields(message: bytes) -> list[tuple[int, int | bytes]]:
     out: list[tuple[int, int | bytes]] = []
     pos = 0
     while pos < len(message):
+        value: int | bytes
         key, pos = _varint(message, pos)
         number, wire = key >> 3, key & 7
         if wire == 0:
@@ -157,6 +158,18 @@ def _fields(message: bytes) -> list[tuple[int, int | bytes]]:
     return out
 
 
+def _varint_field(value: int | bytes) -> int:
+    if not isinstance(value, int):
+        raise ValueError("malformed checkpoint index: a length-delimited field where a number is")
+    return value
+
+
+def _bytes_field(value: int | bytes) -> bytes:
+    if isinstance(value, int):
+        raise ValueError("malformed checkpoint index: a number where bytes are")
+    return value
+
+
 def _field(number: int, value: int | bytes) -> bytes:
     if isinstance(value, int):
         return _encode_varint(number << 3) + _encode_varint(value)
@@ -164,7 +177,7 @@ def _field(number: int, value: int | bytes) -> bytes:
 
 
 # TensorFlow DataType enum -> numpy dtype (the ones a BERT checkpoint can hold).
-_DTYPES = {
+_DTYPES: dict[int, np.dtype] = {
     1: np.dtype("<f4"),  # DT_FLOAT
     2: np.dtype("<f8"),  # DT_DOUBLE
     3: np.dtype("<i4"),  # DT_INT32
@@ -190,26 +203,28 @@ class BundleEntry:
 
 
 def _parse_entry(value: bytes) -> BundleEntry:
-    dtype, shape, shard, offset, size, crc = 0, [], 0, 0, 0, None
+    dtype, shard, offset, size = 0, 0, 0, 0
+    shape: list[int] = []
+    crc: int | None = None
     for number, field in _fields(value):
         if number == 1:
-            dtype = field
+            dtype = _varint_field(field)
         elif number == 2:
-            for dim_number, dim in _fields(field):  # TensorShapeProto
+            for dim_number, dim in _fields(_bytes_field(field)):  # TensorShapeProto
                 if dim_number == 2:
-                    dim_size = next((v for n, v in _fields(dim) if n == 1), 0)
-                    shape.append(int(dim_size))
+                    sizes = (v for n, v in _fields(_bytes_field(dim)) if n == 1)
+                    shape.append(_varint_field(next(sizes, 0)))
         elif number == 3:
-            shard = field
+            shard = _varint_field(field)
         elif number == 4:
-            offset = field
+            offset = _varint_field(field)
         elif number == 5:
-            size = field
+            size = _varint_field(field)
         elif number == 6:
-            crc = struct.unpack("<I", field)[0]
+            crc = struct.unpack("<I", _bytes_field(field))[0]
         elif number == 7:
             raise ValueError("partitioned (sliced) variables are not supported")
-    return BundleEntry(int(dtype), tuple(shape), int(shard), int(offset), int(size), crc)
+    return BundleEntry(dtype, tuple(shape), shard, offset, size, crc)
 
 
 def _encode_entry(entry: BundleEntry) -> bytes:
@@ -383,6 +398,7 @@ def read_bundle(
     for name, entry in entries.items():
         if skip(name):
             continue
+        dtype: np.dtype
         if entry.dtype == _DT_BFLOAT16:
             dtype = np.dtype("<u2")  # converted by the caller via torch
         elif entry.dtype in _DTYPES:

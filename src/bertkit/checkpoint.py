@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -23,7 +23,24 @@ import torch
 from bertkit._io import atomic_path, atomic_write_text
 from bertkit._tf_bundle import _BFloat16, bundle_prefix, read_bundle, write_bundle
 from bertkit.config import BertConfig
-from bertkit.model import BertPreTrainedModel
+
+
+class PreTrainedModule(Protocol):
+    """What checkpoint I/O needs of a model: `bertkit.model.BertPreTrainedModel` and every head.
+    A protocol, not an import, so the dependency runs one way: the model classes call into this
+    module (`from_pretrained`, `save_pretrained`), and this module only calls their methods."""
+
+    config: BertConfig
+    base_model_prefix: str
+
+    def init_module(self, module: torch.nn.Module) -> None: ...
+    def tie_weights(self) -> None: ...
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+    def get_submodule(self, target: str) -> torch.nn.Module: ...
+    def to_empty(self, *, device: Any) -> Any: ...
+    def to(self, *args: Any, **kwargs: Any) -> Any: ...
+    def eval(self) -> Any: ...
+
 
 logger = logging.getLogger("bertkit")
 
@@ -87,7 +104,7 @@ def hf_to_tf_name(name: str) -> tuple[str, bool]:
         if hf_name == name:
             return tf_name, False
     parts = name.split(".")
-    scope = []
+    scope: list[str] = []
     for i, part in enumerate(parts[:-1]):
         if part.isdigit() and i and parts[i - 1] == "layer":
             scope[-1] = f"layer_{part}"
@@ -104,7 +121,7 @@ def hf_to_tf_name(name: str) -> tuple[str, bool]:
 
 
 # ---------------------------------------------------------------------------- reading
-def detect_format(path: Path) -> str:
+def detect_checkpoint_format(path: Path) -> str:
     """ "hf" or "google" for a checkpoint directory; FileNotFoundError naming what is missing."""
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: checkpoint directory not found")
@@ -128,7 +145,7 @@ def read_config(path: Path, *, strict: bool = False) -> BertConfig:
 def read_state_dict(path: str | os.PathLike, *, verify: bool = True) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint directory under our (Hugging Face) names, on the CPU."""
     path = Path(path)
-    if detect_format(path) == "google":
+    if detect_checkpoint_format(path) == "google":
         return _read_google(bundle_prefix(path), verify=verify)
     if (path / SAFETENSORS).exists():
         state = _read_safetensors(path / SAFETENSORS)
@@ -143,7 +160,7 @@ def read_state_dict(path: str | os.PathLike, *, verify: bool = True) -> dict[str
             state.update(_read_safetensors(path / shard))
     else:
         state = _read_torch_bin(path / PYTORCH_BIN)
-    return _normalise_hf_names(state)
+    return _normalize_hf_names(state)
 
 
 def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
@@ -199,7 +216,7 @@ def _read_google(prefix: Path, *, verify: bool) -> dict[str, torch.Tensor]:
     return state
 
 
-def _normalise_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _normalize_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for name, tensor in state.items():
         # Old Hugging Face checkpoints (e.g. the original bert-base-uncased) say gamma/beta.
@@ -213,7 +230,7 @@ def _normalise_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 # ---------------------------------------------------------------------------- loading
 def _adapt_prefix(
-    state: dict[str, torch.Tensor], model: BertPreTrainedModel
+    state: dict[str, torch.Tensor], model: PreTrainedModule
 ) -> dict[str, torch.Tensor]:
     """Match the checkpoint's `bert.` prefix to the model's (BertModel has none, heads have it)."""
     prefix = model.base_model_prefix
@@ -229,7 +246,7 @@ def _adapt_prefix(
 
 
 def load_state_dict_into(
-    model: BertPreTrainedModel,
+    model: PreTrainedModule,
     state: dict[str, torch.Tensor],
     *,
     source: str = "checkpoint",
@@ -246,7 +263,7 @@ def load_state_dict_into(
       anything else as a warning. `strict=True` makes every mismatch an error.
     Returns {"missing": [...], "unexpected": [...], "mismatched": [...]}.
     """
-    state = _adapt_prefix(_normalise_hf_names(state), model)
+    state = _adapt_prefix(_normalize_hf_names(state), model)
     expected = model.state_dict()
     tied = {TIED_DECODER, "decoder.weight"} & set(expected)
     mismatched, loadable = [], {}
@@ -290,7 +307,7 @@ def load_state_dict_into(
     with torch.no_grad():
         for name, tensor in loadable.items():
             expected[name].copy_(tensor)
-    _initialise(model, missing + mismatched, loadable)
+    _initialize(model, missing + mismatched, loadable)
     model.tie_weights()
     if missing:
         logger.warning(
@@ -313,8 +330,8 @@ def load_state_dict_into(
 
 
 @torch.no_grad()
-def _initialise(
-    model: BertPreTrainedModel, names: list[str], loadable: dict[str, torch.Tensor]
+def _initialize(
+    model: PreTrainedModule, names: list[str], loadable: dict[str, torch.Tensor]
 ) -> None:
     """Give the tensors a checkpoint lacked their fresh initialisation (`from_pretrained` builds
     the model without one), keeping what was loaded into the same modules."""
@@ -334,7 +351,7 @@ def _initialise(
                 parameter.copy_(loadable[full_name])
 
 
-def _is_encoder(name: str, model: BertPreTrainedModel) -> bool:
+def _is_encoder(name: str, model: PreTrainedModule) -> bool:
     prefix = f"{model.base_model_prefix}." if model.base_model_prefix else ""
     # The pooler is left out: checkpoints saved without one (BertForMaskedLM) are common.
     return name.startswith((prefix + "embeddings.", prefix + "encoder."))
@@ -355,7 +372,7 @@ def _shape_hint(name: str) -> str:
 
 
 def load_pretrained(
-    cls: type[BertPreTrainedModel],
+    cls: Any,
     path: str | os.PathLike,
     *,
     config: BertConfig | None = None,
@@ -365,14 +382,14 @@ def load_pretrained(
     verify: bool = True,
     dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
-) -> BertPreTrainedModel:
+) -> PreTrainedModule:
     """Build `cls` from a checkpoint directory, Hugging Face or Google layout (auto-detected).
 
     `config` replaces the directory's; `num_labels` sets the classification head's size (e.g.
     a fresh classifier on a pre-trained encoder). `verify` checks Google checkpoints' CRCs.
     """
     path = Path(path)
-    fmt = detect_format(path)
+    fmt = detect_checkpoint_format(path)
     if config is None:
         config = read_config(path)
     state = read_state_dict(path, verify=verify)
@@ -404,7 +421,7 @@ def load_pretrained(
 
 
 # ---------------------------------------------------------------------------- saving
-def state_dict_for_saving(model: BertPreTrainedModel) -> dict[str, torch.Tensor]:
+def state_dict_for_saving(model: PreTrainedModule) -> dict[str, torch.Tensor]:
     """The model's tensors, tied copies dropped (safetensors refuses shared storage)."""
     state = model.state_dict()
     state.pop(TIED_DECODER, None)
@@ -412,7 +429,7 @@ def state_dict_for_saving(model: BertPreTrainedModel) -> dict[str, torch.Tensor]
 
 
 def save_pretrained(
-    model: BertPreTrainedModel,
+    model: PreTrainedModule,
     directory: str | os.PathLike,
     *,
     tokenizer: Any = None,
@@ -442,11 +459,12 @@ def save_pretrained(
     _write_vocab(model, directory, tokenizer)
 
 
-def _write_vocab(model: BertPreTrainedModel, directory: Path, tokenizer: Any) -> None:
+def _write_vocab(model: PreTrainedModule, directory: Path, tokenizer: Any) -> None:
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
         return
-    source = Path(model.source_dir) if model.source_dir else None
+    source_dir = getattr(model, "source_dir", None)  # set by from_pretrained
+    source = Path(source_dir) if source_dir else None
     if source is None or source.resolve() == directory.resolve():
         return
     for name in ("vocab.txt", "tokenizer_config.json"):

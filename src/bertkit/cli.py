@@ -83,7 +83,7 @@ def _pretrain(args: argparse.Namespace) -> None:
     budgets = None
     if args.phases and budget is not None:  # SEQ_LEN:SHARE of the budget
         shares = parse_phases(args.phases, shares=True)
-        phases = [(length, None) for length, _ in shares]
+        phases: list[tuple[int, int | None]] = [(length, None) for length, _ in shares]
         budgets = [share * budget for _, share in shares]
     elif args.phases:
         phases = parse_phases(args.phases)
@@ -287,6 +287,7 @@ def _extract(args: argparse.Namespace) -> None:
     from bertkit.tasks.ner import read_conll
     from bertkit.tokenizer import BertTokenizer
 
+    items: list[str] | list[list[str]]
     if args.conll:
         items = [list(s.words) for s in read_conll(args.input)]
     else:
@@ -844,7 +845,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the subcommand's usage and a hint, not the top level's "unrecognized"
-        command = parser._subparsers._group_actions[0].choices[args.command]
+        subcommands = parser._subparsers._group_actions[0]  # type: ignore[union-attr]
+        command = subcommands.choices[args.command]  # type: ignore[index]
         command.error(
             f"unrecognized arguments: {' '.join(unknown)}{_did_you_mean(command, unknown)}"
         )

@@ -32,7 +32,7 @@ def docstring_documents(
                 tree = ast.parse(path.read_bytes(), filename=str(path))
             except (SyntaxError, ValueError, OSError, UnicodeDecodeError):
                 continue
-            paragraphs = []
+            paragraphs: list[str] = []
             for node in ast.walk(tree):
                 if isinstance(
                     node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)

@@ -21,13 +21,17 @@ per direction) and a linear classifier over the frozen features.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
+
+from bertkit.heads import IGNORE_INDEX, token_loss
 
 SELECTIONS = (
     "embeddings",
@@ -161,7 +165,8 @@ def save_features(
     from bertkit._io import atomic_path
 
     path = Path(path)
-    tensors, lengths = {}, None
+    tensors: dict[str, torch.Tensor] = {}
+    lengths: list[int] = []
     for selection, rows in features.items():
         tensors[selection.replace(":", "_")] = torch.cat(rows).contiguous()
         lengths = [len(r) for r in rows]
@@ -240,6 +245,33 @@ class BiLSTMTagger(nn.Module):
         return self.classifier(self.dropout(out))
 
 
+class _TaggerObjective:
+    """The tagger's loss for the `Trainer`: cross-entropy of every word's tag."""
+
+    def counts(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.tensor([float((batch["labels"] != IGNORE_INDEX).sum())], dtype=torch.float64)
+
+    def loss(self, model, batch, totals):
+        logits = model(batch["features"], batch["lengths"])
+        total = token_loss(logits, batch["labels"], reduction="sum")
+        units = (batch["labels"] != IGNORE_INDEX).sum()
+        stats = torch.stack([total.detach().double(), units.double()])
+        return total / totals[0].clamp(min=1), stats
+
+    def log_entry(self, sums: torch.Tensor) -> dict[str, float]:
+        loss, units = sums.tolist()
+        return {"loss": round(loss / max(units, 1), 6)}
+
+
+def _tagger_batch(items: Sequence[tuple[torch.Tensor, list[int]]]) -> dict[str, torch.Tensor]:
+    x, lengths = _pad([features for features, _ in items])
+    labels = torch.full(x.shape[:2], IGNORE_INDEX, dtype=torch.long)
+    for j, (_, tags) in enumerate(items):
+        labels[j, : len(tags)] = torch.tensor(tags)
+    mask = (torch.arange(x.shape[1]) < lengths[:, None]).long()  # what the loop counts as tokens
+    return {"features": x, "lengths": lengths, "labels": labels, "attention_mask": mask}
+
+
 def train_tagger(
     train: tuple[list[torch.Tensor], list[list[int]]],
     dev: tuple[list[torch.Tensor], list[list[int]]],
@@ -252,33 +284,58 @@ def train_tagger(
     seed: int = 0,
     mix_layers: int | None = None,
     device: str | torch.device = "cpu",
+    out: str | os.PathLike | None = None,
+    resume: bool = False,
     progress: bool = False,
 ) -> tuple[BiLSTMTagger, list[list[int]]]:
     """Train a `BiLSTMTagger` on per-word features and label ids; return it and its dev
-    predictions (label ids per word) after the last epoch."""
+    predictions (label ids per word) after the last epoch. It trains on the `Trainer`: Adam
+    (AdamW without weight decay) at a constant `learning_rate`, gradients clipped at 1, random
+    batches; with `out`, the run's log.jsonl and a checkpoint every epoch go there, and
+    `resume` continues a killed run (without `out`, a temporary folder)."""
+    from bertkit.tasks.base import FinetuneData
+    from bertkit.training.distributed import Distributed
+    from bertkit.training.loop import Trainer, TrainingConfig
+
     torch.manual_seed(seed)
     features, labels = train
     width = features[0].shape[-1]
-    tagger = BiLSTMTagger(width, num_labels, hidden_size, mix_layers=mix_layers).to(device)
-    optimizer = torch.optim.Adam(tagger.parameters(), lr=learning_rate)
-    rng = np.random.default_rng(seed)
-    for _ in range(epochs):
-        tagger.train()
-        order = rng.permutation(len(features))
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            x, lengths = _pad([features[i] for i in chunk])
-            y = torch.full(x.shape[:2], -100, dtype=torch.long)
-            for j, i in enumerate(chunk):
-                y[j, : len(labels[i])] = torch.tensor(labels[i])
-            logits = tagger(x.to(device), lengths)
-            loss = nn.functional.cross_entropy(
-                logits.reshape(-1, num_labels), y.to(device).reshape(-1), ignore_index=-100
-            )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(tagger.parameters(), 1.0)
-            optimizer.step()
+    tagger = BiLSTMTagger(width, num_labels, hidden_size, mix_layers=mix_layers)
+    data = FinetuneData(
+        list(zip(features, labels, strict=True)),
+        batch_size,
+        _tagger_batch,
+        seed=seed,
+        bucket_batches=1,
+        lengths=[len(f) for f in features],
+    )
+    steps = data.batches_per_epoch * epochs
+    with contextlib.ExitStack() as stack:
+        if out is None:
+            out = stack.enter_context(tempfile.TemporaryDirectory(prefix="bertkit-tagger-"))
+        Path(out).mkdir(parents=True, exist_ok=True)
+        config = TrainingConfig(
+            out_dir=str(out),
+            max_steps=steps,
+            learning_rate=learning_rate,
+            warmup_steps=0,
+            schedule="constant",
+            weight_decay=0.0,
+            log_every=max(1, min(50, data.batches_per_epoch // 4)),
+            save_every=data.batches_per_epoch,
+            seed=seed,
+            resume=resume,
+            progress=progress,
+            extra={"tagger": {"hidden_size": hidden_size, "mix_layers": mix_layers}},
+        )
+        trainer = Trainer(
+            tagger,
+            _TaggerObjective(),
+            data,
+            config,
+            dist_info=Distributed(device=torch.device(device)),
+        )
+        trainer.train()
     return tagger, predict_tags(tagger, dev[0], batch_size, device)
 
 

@@ -58,21 +58,24 @@ class FillMask:
     def __call__(self, texts: Text | Sequence[Text], top: int = 5) -> list[list[dict[str, Any]]]:
         """Per text, per `[MASK]`: `position` (its index among the pieces, [CLS] = 0), the `top`
         most likely `tokens`, their `ids` and `probabilities` (most likely first)."""
+        batch: list[Text]
         if isinstance(texts, str) or (
             isinstance(texts, tuple) and len(texts) == 2 and all(isinstance(t, str) for t in texts)
         ):
-            texts = [texts]
-        texts = list(texts)
+            batch = [texts]  # type: ignore[list-item]  # one text, not a sequence of them
+        else:
+            batch = list(texts)
         if top < 1:
             raise ValueError(f"top must be at least 1, got {top}")
         top = min(top, self.tokenizer.vocab_size)
         results: list[list[dict[str, Any]]] = []
-        for start in range(0, len(texts), self.batch_size):
-            results += self._batch(texts[start : start + self.batch_size], start, top)
+        for start in range(0, len(batch), self.batch_size):
+            results += self._batch(batch[start : start + self.batch_size], start, top)
         return results
 
     def _batch(self, texts: list[Text], first: int, top: int) -> list[list[dict[str, Any]]]:
-        singles, pairs = [], []
+        singles: list[str] = []
+        pairs: list[str | None] = []
         for number, text in enumerate(texts, start=first):
             if isinstance(text, str):
                 singles.append(text)

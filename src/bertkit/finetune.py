@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -46,6 +46,13 @@ from bertkit.viz import plot_log, read_log
 logger = logging.getLogger("bertkit")
 RESULTS_FILE = "results.json"
 GRID = {"batch_size": (16, 32), "learning_rate": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
+
+
+class Sizes(NamedTuple):
+    epochs: int
+    learning_rate: float
+    batch_size: int
+    max_seq_length: int
 
 
 @dataclass
@@ -77,6 +84,18 @@ class FinetuneConfig:
     # adamw (torch's AdamW, bias-corrected) or bertadam (Google's original update, without
     # bias correction: the optimiser of the paper's fine-tuning runs)
     optimizer: str = "adamw"
+
+    def sizes(self) -> Sizes:
+        """The four settings a task fills in, of a `resolved` config."""
+        epochs, lr, batch, length = (
+            self.epochs,
+            self.learning_rate,
+            self.batch_size,
+            self.max_seq_length,
+        )
+        if epochs is None or lr is None or batch is None or length is None:
+            raise ValueError("FinetuneConfig.resolved(task) first: the task's defaults are unset")
+        return Sizes(epochs, lr, batch, length)
 
     def resolved(self, task: Task) -> FinetuneConfig:
         return dataclasses.replace(
@@ -115,12 +134,13 @@ def main_score(task: Task, figures: dict[str, float]) -> float:
 
 def load_task_data(task: Task, data: str | os.PathLike, tokenizer, config: FinetuneConfig):
     """(train examples, train features, {dev split: (examples, features)})"""
+    max_seq_length = config.sizes().max_seq_length
     train = task.read(data, "train")[: config.max_train_examples]
-    train_features = task.featurize(train, tokenizer, config.max_seq_length)
+    train_features = task.featurize(train, tokenizer, max_seq_length)
     devs = {}
     for split in task.dev_splits():
         examples = task.read(data, split)[: config.max_eval_examples]
-        devs[split] = (examples, task.featurize(examples, tokenizer, config.max_seq_length))
+        devs[split] = (examples, task.featurize(examples, tokenizer, max_seq_length))
     return train, train_features, devs
 
 
@@ -162,6 +182,15 @@ def evaluate_split(task, model, examples, features, batch_size, device) -> tuple
     return task.score(examples, predictions), predictions
 
 
+def _resolve(
+    task: str | Task, config: FinetuneConfig | None, out: str | os.PathLike
+) -> tuple[Task, FinetuneConfig, Path]:
+    """The arguments every entry point takes, as objects: the task, the settings with the
+    task's defaults filled in, the output folder."""
+    task = get_task(task) if isinstance(task, str) else task
+    return task, (config or FinetuneConfig()).resolved(task), Path(out)
+
+
 def finetune(
     task: str | Task,
     model: str | os.PathLike,
@@ -176,16 +205,18 @@ def finetune(
     the official files in `data`; write the best epoch's model and results to `out`. Returns
     the results dict (also `out/results.json`). `loaded` reuses data read by an earlier run;
     `build(task, model, seed)` replaces `build_model` (another implementation, for benchmarks)."""
-    task = get_task(task) if isinstance(task, str) else task
-    config = (config or FinetuneConfig()).resolved(task)
+    task, config, out = _resolve(task, config, out)
     head_class(task, config.bilstm)  # a head this task cannot have fails before any work
-    out = Path(out)
     _claim(out, config)
     started = time.perf_counter()
+    sizes = config.sizes()
     tokenizer = BertTokenizer.from_pretrained(model)
-    tokenizer.model_max_length = config.max_seq_length
+    tokenizer.model_max_length = sizes.max_seq_length
     train, train_features, devs = loaded or load_task_data(task, data, tokenizer, config)
-    if config.resume and (finished := _finished(out, task, config, len(train))) is not None:
+    if (
+        config.resume
+        and (finished := _results_of_finished_run(out, task, config, len(train))) is not None
+    ):
         logger.info("%s: finished already (results.json), not run again", out)
         return finished
     if build is None:
@@ -203,33 +234,37 @@ def finetune(
 
     batches = FinetuneData(
         train_features,
-        config.batch_size,
+        sizes.batch_size,
         functools.partial(collate, padded=task.padded_inputs),
         seed=config.seed,
     )
     steps_per_epoch = batches.batches_per_epoch
-    max_steps = steps_per_epoch * config.epochs
+    max_steps = steps_per_epoch * sizes.epochs
     best: dict[str, Any] = {}
 
-    def evaluate(wrapped) -> dict[str, Any]:
+    def evaluate(wrapped, step: int) -> dict[str, Any]:
+        """Score every dev split; keep the best epoch's model and predictions."""
         model_ = distributed.unwrap(wrapped)
         if not best:
             best.update(_best_so_far(out, task))
-        epoch = round(trainer.step / steps_per_epoch, 3)
-        figures, predictions = {}, {}
+        epoch = round(step / steps_per_epoch, 3)
+        figures, predictions, settings = {}, {}, {}
         for split, (examples, features) in devs.items():
             scores, predictions[split] = evaluate_split(
                 task, model_, examples, features, config.eval_batch_size, dist.device
             )
+            if split == "dev":
+                settings = task.dev_settings(scores)
             suffix = "" if split == "dev" else "_" + split.removeprefix("dev_")
             figures.update({f"{k}{suffix}": v for k, v in scores.items()})
         score = main_score(task, figures)
         entry = {"split": "eval", "epoch": epoch, **figures, "score": score}
         if score > best.get("score", -math.inf):
             best.update(score=score, epoch=epoch, dev=figures)
-            save_finetuned(model_, tokenizer, out, task, config)
+            save_finetuned(model_, tokenizer, out, task, config, settings)
+            tuned = task.with_settings(settings)
             for split, (examples, _) in devs.items():
-                task.write_predictions(
+                tuned.write_predictions(
                     examples, predictions[split], out / _prediction_name(task, split)
                 )
             logger.info("epoch %s: dev %s (best so far)", epoch, _brief(figures))
@@ -244,7 +279,7 @@ def finetune(
         TrainingConfig(
             out_dir=str(out),
             max_steps=max_steps,
-            learning_rate=config.learning_rate,
+            learning_rate=sizes.learning_rate,
             warmup_steps=int(config.warmup_proportion * max_steps),
             weight_decay=config.weight_decay,
             optimizer=config.optimizer,
@@ -318,7 +353,7 @@ def _claim(out: Path, config: FinetuneConfig) -> None:
             (out / name).unlink(missing_ok=True)
 
 
-def _finished(out: Path, task: Task, config: FinetuneConfig, train_examples: int):
+def _results_of_finished_run(out: Path, task: Task, config: FinetuneConfig, train_examples: int):
     """The results of a run that completed in OUT with these settings, else None: `resume`
     then returns them instead of training again (a killed `--seeds` or `--grid` run redoes
     only what was not finished)."""
@@ -353,15 +388,17 @@ def random_init_dir(
     return out
 
 
-def save_finetuned(model, tokenizer, out: Path, task: Task, config: FinetuneConfig) -> None:
+def save_finetuned(
+    model, tokenizer, out: Path, task: Task, config: FinetuneConfig, settings: dict | None = None
+) -> None:
+    """The model, its vocabulary and task_info.json (with the task's dev-tuned `settings`)."""
     model.save_pretrained(out, tokenizer=tokenizer)
     info = {
         "task": task.name,
         "head": head_class(task, config.bilstm),
         "max_seq_length": config.max_seq_length,
+        **(settings or {}),
     }
-    if getattr(task, "null_threshold", None) is not None:
-        info["null_threshold"] = task.null_threshold
     _write_json(out / TASK_FILE, info)
 
 
@@ -415,7 +452,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 def _load_once(task: Task, model, data, config: FinetuneConfig) -> tuple:
     tokenizer = BertTokenizer.from_pretrained(model)
-    tokenizer.model_max_length = config.max_seq_length
+    tokenizer.model_max_length = config.sizes().max_seq_length
     return load_task_data(task, data, tokenizer, config)
 
 
@@ -432,9 +469,7 @@ def finetune_seeds(
 ) -> dict[str, Any]:
     """K runs with seeds seed, seed+1, ... in OUT/seed_<s>; OUT/results.json has the mean in
     `"dev"` and `dev_std`, `dev_min`, `dev_max`, every run's figures under `runs`."""
-    task = get_task(task) if isinstance(task, str) else task
-    config = (config or FinetuneConfig()).resolved(task)
-    out = Path(out)
+    task, config, out = _resolve(task, config, out)
     loaded = loaded or _load_once(task, model, data, config)  # read and featurised once
     runs = []
     for seed in range(config.seed, config.seed + seeds):
@@ -470,9 +505,7 @@ def finetune_grid(
 ) -> dict[str, Any]:
     """The paper's grid, each point in OUT/b<batch>_lr<lr>_e<epochs> (with `seeds` seeds
     each); the point with the best mean dev score is selected, OUT/results.json reports it."""
-    task = get_task(task) if isinstance(task, str) else task
-    config = (config or FinetuneConfig()).resolved(task)
-    out = Path(out)
+    task, config, out = _resolve(task, config, out)
     grid = grid or GRID
     # features depend on max_seq_length only, not on batch, lr or epochs: read them once
     loaded = _load_once(task, model, data, config)
@@ -526,9 +559,8 @@ def evaluate(
     predictions there (test splits: predictions only, in the official submission layout).
     `progress`: a progress bar over the batches."""
     info = read_task_info(model)
-    task_obj = get_task(task or info["task"])
-    if "null_threshold" in info and hasattr(task_obj, "null_threshold"):
-        task_obj.null_threshold = info["null_threshold"]
+    # SQuAD 2.0: predictions keep the checkpoint's threshold (scoring changes nothing)
+    task_obj = get_task(task or info["task"]).with_settings(info)
     tokenizer = BertTokenizer.from_pretrained(model)
     max_seq_length = info.get("max_seq_length", task_obj.default_max_seq_length)
     net = MODEL_CLASSES[info.get("head", task_obj.head)].from_pretrained(model)
@@ -539,10 +571,7 @@ def evaluate(
     outputs = run_outputs(task_obj, net, features, batch_size, target, progress=progress)
     predictions = task_obj.predictions(examples, features, outputs)
     labelled = not split.startswith("test")
-    threshold = getattr(task_obj, "null_threshold", None)
     figures = task_obj.score(examples, predictions) if labelled else {}
-    if threshold is not None:  # SQuAD 2.0: predictions keep the checkpoint's threshold
-        task_obj.null_threshold = threshold
     result = {"task": task_obj.name, "model": str(model), "split": split, split: figures}
     if out is not None:
         out = Path(out)

@@ -17,13 +17,14 @@ from torch import nn
 from bertkit.config import BertConfig
 from bertkit.model import BertModel, BertPreTrainedModel, activation
 
-IGNORE_INDEX = -100
+IGNORE_INDEX = -100  # a label that takes no part in the loss
+PAD_LOGIT = -1e4  # the logit of a padded position: no answer starts or ends there
 
 
 # ------------------------------------------------------------------------------- outputs
 @dataclass
 class BertForPreTrainingOutput:
-    mlm_logits: torch.Tensor  # (B, P, V) at masked_positions, else (B, S, V)
+    mlm_logits: torch.Tensor | None  # (B, P, V) at masked_positions, else (B, S, V); None: fused
     nsp_logits: torch.Tensor  # (B, 2): index 0 = IsNext, 1 = NotNext (Google's convention)
     loss: torch.Tensor | None = None  # mlm_loss + nsp_loss, given labels
     mlm_loss: torch.Tensor | None = None
@@ -105,8 +106,22 @@ def gather_positions(sequence: torch.Tensor, positions: torch.Tensor) -> torch.T
     return torch.gather(sequence, 1, index)
 
 
-def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over labels that are not -100; 0 (not NaN) when there are none."""
+# ------------------------------------------------------------------------------- losses
+# Each loss is defined once, here: the heads call these with reduction="mean" (their `loss`
+# output, as in transformers), the training objectives and tasks with reduction="sum" (they
+# divide by the step's total count of units, so accumulation and several processes average
+# over the whole step).
+def _reduce(total: torch.Tensor, count: torch.Tensor | int, reduction: str) -> torch.Tensor:
+    if reduction == "sum":
+        return total
+    if reduction == "mean":
+        return total / torch.as_tensor(count, device=total.device).clamp(min=1)
+    raise ValueError(f"reduction must be 'mean' or 'sum', not {reduction!r}")
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor, *, reduction: str = "mean"):
+    """Cross-entropy of every labelled token (masked LM, tagging): labels IGNORE_INDEX (-100)
+    take no part; the mean is over labelled tokens (0, not NaN, when there are none)."""
     if labels.shape != logits.shape[:-1]:
         raise ValueError(
             f"labels {tuple(labels.shape)} must match logits {tuple(logits.shape[:-1])}"
@@ -118,7 +133,52 @@ def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Ten
         ignore_index=IGNORE_INDEX,
         reduction="sum",
     )
-    return total / (flat_labels != IGNORE_INDEX).sum().clamp(min=1)
+    return _reduce(total, (flat_labels != IGNORE_INDEX).sum(), reduction)
+
+
+def sequence_loss(
+    logits: torch.Tensor, labels: torch.Tensor, problem: str, *, reduction: str = "mean"
+) -> torch.Tensor:
+    """One value per sequence (B, C) against its label: `problem` is "regression" (MSE on
+    C = 1), "single_label_classification" (cross-entropy: GLUE, NSP, multiple choice over
+    the choices) or "multi_label_classification" (binary cross-entropy per label; its mean is
+    over every (example, label), as in transformers)."""
+    if problem == "regression":
+        return F.mse_loss(logits.float().view(-1), labels.float().view(-1), reduction=reduction)
+    if problem == "single_label_classification":
+        return F.cross_entropy(logits.float(), labels.view(-1), reduction=reduction)
+    if problem == "multi_label_classification":
+        return F.binary_cross_entropy_with_logits(
+            logits.float(), labels.float(), reduction=reduction
+        )
+    raise ValueError(f"unknown problem type {problem!r}")
+
+
+def span_loss(
+    start_logits: torch.Tensor,
+    end_logits: torch.Tensor,
+    start_positions: torch.Tensor,
+    end_positions: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """The average of the start and end cross-entropies over the window's positions (span QA).
+    Padded positions (`attention_mask` 0) take no part in the softmax, so the loss does not
+    depend on how much padding a batch has (transformers' head counts them; its logits are the
+    same). A position outside the window (the answer cut off) is ignored, as in transformers."""
+    seq_len = start_logits.shape[1]
+    start_logits, end_logits = start_logits.float(), end_logits.float()
+    if attention_mask is not None:
+        pad = attention_mask == 0
+        start_logits = start_logits.masked_fill(pad, PAD_LOGIT)
+        end_logits = end_logits.masked_fill(pad, PAD_LOGIT)
+    start = start_positions.view(-1).clamp(0, seq_len)
+    end = end_positions.view(-1).clamp(0, seq_len)
+    ce = F.cross_entropy(
+        start_logits, start, ignore_index=seq_len, reduction=reduction
+    ) + F.cross_entropy(end_logits, end, ignore_index=seq_len, reduction=reduction)
+    return ce / 2
 
 
 class _FusedVocabCrossEntropy(torch.autograd.Function):
@@ -207,10 +267,12 @@ class _Head(BertPreTrainedModel):
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
+        *,
         per_position: bool,  # the head's output has a value at every position
         output_hidden_states: bool,
         output_attentions: bool,
         read_positions: torch.Tensor | None = None,
+        read_cls_only: bool = False,
     ):
         """Run the encoder, on real tokens only (`unpad=True`) whenever no padded position's
         value can be seen: the head reads [CLS] or chosen positions (`per_position=False`), or
@@ -221,7 +283,7 @@ class _Head(BertPreTrainedModel):
             self.training or not per_position
         )
         if self.padded_only:
-            read_positions = None
+            read_positions, read_cls_only = None, False
         return self.bert(
             input_ids,
             token_type_ids,
@@ -230,6 +292,7 @@ class _Head(BertPreTrainedModel):
             output_attentions=output_attentions,
             unpad=unpad,
             read_positions=read_positions,
+            read_cls_only=read_cls_only,
         )
 
 
@@ -279,6 +342,8 @@ class BertForPreTraining(_MaskedLMMixin, _Head):
     Without `masked_positions`, logits and labels cover all S positions.
     """
 
+    cls: BertPreTrainingHeads
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
         self.bert = BertModel(config)
@@ -305,27 +370,28 @@ class BertForPreTraining(_MaskedLMMixin, _Head):
             input_ids,
             token_type_ids,
             attention_mask,
-            masked_positions is None,
-            output_hidden_states,
-            output_attentions,
-            masked_positions,
+            per_position=masked_positions is None,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            read_positions=masked_positions,
         )
+        assert out.pooler_output is not None
         nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
-        mlm_sum = mlm_correct = None
+        mlm_sum = mlm_correct = mlm_logits = mlm_loss = None
         if fused_mlm:
-            mlm_logits = None
+            assert masked_positions is not None and labels is not None, "fused_mlm needs both"
             mlm_sum, mlm_correct = self._fused_mlm(out.last_hidden_state, masked_positions, labels)
-            mlm_loss = mlm_sum / (labels != IGNORE_INDEX).sum().clamp(min=1)
+            mlm_loss = _reduce(mlm_sum, labels.ne(IGNORE_INDEX).sum(), "mean")
         else:
             mlm_logits = self._mlm_logits(out.last_hidden_state, masked_positions)
-            mlm_loss = token_cross_entropy(mlm_logits, labels) if labels is not None else None
+            mlm_loss = token_loss(mlm_logits, labels) if labels is not None else None
         nsp_loss = (
-            F.cross_entropy(nsp_logits.float(), next_sentence_label.view(-1))
+            sequence_loss(nsp_logits, next_sentence_label, "single_label_classification")
             if next_sentence_label is not None
             else None
         )
         parts = [x for x in (mlm_loss, nsp_loss) if x is not None]
-        loss = sum(parts) if parts else None
+        loss = torch.stack(parts).sum() if parts else None
         return BertForPreTrainingOutput(
             mlm_logits,
             nsp_logits,
@@ -366,17 +432,18 @@ class BertForMaskedLM(_MaskedLMMixin, _Head):
             input_ids,
             token_type_ids,
             attention_mask,
-            masked_positions is None,
-            output_hidden_states,
-            output_attentions,
-            masked_positions,
+            per_position=masked_positions is None,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            read_positions=masked_positions,
         )
         if fused_mlm:
+            assert masked_positions is not None and labels is not None, "fused_mlm needs both"
             total, correct = self._fused_mlm(out.last_hidden_state, masked_positions, labels)
-            loss = total / (labels != IGNORE_INDEX).sum().clamp(min=1)
-            return BertHeadOutput(None, loss, out.hidden_states, out.attentions, total, correct)
+            mean = _reduce(total, labels.ne(IGNORE_INDEX).sum(), "mean")
+            return BertHeadOutput(None, mean, out.hidden_states, out.attentions, total, correct)
         logits = self._mlm_logits(out.last_hidden_state, masked_positions)
-        loss = token_cross_entropy(logits, labels) if labels is not None else None
+        loss = token_loss(logits, labels) if labels is not None else None
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
 
 
@@ -407,10 +474,10 @@ class BertForSequenceClassification(_Head):
             input_ids,
             token_type_ids,
             attention_mask,
-            False,
-            output_hidden_states,
-            output_attentions,
-            input_ids.new_zeros(input_ids.shape[0], 0),  # [CLS] only
+            per_position=False,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            read_cls_only=True,
         )
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, C)
         loss = None
@@ -422,12 +489,7 @@ class BertForSequenceClassification(_Head):
                 if not labels.is_floating_point()
                 else "multi_label_classification"
             )
-            if problem == "regression":
-                loss = F.mse_loss(logits.float().view(-1), labels.float().view(-1))
-            elif problem == "single_label_classification":
-                loss = F.cross_entropy(logits.float(), labels.view(-1))
-            else:
-                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+            loss = sequence_loss(logits, labels, problem)
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
 
 
@@ -460,15 +522,15 @@ class BertForTokenClassification(_Head):
             input_ids,
             token_type_ids,
             attention_mask,
-            True,
-            output_hidden_states,
-            output_attentions,
+            per_position=True,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
         )
         hidden = out.last_hidden_state
         if self.bilstm is not None:
             hidden = self.bilstm(hidden, attention_mask)
         logits = self.classifier(self.dropout(hidden))  # (B, S, C)
-        loss = token_cross_entropy(logits, labels) if labels is not None else None
+        loss = token_loss(logits, labels) if labels is not None else None
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
 
 
@@ -503,9 +565,9 @@ class BertForQuestionAnswering(_Head):
             input_ids,
             token_type_ids,
             attention_mask,
-            True,
-            output_hidden_states,
-            output_attentions,
+            per_position=True,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
         )
         hidden = out.last_hidden_state
         if self.bilstm is not None:
@@ -514,14 +576,9 @@ class BertForQuestionAnswering(_Head):
         start_logits, end_logits = logits[..., 0], logits[..., 1]  # (B, S) each
         loss = None
         if start_positions is not None and end_positions is not None:
-            # A position outside the window (answer cut off) is ignored, as in Hugging Face.
-            seq_len = start_logits.shape[1]
-            start = start_positions.view(-1).clamp(0, seq_len)
-            end = end_positions.view(-1).clamp(0, seq_len)
-            loss = (
-                F.cross_entropy(start_logits.float(), start, ignore_index=seq_len)
-                + F.cross_entropy(end_logits.float(), end, ignore_index=seq_len)
-            ) / 2
+            loss = span_loss(
+                start_logits, end_logits, start_positions, end_positions, attention_mask
+            )
         return BertQuestionAnsweringOutput(
             start_logits, end_logits, loss, out.hidden_states, out.attentions
         )
@@ -596,17 +653,21 @@ class BertForMultipleChoice(_Head):
             return None if t is None else t.reshape(batch * choices, seq_len)
 
         out = self._encode(
-            flat(input_ids),
+            input_ids.reshape(batch * choices, seq_len),
             flat(token_type_ids),
             flat(attention_mask),
-            False,
-            output_hidden_states,
-            output_attentions,
-            input_ids.new_zeros(batch * choices, 0),  # [CLS] only
+            per_position=False,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            read_cls_only=True,
         )
         scores = self.classifier(self.dropout(out.pooler_output))  # (B*C, 1)
         logits = scores.view(batch, choices)
-        loss = F.cross_entropy(logits.float(), labels.view(-1)) if labels is not None else None
+        loss = (
+            sequence_loss(logits, labels, "single_label_classification")
+            if labels is not None
+            else None
+        )
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
 
 

@@ -210,7 +210,9 @@ def _similarity_png(result: Similarity, path: Path, layer: int | None) -> Path:
         dpi=110,
         layout="constrained",
     )
-    maps_fig, side_fig = fig.subfigures(1, 2, width_ratios=[side * columns + 1.2, 5.0])
+    maps_fig, side_fig = fig.subfigures(
+        1, 2, width_ratios=[side * columns + 1.2, 5.0], squeeze=False
+    )[0]
     axes = maps_fig.subplots(rows, columns, squeeze=False)
     low = min(float(result.tokens[i].min()) for i in layers)
     small = 7 if len(labels) <= 40 else 5
@@ -323,7 +325,7 @@ def _attention_png(result: Attention, path: Path, layer: int | None, head: int |
     labels = result.pieces
     if (layer is None) != (head is None):
         raise ValueError("give both layer and head for one map, or neither for the grid")
-    if layer is not None:
+    if layer is not None and head is not None:
         if not 1 <= layer <= layers or not 0 <= head < heads:
             raise ValueError(f"layer must be 1..{layers} and head 0..{heads - 1}")
         side = max(4.0, 0.28 * count + 1.5)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
+from bertkit.checkpoint import load_pretrained, save_pretrained
 from bertkit.config import BertConfig
 from bertkit.unpad import TokenLayout
 
@@ -36,16 +37,6 @@ def activation(name: str):
     if name == "tanh":
         return torch.tanh
     raise ValueError(f"unknown activation {name!r}")
-
-
-class _Group(nn.Module):
-    """A named group of sub-modules, so state-dict keys read like the checkpoints'
-    (`attention.output.LayerNorm.weight`); the arithmetic lives in `BertLayer.forward`."""
-
-    def __init__(group, /, **modules: nn.Module) -> None:  # noqa: N805 ("self" is a module name here)
-        super().__init__()
-        for name, module in modules.items():
-            group.add_module(name, module)
 
 
 @dataclass
@@ -86,6 +77,37 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(embeddings))
 
 
+class _Projections(nn.Module):
+    """Query, key and value of multi-head attention (HF's `BertSelfAttention`'s weights)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.value = nn.Linear(hidden, hidden)
+
+
+class _Projection(nn.Module):
+    """A dense layer, and the LayerNorm after its residual sum when `eps` is given."""
+
+    def __init__(self, size_in: int, size_out: int, eps: float | None = None) -> None:
+        super().__init__()
+        self.dense = nn.Linear(size_in, size_out)
+        if eps is not None:
+            self.LayerNorm = nn.LayerNorm(size_out, eps=eps)
+
+
+class _Attention(nn.Module):
+    """Attention's weights: `self` (query, key, value) and `output` (dense + LayerNorm)."""
+
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.self = _Projections(hidden)
+        self.output = _Projection(hidden, hidden, eps)
+
+
+# The containers above hold weights only, under the names of Google's and HF's checkpoints
+# (`attention.output.LayerNorm.weight`); all of a layer's arithmetic is in `BertLayer.forward`.
 class BertLayer(nn.Module):
     """One post-LN Transformer layer: x = LN(x + MHA(x)); x = LN(x + FFN(x))."""
 
@@ -95,22 +117,9 @@ class BertLayer(nn.Module):
         self.num_heads = config.num_attention_heads
         self.head_size = config.head_size
         self.attention_dropout = config.attention_probs_dropout_prob
-        self.attention = _Group(
-            self=_Group(
-                query=nn.Linear(hidden, hidden),
-                key=nn.Linear(hidden, hidden),
-                value=nn.Linear(hidden, hidden),
-            ),
-            output=_Group(
-                dense=nn.Linear(hidden, hidden),
-                LayerNorm=nn.LayerNorm(hidden, eps=eps),
-            ),
-        )
-        self.intermediate = _Group(dense=nn.Linear(hidden, config.intermediate_size))
-        self.output = _Group(
-            dense=nn.Linear(config.intermediate_size, hidden),
-            LayerNorm=nn.LayerNorm(hidden, eps=eps),
-        )
+        self.attention = _Attention(hidden, eps)
+        self.intermediate = _Projection(hidden, config.intermediate_size)
+        self.output = _Projection(config.intermediate_size, hidden, eps)
         self.act = activation(config.hidden_act)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -144,14 +153,15 @@ class BertLayer(nn.Module):
         else:
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         context = layout.to_rows(context.transpose(1, 2))  # (B, S, A, D) -> (N, H)
+        out_layout = layout  # the rows that come out of this layer
         if read is not None:
-            rows, layout = read
+            rows, out_layout = read
             x, context = x.index_select(0, rows), context.index_select(0, rows)
         out = self.attention.output
         p = self.dropout.p
-        x = out.LayerNorm(x + layout.dropout(out.dense(context), p, self.training))
+        x = out.LayerNorm(x + out_layout.dropout(out.dense(context), p, self.training))
         h = self.act(self.intermediate.dense(x))  # (N, I)
-        x = self.output.LayerNorm(x + layout.dropout(self.output.dense(h), p, self.training))
+        x = self.output.LayerNorm(x + out_layout.dropout(self.output.dense(h), p, self.training))
         return x, probs
 
 
@@ -171,8 +181,8 @@ class BertEncoder(nn.Module):
         output_attentions: bool = False,
         read: tuple[torch.Tensor, TokenLayout] | None = None,  # the last layer's, see BertLayer
     ) -> tuple[torch.Tensor, tuple | None, tuple | None]:
-        hidden_states = [x] if output_hidden_states else None
-        attentions = [] if output_attentions else None
+        hidden_states: list[torch.Tensor] | None = [x] if output_hidden_states else None
+        attentions: list[torch.Tensor] | None = [] if output_attentions else None
         last = len(self.layer) - 1
         for i, layer in enumerate(self.layer):
             read_i = read if i == last else None
@@ -292,15 +302,11 @@ class BertPreTrainedModel(nn.Module):
         """Load from a Hugging Face directory (config.json + model.safetensors / pytorch_model.bin)
         or a Google TF checkpoint directory (bert_config.json + bert_model.ckpt.*); see
         `bertkit.checkpoint.load_pretrained` for the options."""
-        from bertkit.checkpoint import load_pretrained
-
         return load_pretrained(cls, path, **kwargs)
 
     def save_pretrained(self, directory: str | os.PathLike, **kwargs: Any) -> None:
         """Write config.json + model.safetensors (+ vocab.txt) that transformers loads unchanged;
         see `bertkit.checkpoint.save_pretrained`."""
-        from bertkit.checkpoint import save_pretrained
-
         save_pretrained(self, directory, **kwargs)
 
 
@@ -334,6 +340,7 @@ class BertModel(BertPreTrainedModel):
         causal: bool | None = None,  # left-to-right mask; default config.is_decoder
         unpad: bool = False,
         read_positions: torch.Tensor | None = None,
+        read_cls_only: bool = False,
     ) -> BertModelOutput:
         """Encode a batch. With `unpad=True` and an `attention_mask`, the dense layers run on
         real tokens only (faster by the padding fraction) and every output is zero at padded
@@ -341,8 +348,9 @@ class BertModel(BertPreTrainedModel):
 
         `read_positions` (B, P) says that only those positions' final states will be read (and
         [CLS]'s, by the pooler): the last layer's feed-forward then runs only there and
-        `last_hidden_state` is zero elsewhere. Classifiers pass an empty (B, 0) tensor, the
-        masked LM its masked positions. Ignored when hidden states or attentions are asked for."""
+        `last_hidden_state` is zero elsewhere (the masked LM passes its masked positions).
+        `read_cls_only`: only [CLS]'s final state will be read (classifiers). Both are ignored
+        when hidden states or attentions are asked for."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_len), got {tuple(input_ids.shape)}")
         seq_len = input_ids.shape[1]
@@ -372,10 +380,13 @@ class BertModel(BertPreTrainedModel):
         else:
             layout = TokenLayout(batch, seq_len)
         read = None
-        if read_positions is not None and not (output_hidden_states or output_attentions):
+        reads_few = read_positions is not None or read_cls_only
+        if reads_few and not (output_hidden_states or output_attentions):
             keep = torch.zeros(batch, seq_len, dtype=torch.bool, device=input_ids.device)
             keep[:, 0] = True  # [CLS], read by the pooler
-            read = layout.subset(keep.scatter_(1, read_positions.long(), True))
+            if read_positions is not None:
+                keep.scatter_(1, read_positions.long(), True)
+            read = layout.subset(keep)
         x = layout.to_rows(self.embeddings(input_ids, token_type_ids, position_ids))  # (N, H)
         x, hidden_states, attentions = self.encoder(
             x, mask, layout, output_hidden_states, output_attentions, read

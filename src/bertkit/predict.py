@@ -28,8 +28,8 @@ from bertkit.tasks import get_task
 from bertkit.tasks.base import read_task_info, run_outputs
 from bertkit.tasks.glue import SentenceExample
 from bertkit.tasks.metrics import entities
-from bertkit.tasks.ner import TaggedSentence
-from bertkit.tasks.squad import SquadExample
+from bertkit.tasks.ner import ConllTask, TaggedSentence
+from bertkit.tasks.squad import SquadExample, SquadTask
 from bertkit.tasks.swag import ChoiceExample
 from bertkit.tokenizer import BertTokenizer
 
@@ -52,22 +52,21 @@ class Predictor:
         if backend not in ("torch", "onnx"):
             raise ValueError(f"backend must be torch or onnx, not {backend!r}")
         info = read_task_info(model)
-        self.task = get_task(info["task"])
-        if "null_threshold" in info:
-            self.task.null_threshold = float(info["null_threshold"])
+        self.task = get_task(info["task"]).with_settings(info)
         self.max_seq_length = int(info.get("max_seq_length", self.task.default_max_seq_length))
         self.tokenizer = BertTokenizer.from_pretrained(model)
         if backend == "onnx":
             from bertkit.serving import OnnxModel
 
             self.device = torch.device("cpu")
-            self.model = OnnxModel(model)
+            self.model: torch.nn.Module | OnnxModel = OnnxModel(model)
             config = read_config(Path(model))
         else:
             self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
             head = MODEL_CLASSES[info.get("head", self.task.head)]
-            self.model = head.from_pretrained(model).to(self.device).eval()
-            config = self.model.config
+            net = head.from_pretrained(model).to(self.device).eval()
+            self.model = net
+            config = net.config
         self.batch_size = batch_size
         labels = config.id2label
         self.labels = [labels[i] for i in sorted(labels)] if labels else None
@@ -99,6 +98,7 @@ class Predictor:
             return [
                 {"choice": int(p.argmax()), "probabilities": [float(x) for x in p]} for p in probs
             ]
+        assert self.labels is not None  # a classifier's config names its labels
         return [
             {
                 "label": self.labels[int(p.argmax())],
@@ -119,6 +119,7 @@ class Predictor:
             words = [w for w, _ in split] if split is not None else list(item)
             if not words:
                 raise ValueError(f"item {n}: no words to tag")
+            assert isinstance(self.task, ConllTask)
             filler = self.task.labels()[0] if self.task.tagset else "O"
             return TaggedSentence(str(n), tuple(words), (filler,) * len(words))
         if name == "swag":
@@ -170,6 +171,7 @@ class Predictor:
         return results
 
     def _spans(self, examples, features, outputs) -> list[dict[str, Any]]:
+        assert isinstance(self.task, SquadTask)
         found = self.task.predictions(examples, features, outputs)
         answers = self.task.answers(found)
         results = []

@@ -317,7 +317,7 @@ class BertTokenizer:
     def __call__(
         self,
         text: TextInput,
-        text_pair: TextInput | None = None,
+        text_pair: str | Sequence[str | None] | None = None,  # a None in a batch: no pair
         *,
         max_length: int | None = None,
         truncation: bool | str = "longest_first",
@@ -524,7 +524,7 @@ def train_vocab(
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"{path}: corpus file not found")
     else:
-        texts = list(texts)  # read twice below
+        texts = list(texts or [])  # read twice below
 
     def train(vocab_size: int, special_tokens: list[str], progress: bool) -> Tokenizer:
         model = Tokenizer(
@@ -545,7 +545,7 @@ def train_vocab(
         if files is not None:
             model.train(paths, trainer)
         else:
-            model.train_from_iterator(texts, trainer)  # type: ignore[arg-type]
+            model.train_from_iterator(texts, trainer)
         return model
 
     # The trainer numbers the `##` characters in hash-map order, and breaks ties between equally

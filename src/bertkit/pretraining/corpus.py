@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +60,7 @@ def split_sentences(paragraph: str, language: str = "en") -> list[str]:
     return [s.strip() for s in segment(language, paragraph) if s.strip()]
 
 
-def detect_format(path: Path) -> str:
+def detect_corpus_format(path: Path) -> str:
     if path.suffix in (".jsonl", ".json"):
         return "jsonl"
     with open(path, "rb") as handle:
@@ -124,14 +124,15 @@ def raw_documents(
     stats = stats if stats is not None else CorpusStats()
     for path in expand_paths(paths):
         stats.files += 1
-        kind = detect_format(path) if format == "auto" else format
-        reader = {
+        kind = detect_corpus_format(path) if format == "auto" else format
+        readers: dict[str, Callable[..., Iterator[list[str]]]] = {
             "google": _text,  # the same layout; its lines are not split into sentences
             "wiki": _wiki,
             "text": _text,
             "text-file": functools.partial(_text, one_document=True),
             "jsonl": _jsonl,
-        }[kind]
+        }
+        reader = readers[kind]
         for units in reader(path, stats, on_error):
             if units:
                 stats.documents += 1

@@ -12,10 +12,12 @@ versions (Google's `dupe_factor` copies). The position (epoch, row) is the whole
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from bertkit.heads import IGNORE_INDEX
 from bertkit.pretraining.instances import (
     OBJECTIVES,
     document_instances,
@@ -23,8 +25,6 @@ from bertkit.pretraining.instances import (
 )
 from bertkit.pretraining.shards import Shards
 from bertkit.tokenizer import CLS, MASK, PAD, SEP, BertTokenizer
-
-IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ class PretrainingData:
         version = self._version(self.epoch)
         return self.collate([self.instance(plan[r], (self.seed, version, r)) for r in rows])
 
-    def instance(self, span: np.ndarray, key: tuple[int, ...]) -> dict[str, np.ndarray]:
+    def instance(self, span: np.ndarray, key: tuple[int, ...]) -> dict[str, Any]:
         shard_a, a0, a1, shard_b, b0, b1, is_random = (int(x) for x in span)
         a = np.asarray(self.shards.tokens[shard_a][a0:a1], dtype=np.int64)
         b = np.asarray(self.shards.tokens[shard_b][b0:b1], dtype=np.int64)
@@ -169,7 +169,7 @@ class PretrainingData:
             "nsp": nsp,
         }
 
-    def collate(self, items: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+    def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Pad to the longest sequence of the batch (not to max_seq_length)."""
         batch = len(items)
         length = max(len(x["input_ids"]) for x in items)
@@ -208,20 +208,16 @@ def build_plan(
 ) -> np.ndarray:
     """Every document's instances, shuffled: an (n, 7) int64 array of `SPAN_FIELDS`."""
     num_documents = shards.num_documents
-
-    def bounds_of(document: int) -> tuple[int, np.ndarray]:
-        return shards.sentence_bounds(document)
-
     rows: list[tuple[int, ...]] = []
     for document in range(num_documents):
-        shard, bounds = bounds_of(document)
+        shard, bounds = shards.sentence_bounds(document)
         rows.extend(
             document_instances(
                 shard,
                 bounds,
                 document,
                 num_documents,
-                bounds_of,
+                shards.sentence_bounds,
                 rng,
                 max_seq_length=max_seq_length,
                 short_seq_prob=short_seq_prob,

@@ -16,6 +16,8 @@ import math
 import torch
 from torch import nn
 
+from bertkit.model import BertLayer, BertModel
+
 
 @torch.no_grad()
 def sinusoidal_positions_(embedding: nn.Embedding, std: float) -> nn.Embedding:
@@ -59,6 +61,7 @@ def mimetic_attention_(
     The architecture is BERT's; only the starting point of query/key/value/output weights
     differs (their biases start at 0). `qk`/`vo` are (alpha, beta); `vo=None` leaves the value
     and output weights at Google's initialisation."""
+    assert isinstance(layer, BertLayer)
     attention = layer.attention
     query, key = attention.self.query, attention.self.key
     value, dense = attention.self.value, attention.output.dense
@@ -94,8 +97,9 @@ def local_attention_(
 ) -> nn.Module:
     """Start a BERT whose first layer reads each piece's neighbours: head h of layer 1 attends to
     the piece `offsets[h % len(offsets)]` positions away (by default head 0 the left neighbour,
-    head 1 the right, and so on; a left-to-right model takes (-1, -2)), so a masked piece sees its context from step 0 instead of after the thousands of
-    steps it takes learned absolute positions to find "one to the left" (the MLM plateau).
+    head 1 the right, and so on; a left-to-right model takes (-1, -2)), so a masked piece sees
+    its context from step 0 instead of after the thousands of steps it takes learned absolute
+    positions to find "one to the left" (the MLM plateau). `model`: a BertModel or a head on one.
 
     How: the last `position_dims` dimensions of the embedding space hold the positions and
     nothing else (token and segment embeddings start at 0 there; the positions at 0 elsewhere;
@@ -105,8 +109,11 @@ def local_attention_(
     q_i . k_j peak at j = i + offset. Everything stays a learned parameter of the paper's
     architecture (checkpoints load anywhere); only the starting point differs. `sharpness`
     scales the attention scores (2: ~75% of a head's attention on its neighbour at the start)."""
-    embeddings = model.embeddings if hasattr(model, "embeddings") else model.bert.embeddings
-    layer = (model.encoder if hasattr(model, "encoder") else model.bert.encoder).layer[0]
+    encoder = model if isinstance(model, BertModel) else model.bert
+    assert isinstance(encoder, BertModel)
+    embeddings = encoder.embeddings
+    layer = encoder.encoder.layer[0]
+    assert isinstance(layer, BertLayer)
     hidden = embeddings.word_embeddings.weight.shape[1]
     position_dims = position_dims or min(32, layer.head_size, hidden // 4 * 2)
     pairs = position_dims // 2

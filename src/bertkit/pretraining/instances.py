@@ -160,14 +160,15 @@ def mask_tokens(
     """Masked-LM corruption of one sequence: returns (corrupted ids, positions, original ids).
 
     `mask_prob` of the `maskable` positions (never [CLS], [SEP] or padding), at most
-    `max_predictions`, are chosen; each becomes [MASK] with probability `mask_token_prob` (the
+    `max_predictions`, are chosen (a fractional count rounds up or down at random, so the
+    expected count is exact); each becomes [MASK] with probability `mask_token_prob` (the
     paper's 0.8), a token drawn from `random_ids` with `random_token_prob` (0.1), and stays itself
-    otherwise (0.1). Held-out evaluation uses 1.0 / 0.0: every chosen piece is [MASK]. With `word_starts` (whole-word masking) the
-    pieces of a word are chosen together, a word being a maskable start followed by its `##`
-    pieces, as Google's `do_whole_word_mask`.
+    otherwise (0.1). Held-out evaluation uses 1.0 / 0.0: every chosen piece is [MASK]. With
+    `word_starts` (whole-word masking) the pieces of a word are chosen together, a word being a
+    maskable start followed by its `##` pieces, as Google's `do_whole_word_mask`.
 
     >>> out, pos, labels = mask_tokens(np.array([2, 7, 8, 9, 3]), np.array([0, 1, 1, 1, 0], bool),
-    ...     np.random.default_rng(0), mask_id=4, random_ids=np.arange(5, 10), mask_prob=0.5)
+    ...     np.random.default_rng(0), mask_id=4, random_ids=np.arange(5, 10), mask_prob=2 / 3)
     >>> len(pos), bool(np.all(labels == np.array([2, 7, 8, 9, 3])[pos]))
     (2, True)
     """

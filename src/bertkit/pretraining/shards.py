@@ -321,7 +321,8 @@ def _field(where, mapping: dict, key: str, kind: type):
     if key not in mapping:
         raise ValueError(f"{where}: field {key!r} is missing")
     value = mapping[key]
-    if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+    negative = isinstance(value, int) and value < 0
+    if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and negative):
         raise ValueError(f"{where}: field {key!r} is {value!r}, not a {kind.__name__}")
     return value
 

@@ -15,10 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from bertkit.config import BertConfig
-from bertkit.heads import IGNORE_INDEX, BertForMaskedLM, BertForPreTraining
+from bertkit.heads import (
+    IGNORE_INDEX,
+    BertForMaskedLM,
+    BertForPreTraining,
+    sequence_loss,
+    token_loss,
+)
 from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
 from bertkit.pretraining.init_schemes import (
     local_attention_,
@@ -59,19 +64,16 @@ class PretrainingObjective:
             mlm_sum, correct = out.mlm_loss_sum.float(), out.mlm_correct
         else:  # another implementation (benchmarks): logits at the masked positions
             logits = (out.mlm_logits if hasattr(out, "mlm_logits") else out.logits).float()
-            mlm_sum = F.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]),
-                labels.reshape(-1),
-                ignore_index=IGNORE_INDEX,
-                reduction="sum",
-            )
+            mlm_sum = token_loss(logits, labels, reduction="sum")
             correct = ((logits.argmax(-1) == labels) & valid).sum()
         loss = mlm_sum / totals[0].clamp(min=1)
         stats = [mlm_sum.detach(), valid.sum(), correct]
         if self.nsp:
             nsp_logits = out.nsp_logits.float()
             nsp_labels = batch["next_sentence_label"]
-            nsp_sum = F.cross_entropy(nsp_logits, nsp_labels, reduction="sum")
+            nsp_sum = sequence_loss(
+                nsp_logits, nsp_labels, "single_label_classification", reduction="sum"
+            )
             loss = loss + nsp_sum / totals[1].clamp(min=1)
             stats += [
                 nsp_sum.detach(),
@@ -129,7 +131,7 @@ def _held_out_evaluation(
     }
     if objective == "ltr":  # no masking: one pass, next-token loss and accuracy
         streams = {"": masking}
-    streams = {
+    data = {
         suffix: PretrainingData(
             shards,
             tokenizer,
@@ -144,16 +146,16 @@ def _held_out_evaluation(
         for suffix, m in streams.items()
     }
 
-    def evaluate(model) -> dict[str, Any]:
+    def evaluate(model, step: int) -> dict[str, Any]:
         out: dict[str, Any] = {"split": "eval"}
         ones = torch.ones(2, dtype=torch.float64)
-        for suffix, stream in streams.items():
+        for suffix, stream in data.items():
             stream.load_state_dict({"epoch": 0, "row": 0})  # the same batches each time
-            sums = None
-            for _ in range(batches):
+            sums = torch.zeros(0, dtype=torch.float64)
+            for n in range(batches):
                 batch = {k: v.to(dist.device) for k, v in stream.next_batch().items()}
                 _, stats = objective_fn.loss(model, batch, ones)
-                sums = stats.cpu() if sums is None else sums + stats.cpu()
+                sums = stats.cpu() if n == 0 else sums + stats.cpu()
             sums = distributed.all_reduce_sum(sums.to(dist.device), dist).cpu()
             entry = objective_fn.log_entry(sums)
             if suffix:  # NSP does not depend on the masking: reported once
@@ -261,11 +263,9 @@ def run_pretraining(
         )
         model_class = BertForPreTraining if objective == "mlm+nsp" else BertForMaskedLM
         torch.manual_seed(seed)
-        if model is not None:
-            pass
-        elif init_from is not None:
+        if model is None and init_from is not None:
             model = model_class.from_pretrained(init_from, config=model_config)
-        else:
+        elif model is None:
             model = model_class(model_config)
             if position_init == "sinusoidal":
                 sinusoidal_positions_(
@@ -378,6 +378,7 @@ def _warmup_steps(
                 "(e.g. 0.1), not --warmup-steps"
             )
         return 0
+    assert max_steps is not None  # a run without a budget has a step count
     if warmup_fraction is not None:
         return max(1, round(warmup_fraction * max_steps)) if warmup_fraction > 0 else 0
     warmup_steps = 10_000 if warmup_steps is None else warmup_steps

@@ -50,13 +50,14 @@ def require_file(path: Path, what: str) -> Path:
 class Task:
     """One task of the paper. Subclasses set the class attributes and implement the methods."""
 
-    name: ClassVar[str]
-    head: ClassVar[str]  # a name in bertkit.heads.MODEL_CLASSES
-    metrics: ClassVar[tuple[str, ...]]  # the dev figures; their mean selects checkpoints
-    default_max_seq_length: ClassVar[int] = 128
-    default_learning_rate: ClassVar[float] = 5e-5
-    default_epochs: ClassVar[int] = 3
-    default_batch_size: ClassVar[int] = 32
+    # (class defaults; a task family sets some per instance: GLUE's name, SQuAD 2.0's epochs)
+    name: str
+    head: str  # a name in bertkit.heads.MODEL_CLASSES
+    metrics: tuple[str, ...]  # the dev figures; their mean selects checkpoints
+    default_max_seq_length: int = 128
+    default_learning_rate: float = 5e-5
+    default_epochs: int = 3
+    default_batch_size: int = 32
     # per-example model inputs that collate pads (with the value given) to the batch's longest
     padded_inputs: ClassVar[dict[str, int]] = {
         "input_ids": 0,
@@ -99,6 +100,15 @@ class Task:
 
     def write_predictions(self, examples: Sequence, predictions: Any, path: Path) -> Path:
         raise NotImplementedError
+
+    # Settings a task tunes on the dev set and a fine-tuned checkpoint keeps in task_info.json
+    # (SQuAD 2.0's no-answer threshold); most tasks have none. Values, not hidden state:
+    # `score` changes nothing, `with_settings` returns a new task.
+    def dev_settings(self, figures: dict[str, float]) -> dict[str, float]:
+        return {}
+
+    def with_settings(self, settings: dict[str, Any]) -> Task:
+        return self
 
 
 def head_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -155,18 +165,23 @@ class FinetuneData:
 
     def __init__(
         self,
-        features: list[Feature],
+        features: Sequence[Any],  # Feature dicts (tasks), or anything `collate_fn` stacks
         batch_size: int,
-        collate_fn: Callable[[Sequence[Feature]], dict[str, torch.Tensor]],
+        collate_fn: Callable[[Sequence[Any]], dict[str, torch.Tensor]],
         *,
         seed: int = 0,
         bucket_batches: int = 50,
+        lengths: Sequence[int] | None = None,
     ) -> None:
+        """`bucket_batches`: how many batches' worth of features are sorted by length together
+        (1: random batches); `lengths`: the features' lengths, where they hold no input_ids."""
         if not features:
             raise ValueError("no training features")
         self.features, self.batch_size, self.collate_fn = features, batch_size, collate_fn
         self.seed, self.bucket = seed, bucket_batches * batch_size
-        self.lengths = np.array([feature_length(f) for f in features])
+        self.lengths = np.array(
+            [feature_length(f) for f in features] if lengths is None else lengths
+        )
         self.epoch, self.cursor = 0, 0
         self._plan = self.plan(0)
 
@@ -236,9 +251,9 @@ def run_outputs(
             chunks.setdefault(key, []).append(value.float().cpu().numpy())
         order.append(indices)
     model.train(was_training)
-    order = np.concatenate(order)
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(len(order))
+    positions = np.concatenate(order)
+    inverse = np.empty_like(positions)
+    inverse[positions] = np.arange(len(positions))
     result = {}
     for key, parts in chunks.items():
         width = max(p.shape[1] for p in parts) if parts[0].ndim > 1 else None

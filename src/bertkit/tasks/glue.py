@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from bertkit.heads import sequence_loss
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, head_logits, read_text, require_file
 
@@ -252,7 +252,7 @@ class GlueTask(Task):
         return self.spec.labels is None
 
     def labels(self) -> list[str]:
-        return ["score"] if self.regression else list(self.spec.labels)
+        return list(self.spec.labels) if self.spec.labels is not None else ["score"]
 
     def dev_splits(self) -> tuple[str, ...]:
         return tuple(split for split, _ in self.spec.dev_files)
@@ -299,10 +299,8 @@ class GlueTask(Task):
 
     def loss(self, model, batch):
         logits = head_logits(model, batch)
-        if self.regression:
-            total = F.mse_loss(logits.view(-1), batch["labels"].float(), reduction="sum")
-        else:
-            total = F.cross_entropy(logits, batch["labels"], reduction="sum")
+        problem = "regression" if self.regression else "single_label_classification"
+        total = sequence_loss(logits, batch["labels"], problem, reduction="sum")
         return total, torch.tensor(len(logits))
 
     def outputs(self, model, batch):
@@ -344,7 +342,3 @@ class GlueTask(Task):
             lines.append(f"{index}\t{value}")
         path.write_text("\n".join(lines) + "\n")
         return path
-
-
-def glue_tasks() -> dict[str, GlueTask]:
-    return {name: GlueTask(spec) for name, spec in GLUE.items()}

@@ -21,25 +21,25 @@ import numpy as np
 # --------------------------------------------------------------------------- classification
 def accuracy(predictions: Sequence, labels: Sequence) -> float:
     """accuracy([1, 0, 1], [1, 1, 1]) -> 0.666..."""
-    predictions, labels = _pair(predictions, labels)
-    return float((predictions == labels).mean())
+    pred, gold = _pair(predictions, labels)
+    return float((pred == gold).mean())
 
 
 def f1_binary(predictions: Sequence, labels: Sequence, positive=1) -> float:
     """F1 of the positive class: f1_binary([1, 1, 0], [1, 0, 1]) -> 0.5 (0 when undefined)."""
-    predictions, labels = _pair(predictions, labels)
-    tp = int(((predictions == positive) & (labels == positive)).sum())
-    fp = int(((predictions == positive) & (labels != positive)).sum())
-    fn = int(((predictions != positive) & (labels == positive)).sum())
+    pred, gold = _pair(predictions, labels)
+    tp = int(((pred == positive) & (gold == positive)).sum())
+    fp = int(((pred == positive) & (gold != positive)).sum())
+    fn = int(((pred != positive) & (gold == positive)).sum())
     return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
 
 
 def matthews_corrcoef(predictions: Sequence, labels: Sequence) -> float:
     """Matthews correlation (Gorodkin's multi-class form; the binary MCC for two classes);
     0 when a marginal is constant: matthews_corrcoef([1, 0, 1, 0], [1, 0, 0, 0]) -> 0.577..."""
-    predictions, labels = _pair(predictions, labels)
-    classes, index = np.unique(np.concatenate([labels, predictions]), return_inverse=True)
-    truth, guess = index[: len(labels)], index[len(labels) :]
+    pred, gold = _pair(predictions, labels)
+    classes, index = np.unique(np.concatenate([gold, pred]), return_inverse=True)
+    truth, guess = index[: len(gold)], index[len(gold) :]
     confusion = np.zeros((len(classes), len(classes)), dtype=np.float64)
     np.add.at(confusion, (truth, guess), 1)
     true_totals, pred_totals = confusion.sum(1), confusion.sum(0)
@@ -51,7 +51,9 @@ def matthews_corrcoef(predictions: Sequence, labels: Sequence) -> float:
     return 0.0 if denominator == 0 else float(numerator / denominator)
 
 
-def pearson(predictions: Sequence[float], labels: Sequence[float]) -> float:
+def pearson(
+    predictions: Sequence[float] | np.ndarray, labels: Sequence[float] | np.ndarray
+) -> float:
     """Pearson's r: pearson([1, 2, 3], [2, 4, 7]) -> 0.993..."""
     x, y = (np.asarray(v, dtype=np.float64) for v in _pair(predictions, labels))
     x, y = x - x.mean(), y - y.mean()
@@ -77,13 +79,15 @@ def _ranks(values: np.ndarray) -> np.ndarray:
     return (sums / counts)[inverse]
 
 
-def _pair(predictions: Sequence, labels: Sequence) -> tuple[np.ndarray, np.ndarray]:
-    predictions, labels = np.asarray(predictions), np.asarray(labels)
-    if predictions.shape != labels.shape:
-        raise ValueError(f"{len(predictions)} predictions for {len(labels)} labels")
-    if len(labels) == 0:
+def _pair(
+    predictions: Sequence | np.ndarray, labels: Sequence | np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    pred, gold = np.asarray(predictions), np.asarray(labels)
+    if pred.shape != gold.shape:
+        raise ValueError(f"{len(pred)} predictions for {len(gold)} labels")
+    if len(gold) == 0:
         raise ValueError("no examples to score")
-    return predictions, labels
+    return pred, gold
 
 
 # --------------------------------------------------------------------------- SQuAD
@@ -163,7 +167,7 @@ def squad_v2(
     exact = {qid: max(squad_exact(predictions[qid], a) for a in gold[qid]) for qid in gold}
     f1 = {qid: max(squad_f1(predictions[qid], a) for a in gold[qid]) for qid in gold}
 
-    def thresholded(scores: dict[str, float]) -> dict[str, float]:
+    def thresholded(scores: Mapping[str, float]) -> dict[str, float]:
         return {
             qid: float(not has_answer[qid]) if probs[qid] > threshold else s
             for qid, s in scores.items()
@@ -264,17 +268,17 @@ def entity_scores(
     found_pred: collections.Counter = collections.Counter()
     found_gold: collections.Counter = collections.Counter()
     tokens = right_tokens = 0
-    for n, (pred_tags, gold_tags) in enumerate(zip(predicted, gold, strict=True)):
-        if len(pred_tags) != len(gold_tags):
+    for n, (pred_tags, goldtags) in enumerate(zip(predicted, gold, strict=True)):
+        if len(pred_tags) != len(goldtags):
             raise ValueError(
-                f"sentence {n}: {len(pred_tags)} predicted tags for {len(gold_tags)} tokens"
+                f"sentence {n}: {len(pred_tags)} predicted tags for {len(goldtags)} tokens"
             )
-        pred_chunks, gold_chunks = set(entities(pred_tags)), set(entities(gold_tags))
+        pred_chunks, goldchunks = set(entities(pred_tags)), set(entities(goldtags))
         found_pred.update(kind for kind, _, _ in pred_chunks)
-        found_gold.update(kind for kind, _, _ in gold_chunks)
-        correct.update(kind for kind, _, _ in pred_chunks & gold_chunks)
-        tokens += len(gold_tags)
-        right_tokens += sum(p == g for p, g in zip(pred_tags, gold_tags, strict=True))
+        found_gold.update(kind for kind, _, _ in goldchunks)
+        correct.update(kind for kind, _, _ in pred_chunks & goldchunks)
+        tokens += len(goldtags)
+        right_tokens += sum(p == g for p, g in zip(pred_tags, goldtags, strict=True))
 
     def prf(right: int, guessed: int, true: int) -> tuple[float, float, float]:
         precision = right / guessed if guessed else 0.0

@@ -22,9 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch.nn.functional as F
-
-from bertkit.heads import IGNORE_INDEX
+from bertkit.heads import IGNORE_INDEX, token_loss
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, head_logits, read_text, require_file
 
@@ -83,7 +81,9 @@ def read_conll(
                     f"{path.name}:{first_line}", tuple(words), tuple(tags), tuple(middle)
                 )
             )
-            words.clear(), tags.clear(), middle.clear()
+            words.clear()
+            tags.clear()
+            middle.clear()
 
     with io.StringIO(read_text(path)) as handle:  # (a BOM before -DOCSTART- is dropped)
         for number, line in enumerate(handle, start=1):
@@ -124,8 +124,10 @@ class ConllTask(Task):
 
     name = "conll2003"
     head = "BertForTokenClassification"
-    metrics = ("f1", "precision", "recall")
-    column, kinds, tagset = -1, ENTITY_TYPES, None
+    metrics: tuple[str, ...] = ("f1", "precision", "recall")
+    column: int = -1
+    kinds: tuple[str, ...] = ENTITY_TYPES
+    tagset: tuple[str, ...] | None = None
 
     def __init__(self, column: str = "ner") -> None:
         if column == "pos":
@@ -204,12 +206,7 @@ class ConllTask(Task):
     def loss(self, model, batch):
         logits = head_logits(model, batch)
         labels = batch["labels"]
-        total = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]),
-            labels.reshape(-1),
-            ignore_index=IGNORE_INDEX,
-            reduction="sum",
-        )
+        total = token_loss(logits, labels, reduction="sum")
         return total, (labels != IGNORE_INDEX).sum()
 
     def units(self, batch) -> int:

@@ -18,6 +18,7 @@ maximises F1 (the official script's `best_f1_thresh`). Scores are the official s
 from __future__ import annotations
 
 import collections
+import copy
 import json
 import logging
 import math
@@ -30,14 +31,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from bertkit._io import atomic_path
+from bertkit.heads import PAD_LOGIT, span_loss
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, read_text, require_file
 
 logger = logging.getLogger("bertkit")
-NEG = -1e4  # logit of a position an answer may not start or end at
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def to_dataset(examples: Sequence[SquadExample]) -> list[dict]:
     articles: dict[str, dict[str, list]] = collections.OrderedDict()
     for e in examples:
         paragraphs = articles.setdefault(e.title, collections.OrderedDict())
-        qa = {
+        qa: dict[str, Any] = {
             "id": e.qid,
             "question": e.question,
             "answers": [{"text": t, "answer_start": s} for t, s in e.answers],
@@ -262,30 +262,33 @@ class SquadTask(Task):
         return pieces[0], pieces[-1]
 
     # ----------------------------------------------------------------- training
-    def _logits(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        out = model(
+    def _forward(self, model, batch):
+        return model(
             input_ids=batch["input_ids"],
             token_type_ids=batch["token_type_ids"],
             attention_mask=batch["attention_mask"],
         )
-        # Padding is no candidate: the softmax then does not depend on how a batch is padded.
-        pad = batch["attention_mask"] == 0
-        return (
-            out.start_logits.float().masked_fill(pad, NEG),
-            out.end_logits.float().masked_fill(pad, NEG),
-        )
 
     def loss(self, model, batch):
-        start_logits, end_logits = self._logits(model, batch)
-        total = (
-            F.cross_entropy(start_logits, batch["start_positions"], reduction="sum")
-            + F.cross_entropy(end_logits, batch["end_positions"], reduction="sum")
-        ) / 2
-        return total, torch.tensor(len(start_logits))
+        out = self._forward(model, batch)
+        total = span_loss(
+            out.start_logits,
+            out.end_logits,
+            batch["start_positions"],
+            batch["end_positions"],
+            batch["attention_mask"],
+            reduction="sum",
+        )
+        return total, torch.tensor(len(out.start_logits))
 
     def outputs(self, model, batch):
-        start_logits, end_logits = self._logits(model, batch)
-        return {"start_logits": start_logits, "end_logits": end_logits}
+        # Padding is no candidate answer (span_loss leaves it out of the softmax too).
+        out = self._forward(model, batch)
+        pad = batch["attention_mask"] == 0
+        return {
+            "start_logits": out.start_logits.float().masked_fill(pad, PAD_LOGIT),
+            "end_logits": out.end_logits.float().masked_fill(pad, PAD_LOGIT),
+        }
 
     # ----------------------------------------------------------------- answers
     def candidates(self, examples, features, outputs) -> list[dict[str, Any]]:
@@ -369,12 +372,20 @@ class SquadTask(Task):
         if self.version == 1:
             return metrics.squad_v1(dataset, predictions["best"])
         # exact/f1 answer "no answer" where null beats the best span (threshold 0); best_* are
-        # at the threshold that maximises dev F1, which then becomes the one predictions use.
+        # at the threshold that maximises dev F1 (`dev_settings`: what predictions then use).
         official = metrics.squad_v2(
             dataset, predictions["best"], predictions["null_odds"], threshold=0.0
         )
-        self.null_threshold = official["best_f1_thresh"]
         return {"exact_match": official.pop("exact"), **official}
+
+    def dev_settings(self, figures):
+        # predictions answer "no answer" where null beats the best span by more than this
+        return {"null_threshold": figures["best_f1_thresh"]} if self.version == 2 else {}
+
+    def with_settings(self, settings):
+        task = copy.copy(self)
+        task.null_threshold = float(settings.get("null_threshold", self.null_threshold))
+        return task
 
     def write_predictions(self, examples, predictions, path: Path) -> Path:
         with atomic_path(path) as tmp:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from bertkit.heads import sequence_loss
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, head_logits, read_text, require_file
 
@@ -105,7 +105,10 @@ class SwagTask(Task):
 
     def loss(self, model, batch):
         logits = head_logits(model, batch)
-        return F.cross_entropy(logits, batch["labels"], reduction="sum"), torch.tensor(len(logits))
+        total = sequence_loss(
+            logits, batch["labels"], "single_label_classification", reduction="sum"
+        )
+        return total, torch.tensor(len(logits))
 
     def outputs(self, model, batch):
         return {"logits": head_logits(model, batch)}

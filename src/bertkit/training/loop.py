@@ -55,6 +55,7 @@ SCHEDULE_FIELDS = (
     "learning_rate",
     "warmup_steps",
     "warmup_fraction",
+    "schedule",
 )
 _FLAGS = {"learning_rate": "--lr", "budget_seconds": "--budget"}
 
@@ -69,6 +70,7 @@ class TrainingConfig:
     # warm-up (`warmup_fraction` of it) and the linear decay are laid over the budget, not steps.
     budget_seconds: float | None = None
     warmup_fraction: float = 0.1
+    schedule: str = "linear"  # linear: warm-up, then linear decay to 0 | constant
     weight_decay: float = 0.01
     adam_beta2: float = 0.999  # the paper's; 0.98 (RoBERTa) forgets the first steps' gradients
     max_grad_norm: float = 1.0
@@ -113,11 +115,13 @@ class Trainer:
         config: TrainingConfig,
         *,
         dist_info: distributed.Distributed | None = None,
-        evaluate: Callable[[torch.nn.Module], dict[str, float]] | None = None,
+        evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None,
         save_model: Callable[[torch.nn.Module, Path], None] | None = None,
         on_entry: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
-        """`on_entry` sees every log entry (train and eval) as it is written, on rank 0."""
+        """`evaluate(model, step)` returns an evaluation entry's figures (every `eval_every`
+        steps and at the end); `on_entry` sees every log entry (train and eval) as it is
+        written, on rank 0."""
         self.config = config
         self.on_entry = on_entry
         self.dist = dist_info or distributed.Distributed()
@@ -134,12 +138,16 @@ class Trainer:
         )
         if config.budget_seconds is None and not config.max_steps:
             raise ValueError("give a step count (max_steps) or a time budget (budget_seconds)")
+        self.schedule: BudgetSchedule | torch.optim.lr_scheduler.LambdaLR
         if config.budget_seconds is not None:
             self.schedule = BudgetSchedule(
                 self.optimizer, config.budget_seconds, config.warmup_fraction
             )
         else:
-            self.schedule = build_schedule(self.optimizer, config.warmup_steps, config.max_steps)
+            assert config.max_steps is not None  # checked above
+            self.schedule = build_schedule(
+                self.optimizer, config.warmup_steps, config.max_steps, config.schedule
+            )
         self.wrapped = distributed.wrap(self.model, self.dist)
         self.step = 0
         self.tokens_seen = 0  # real (unpadded) tokens so far: this rank's times the world size
@@ -152,7 +160,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def _rng_state(self) -> dict[str, Any]:
-        kind, keys, position, has_gauss, gauss = np.random.get_state()
+        kind, keys, position, has_gauss, gauss = np.random.get_state(legacy=True)
+        assert isinstance(keys, np.ndarray)  # the legacy tuple form
         state = {
             "python": random.getstate(),
             # plain values, so the file loads with torch.load(weights_only=True)
@@ -216,7 +225,7 @@ class Trainer:
             )
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 - any unreadable state is reported the same way
+        except Exception as err:
             raise ValueError(f"{path}: cannot read the trainer state ({err})") from None
         saved = state.get("config", {})
         for key in SCHEDULE_FIELDS:
@@ -274,7 +283,7 @@ class Trainer:
         if self.dist.device.type != "cpu" or self.dtype is not None:
             return self._train()
         previous = torch.backends.mkldnn.enabled  # (mkldnn.flags() also warns about TF32)
-        torch.backends.mkldnn.enabled = False
+        torch.backends.mkldnn.enabled = False  # type: ignore[assignment]
         try:
             return self._train()
         finally:
@@ -308,13 +317,14 @@ class Trainer:
         tokens, steps_logged = 0, 0
         tick = time.perf_counter()
         self.wrapped.train()
-        budget = isinstance(self.schedule, BudgetSchedule)
+        budget_schedule = self.schedule if isinstance(self.schedule, BudgetSchedule) else None
+        budget = budget_schedule is not None
         while not self.finished():
             started = time.perf_counter()
-            if budget:
-                self.schedule.set_spent(self.train_seconds)
+            if budget_schedule is not None:
+                budget_schedule.set_spent(self.train_seconds)
             batches = [self.data.next_batch() for _ in range(config.accumulation)]
-            totals = sum(self.objective.counts(b) for b in batches).double()
+            totals = torch.stack([self.objective.counts(b) for b in batches]).sum(0).double()
             totals = distributed.all_reduce_sum(totals.to(self.dist.device), self.dist).cpu()
             for index, batch in enumerate(batches):
                 real = int(batch["attention_mask"].sum())  # counted on the CPU: no device sync
@@ -325,7 +335,7 @@ class Trainer:
                 sync = (
                     contextlib.nullcontext()
                     if last or not self.dist.enabled
-                    else self.wrapped.no_sync()
+                    else self.wrapped.no_sync()  # type: ignore[operator]
                 )
                 with (
                     sync,
@@ -367,6 +377,7 @@ class Trainer:
                 self.train_seconds = distributed.broadcast_float(self.train_seconds, self.dist)
             last = self.finished()
             if self.step % config.log_every == 0 or last:
+                assert sums is not None
                 sums = distributed.all_reduce_sum(sums, self.dist).cpu()
                 elapsed = time.perf_counter() - tick
                 entry = {
@@ -430,7 +441,8 @@ class Trainer:
             torch.no_grad(),
             torch.autocast(self.dist.device.type, dtype=self.dtype, enabled=self.dtype is not None),
         ):
-            return self.evaluate(self.wrapped)
+            assert self.evaluate is not None
+            return self.evaluate(self.wrapped, self.step)
 
     def _progress(self):
         if not (self.config.progress and self.dist.is_main):

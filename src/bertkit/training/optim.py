@@ -12,7 +12,8 @@ NO_DECAY = ("bias", "LayerNorm.weight", "LayerNorm.bias")
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Two groups: weights that decay, and biases/LayerNorm parameters that do not."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     seen: set[int] = set()
     for name, parameter in model.named_parameters():
         if not parameter.requires_grad or id(parameter) in seen:
@@ -60,7 +61,7 @@ class BertAdam(torch.optim.Optimizer):
         )
 
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
+    def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -101,8 +102,14 @@ def warmup_linear_decay(step: int, warmup_steps: int, total_steps: int) -> float
 
 
 def build_schedule(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int
+    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, kind: str = "linear"
 ) -> torch.optim.lr_scheduler.LambdaLR:
+    """The paper's warm-up and linear decay (`linear`), or the peak rate throughout
+    (`constant`: the feature-based tagger's plain Adam)."""
+    if kind == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    if kind != "linear":
+        raise ValueError(f"schedule must be linear or constant, not {kind!r}")
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_linear_decay(step, warmup_steps, total_steps)
     )

@@ -1,5 +1,4 @@
-"""The official metrics: hand-computed cases, and random inputs against scikit-learn, scipy and
-seqeval (conlleval's reimplementation)."""
+"""The official metrics (bertkit.tasks.metrics) against sklearn, scipy, seqeval and by hand."""
 
 from __future__ import annotations
 

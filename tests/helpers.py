@@ -1,0 +1,166 @@
+"""Helpers the tests share (imported as `helpers`: pytest puts tests/ on the path)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertkit import (
+    BertConfig,
+    BertTokenizer,
+)
+from bertkit.checkpoint import load_state_dict_into
+from bertkit.pretraining.shards import (
+    Shards,
+    chunk_from_token_documents,
+    write_shards,
+)
+
+ATOL = 1e-5
+
+
+def hf_config(config: BertConfig, **extra):
+    transformers = pytest.importorskip("transformers")
+    data = config.to_dict()
+    data.pop("model_type")
+    data.update(extra)
+    return transformers.BertConfig(**data, attn_implementation="eager")
+
+
+def pair(cls, hf_cls, config, **hf_extra):
+    """A transformers model with its own random init, and ours loaded from its state dict."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf = getattr(transformers, hf_cls)(hf_config(config, **hf_extra)).eval()
+    ours = cls(config).eval()
+    report = load_state_dict_into(ours, hf.state_dict(), strict=True)
+    assert report == {"missing": [], "unexpected": [], "mismatched": []}
+    return ours, hf
+
+
+def close(a, b, atol=ATOL):
+    torch.testing.assert_close(a, b, atol=atol, rtol=0)
+
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def synthetic_tokenizer(words: int = 400, pieces: int = 60) -> BertTokenizer:
+    vocab = SPECIALS + [f"[unused{i}]" for i in range(5)]
+    vocab += [f"w{i}" for i in range(words)] + [f"##p{i}" for i in range(pieces)]
+    return BertTokenizer(vocab=vocab, lowercase=True)
+
+
+def synthetic_shards(tmp_path, tokenizer, documents=1500, seed=0, shard_tokens=1 << 27) -> Shards:
+    """Documents of 1-40 sentences of 1-30 tokens; ~30% of tokens are ## continuations."""
+    rng = np.random.default_rng(seed)
+    vocab = tokenizer.vocab
+    starts = np.asarray([i for t, i in vocab.items() if t.startswith("w")])
+    continuations = np.asarray([i for t, i in vocab.items() if t.startswith("##")])
+    docs = []
+    for _ in range(documents):
+        doc = []
+        for _ in range(int(rng.integers(1, 41))):
+            n = int(rng.integers(1, 31))
+            ids = rng.choice(starts, n)
+            cont = rng.random(n) < 0.3
+            cont[0] = False
+            ids[cont] = rng.choice(continuations, int(cont.sum()))
+            doc.append(ids)
+        docs.append(doc)
+    write_shards(
+        [chunk_from_token_documents(docs)],
+        tokenizer,
+        tmp_path / "shards",
+        shard_tokens=shard_tokens,
+    )
+    return Shards(tmp_path / "shards")
+
+
+def doc_of_token(shards: Shards, shard: int, offset: int) -> int:
+    sentence = np.searchsorted(shards.sentences[shard], offset, side="right") - 1
+    local = np.searchsorted(shards.documents[shard], sentence, side="right") - 1
+    return int(shards.document_offsets[shard] + local)
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def grow_copies(src: Path, dst: Path, copies: int) -> Path:
+    """The fixture files with their data rows repeated (a few dozen examples)."""
+    dst.mkdir(parents=True)
+    for path in src.iterdir():
+        lines = path.read_text().splitlines(keepends=True)
+        head, rows = lines[:1], lines[1:]
+        if path.suffix == ".csv":
+            (dst / path.name).write_text("".join(head + rows * copies))
+        else:
+            (dst / path.name).write_text("".join(head + rows * copies))
+    return dst
+
+
+QUICK = dict(epochs=2, batch_size=8, max_seq_length=64, progress=False, learning_rate=1e-3)
+
+
+def cli_command(*args):
+    return [sys.executable, "-m", "bertkit.cli", *map(str, args)]
+
+
+def losses(out):
+    return {
+        e["step"]: e["loss"]
+        for e in map(json.loads, (out / "log.jsonl").read_text().splitlines())
+        if e["split"] == "train"
+    }
+
+
+def learnable_shards(root, tokenizer):
+    """Sentences that are runs of consecutive words (w17 w18 w19 ...): a masked word follows
+    from its neighbours, which even a tiny model learns in a few dozen steps."""
+    rng = np.random.default_rng(0)
+    words = np.asarray([tokenizer.vocab[f"w{i}"] for i in range(60)])
+
+    def sentence():
+        start = int(rng.integers(0, 40))
+        return words[start : start + int(rng.integers(6, 20))]
+
+    docs = [[sentence() for _ in range(int(rng.integers(3, 12)))] for _ in range(300)]
+    write_shards([chunk_from_token_documents(docs)], tokenizer, root / "learnable")
+    return root / "learnable"
+
+
+def tiny_cli_args(setup, out, steps=40):
+    return [
+        "--data", setup / "shards", "--config", setup / "config.json", "--max-steps", steps,
+        "--batch-size", 8, "--seq-len", 64, "--warmup-steps", 2, "--log-every", 1,
+        "--save-every", 1000, "--lr", 1e-3, "--device", "cpu", "--out", out,
+    ]  # fmt: skip
+
+
+def data_path(*parts: str) -> Path:
+    root = os.environ.get("BERTKIT_DATA")
+    if not root:
+        pytest.skip("BERTKIT_DATA is not set")
+    path = Path(root, *parts)
+    if not path.exists():
+        pytest.fail(f"BERTKIT_DATA={root} is set but {path} is missing")
+    return path
+
+
+def tiny_bert_config(vocab_size: int = 99, **overrides) -> BertConfig:
+    """transformers' BertModelTester sizes (hidden 32, 2 layers, 4 heads, intermediate 37, 64
+    positions), with `overrides`: the small BERT every test builds."""
+    sizes = dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+    )
+    return BertConfig(vocab_size=vocab_size, **{**sizes, **overrides})

@@ -1,0 +1,63 @@
+"""The pre-training data stream (bertkit.pretraining.dataset): masks per epoch, ranks."""
+
+import numpy as np
+
+from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
+
+from helpers import synthetic_shards, synthetic_tokenizer
+
+
+def test_dynamic_masks_change_by_epoch_static_ones_cycle(tmp_path):
+    tokenizer = synthetic_tokenizer()
+    shards = synthetic_shards(tmp_path, tokenizer, documents=60)
+
+    def first_batches(masking, epochs):
+        data = PretrainingData(shards, tokenizer, batch_size=4, masking=masking, seed=0)
+        out = []
+        for epoch in epochs:
+            data.load_state_dict({"epoch": epoch, "row": 0})
+            out.append(data.next_batch()["input_ids"])
+        return out
+
+    dynamic = first_batches(MaskingConfig(), [0, 1])
+    assert (
+        not np.array_equal(dynamic[0].numpy(), dynamic[1].numpy()[: len(dynamic[0])])
+        if dynamic[0].shape == dynamic[1].shape
+        else True
+    )
+    static = first_batches(MaskingConfig(static=True, dupe_factor=2), [0, 1, 2])
+    assert static[0].shape == static[2].shape and np.array_equal(
+        static[0].numpy(), static[2].numpy()
+    )
+    # resuming from a position gives the same batches
+    data = PretrainingData(shards, tokenizer, batch_size=4, seed=5)
+    for _ in range(7):
+        data.next_batch()
+    state = data.state_dict()
+    expected = [data.next_batch()["input_ids"] for _ in range(5)]
+    again = PretrainingData(shards, tokenizer, batch_size=4, seed=5)
+    again.load_state_dict(state)
+    for tensor in expected:
+        assert np.array_equal(again.next_batch()["input_ids"].numpy(), tensor.numpy())
+
+
+def test_ranks_split_the_global_batch(tmp_path):
+    tokenizer = synthetic_tokenizer()
+    shards = synthetic_shards(tmp_path, tokenizer, documents=80)
+    whole = PretrainingData(shards, tokenizer, batch_size=8, seed=0)
+    parts = [
+        PretrainingData(shards, tokenizer, batch_size=4, seed=0, rank=r, world_size=2)
+        for r in range(2)
+    ]
+    for _ in range(6):
+        big = whole.next_batch()
+        small = [p.next_batch() for p in parts]
+        for r in range(2):
+            n = small[r]["input_ids"].shape[1]
+            assert np.array_equal(
+                small[r]["input_ids"].numpy(), big["input_ids"][4 * r : 4 * r + 4, :n].numpy()
+            )
+            assert np.array_equal(
+                small[r]["next_sentence_label"].numpy(),
+                big["next_sentence_label"][4 * r : 4 * r + 4].numpy(),
+            )

@@ -1,0 +1,272 @@
+"""Pre-training runs (bertkit.pretraining.train): learning, ablations, phases, budget, init schemes."""
+
+import dataclasses
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertkit import BertConfig, BertForPreTraining
+from bertkit.pretraining.train import run_pretraining
+
+from helpers import cli_command, learnable_shards, synthetic_tokenizer, tiny_cli_args
+
+
+@pytest.mark.slow
+def test_pretraining_learns_and_writes_a_loadable_checkpoint(setup, tmp_path):
+    data = learnable_shards(tmp_path, synthetic_tokenizer())
+    entries = run_pretraining(
+        data,
+        tmp_path / "out",
+        config=str(setup / "config.json"),
+        max_steps=60,
+        batch_size=16,
+        seq_len=64,
+        eval_data=data,
+        eval_batches=4,
+        learning_rate=5e-3,
+        warmup_steps=4,
+        log_every=5,
+        eval_every=30,
+        save_every=20,
+        progress=False,
+    )
+    train = [e for e in entries if e["split"] == "train"]
+    evals = [e for e in entries if e["split"] == "eval"]
+    assert train[-1]["mlm_loss"] < train[0]["mlm_loss"] - 1.0
+    assert evals[-1]["mlm_loss"] < evals[0]["mlm_loss"]
+    assert {"step", "mlm_loss", "mlm_accuracy", "nsp_accuracy"} <= set(evals[-1])
+    curves = tmp_path / "out" / "curves.png"
+    assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    redrawn = tmp_path / "again.png"
+    assert (
+        subprocess.run(
+            cli_command("viz", tmp_path / "out" / "log.jsonl", "--out", redrawn)
+        ).returncode
+        == 0
+    )
+    assert redrawn.stat().st_size > 10_000
+    model = BertForPreTraining.from_pretrained(tmp_path / "out")
+    assert model.config.hidden_size == 32
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "out").eval()
+    ids = torch.randint(10, 400, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            hf(ids).prediction_logits, model(ids).mlm_logits, atol=1e-5, rtol=0
+        )
+    with pytest.raises(FileExistsError, match="pass --resume"):
+        run_pretraining(
+            setup / "shards",
+            tmp_path / "out",
+            config=str(setup / "config.json"),
+            max_steps=60,
+            warmup_steps=4,
+            batch_size=16,
+            seq_len=64,
+            progress=False,
+        )
+    with pytest.raises(ValueError, match="does not fit this model"):
+        run_pretraining(
+            setup / "shards",
+            tmp_path / "out",
+            config="tiny",
+            max_steps=60,
+            warmup_steps=4,
+            learning_rate=5e-3,
+            batch_size=16,
+            seq_len=64,
+            resume=True,
+            progress=False,
+        )
+
+
+@pytest.mark.parametrize("objective", ["mlm", "ltr"])
+def test_ablation_objectives_train(setup, tmp_path, objective):
+    entries = run_pretraining(
+        setup / "shards",
+        tmp_path / objective,
+        config=str(setup / "config.json"),
+        max_steps=6,
+        batch_size=8,
+        seq_len=64,
+        objective=objective,
+        warmup_steps=1,
+        log_every=3,
+        learning_rate=1e-3,
+        progress=False,
+    )
+    assert all("nsp_loss" not in e for e in entries)
+    config = json.loads((tmp_path / objective / "config.json").read_text())
+    assert config["architectures"] == ["BertForMaskedLM"] and config["is_decoder"] == (
+        objective == "ltr"
+    )
+
+
+def test_two_phases_continue_with_a_fresh_schedule_and_resume(setup, tmp_path):
+    args = [
+        "--data",
+        setup / "shards",
+        "--config",
+        setup / "config.json",
+        "--batch-size",
+        8,
+        "--warmup-steps",
+        2,
+        "--log-every",
+        1,
+        "--device",
+        "cpu",
+        "--out",
+        tmp_path / "run",
+    ]
+    from bertkit.cli import main
+
+    assert main(["pretrain", *map(str, args), "--phases", "32:6,64:4"]) == 0
+    first = tmp_path / "run" / "phase1-seq32"
+    assert (first / "model.safetensors").exists() and (
+        tmp_path / "run" / "model.safetensors"
+    ).exists()
+    second = [
+        json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()
+    ]
+    assert [e["step"] for e in second] == [1, 2, 3, 4]  # a fresh schedule: steps and warmup restart
+    assert second[0]["lr"] < second[1]["lr"]
+    phase1 = load_file(first / "model.safetensors")
+    # resuming a finished run re-runs nothing
+    before = (tmp_path / "run" / "log.jsonl").read_text()
+    assert main(["pretrain", *map(str, args), "--phases", "32:6,64:4", "--resume"]) == 0
+    assert (tmp_path / "run" / "log.jsonl").read_text() == before
+    assert all(torch.equal(phase1[k], v) for k, v in load_file(first / "model.safetensors").items())
+    with pytest.raises(ValueError, match="is not SEQ_LEN:STEPS"):
+        from bertkit.pretraining.train import parse_phases
+
+        parse_phases("128-100")
+
+
+def test_held_out_measure_masks_every_chosen_piece(setup, tmp_path):
+    """`mlm_accuracy` of the evaluation replaces every chosen piece by [MASK]; the 80/10/10 one
+    leaves 10% of them visible, so a model that copies its input scores ~10% there and 0 here."""
+    from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
+    from bertkit.pretraining.shards import Shards
+    from bertkit.pretraining.train import PretrainingObjective, _held_out_evaluation
+    from bertkit.tokenizer import BertTokenizer
+    from bertkit.training import distributed
+
+    tokenizer = BertTokenizer.from_pretrained(setup / "shards")
+    vocab = tokenizer.vocab_size
+
+    class Copier(torch.nn.Module):  # predicts each position's own input token
+        def forward(self, input_ids, masked_positions, **_):
+            seen = input_ids.gather(1, masked_positions)
+            return type("Out", (), {"mlm_logits": torch.nn.functional.one_hot(seen, vocab) * 10.0})
+
+    masking = MaskingConfig()
+    evaluate = _held_out_evaluation(
+        Shards(setup / "shards"),
+        tokenizer,
+        PretrainingObjective("mlm"),
+        batch_size=16,
+        seq_len=64,
+        objective="mlm",
+        masking=masking,
+        seed=1,
+        batches=8,
+        dist=distributed.Distributed(),
+    )
+    result = evaluate(Copier(), 0)
+    assert result["mlm_accuracy"] == 0.0
+    assert 0.06 < result["mlm_accuracy_801010"] < 0.14
+    stream = PretrainingData(
+        Shards(setup / "shards"),
+        tokenizer,
+        batch_size=16,
+        max_seq_length=64,
+        objective="mlm",
+        masking=dataclasses.replace(masking, mask_token_prob=1.0, random_token_prob=0.0),
+    )
+    batch = stream.next_batch()
+    picked = batch["input_ids"].gather(1, batch["masked_positions"])[batch["labels"] != -100]
+    assert set(picked.tolist()) == {tokenizer.vocab["[MASK]"]}
+
+
+@pytest.mark.slow
+def test_phases_share_a_budget(setup, tmp_path):
+    from bertkit.cli import main
+
+    args = ["--data", setup / "shards", "--config", setup / "config.json", "--batch-size", 8]
+    args += ["--log-every", 1, "--device", "cpu", "--out", tmp_path / "run", "--budget", "4s"]
+    assert main(["pretrain", *map(str, args), "--phases", "32:0.5,64:0.5"]) == 0
+    for directory in (tmp_path / "run" / "phase1-seq32", tmp_path / "run"):
+        state = torch.load(directory / "trainer_state.pt", weights_only=True)
+        assert 2.0 <= state["train_seconds"] < 3.5  # half of the budget each
+    assert main(["pretrain", *map(str, args), "--phases", "32:0.5,64:0.6"]) == 2
+
+
+def _short_run(setup, out, **settings) -> list[float]:
+    """The training losses of 3 steps of the tiny dropout-free model (settings override)."""
+    settings = {
+        "config": str(setup / "nodrop.json"),
+        "max_steps": 3,
+        "batch_size": 4,
+        "seq_len": 32,
+        "warmup_steps": 1,
+        "progress": False,
+        **settings,
+    }
+    entries = run_pretraining(setup / "shards", out, **settings)
+    return [e["loss"] for e in entries if e["split"] == "train"]
+
+
+def test_mimetic_attention_starts_near_identity_and_trains(setup, tmp_path):
+    from bertkit.pretraining.init_schemes import mimetic_attention_
+
+    model = BertForPreTraining(BertConfig.from_json_file(setup / "nodrop.json")).requires_grad_(
+        False
+    )
+    layer = model.bert.encoder.layer[0]
+    mimetic_attention_(layer, qk=(0.0, 1.0), vo=(0.0, 0.5))
+    size, attention = layer.head_size, layer.attention
+    for head in range(layer.num_heads):  # rank-`size` part of I: a projection, PSD
+        rows = slice(head * size, (head + 1) * size)
+        product = attention.self.query.weight[rows].T @ attention.self.key.weight[rows]
+        assert torch.allclose(product, product.T, atol=1e-5)
+        assert torch.allclose(product @ product, product, atol=1e-5)
+        assert float(product.trace()) == pytest.approx(size, rel=1e-4)
+    value_output = attention.output.dense.weight @ attention.self.value.weight
+    assert torch.allclose(value_output, -0.5 * torch.eye(value_output.shape[0]), atol=1e-5)
+    assert np.isfinite(_short_run(setup, tmp_path / "run", attention_init="mimetic-qk")).all()
+
+
+def test_local_attention_starts_on_the_neighbours(setup, tmp_path):
+    from bertkit.pretraining.init_schemes import local_attention_
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_json_file(setup / "nodrop.json")).eval()
+    local_attention_(model)
+    ids = torch.randint(10, 400, (4, 40))
+    with torch.no_grad():
+        maps = model.bert(ids, output_attentions=True).attentions[0][:, :, 1:-1]  # (B, A, S-2, S)
+    rows = torch.arange(1, 39)
+    left = maps[:, 0, torch.arange(38), rows - 1].mean()
+    right = maps[:, 1, torch.arange(38), rows + 1].mean()
+    assert left > 0.5 and right > 0.5  # uniform would be 1/40
+    embeddings = model.bert.embeddings
+    assert embeddings.word_embeddings.weight[:, -16:].abs().max() == 0  # positions own those
+    assert embeddings.position_embeddings.weight[:, :-16].abs().max() == 0
+    assert np.isfinite(_short_run(setup, tmp_path / "run", attention_init="local")).all()
+
+
+def test_pretrain_prints_its_evaluations_and_where_it_wrote(setup, tmp_path, capsys):
+    from bertkit.cli import main
+
+    out = tmp_path / "run"
+    args = [str(a) for a in tiny_cli_args(setup, out, steps=4)]
+    args += ["--eval-data", str(setup / "shards"), "--eval-batches", "1", "--eval-every", "2"]
+    assert main(["pretrain", *args]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert printed.startswith(f"wrote {out} (") and "held out: " in printed
+    assert " mlm_accuracy " in printed and " nsp_accuracy " in printed

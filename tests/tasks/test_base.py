@@ -1,0 +1,47 @@
+"""What every task reader shares (bertkit.tasks.base): bad bytes named by file, line and offset."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bertkit.tasks import DataError, get_task
+
+
+def test_input_file_edges_are_named_by_file_and_line(tmp_path):
+    # non-UTF-8 bytes: file, line and byte offset, for every reader
+    rte = tmp_path / "RTE"
+    rte.mkdir()
+    (rte / "train.tsv").write_bytes(
+        b"index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\t\xff\tb\tentailment\n"
+    )
+    with pytest.raises(DataError, match=r"train.tsv:3: not UTF-8 \(byte offset"):
+        get_task("rte").read(rte, "train")
+    conll = tmp_path / "conll"
+    conll.mkdir()
+    (conll / "train.txt").write_bytes(b"EU NNP I-NP I-ORG\n\xfe x O O\n")
+    with pytest.raises(DataError, match=r"train.txt:2: not UTF-8"):
+        get_task("conll2003").read(conll, "train")
+    # a byte-order mark before -DOCSTART- is not a sentence
+    (conll / "train.txt").write_text(
+        "\ufeff-DOCSTART- -X- -X- O\n\nEU NNP I-NP I-ORG\n", encoding="utf-8"
+    )
+    sentences = get_task("conll2003").read(conll, "train")
+    assert [s.words for s in sentences] == [("EU",)]
+    # SQuAD: articles and paragraphs that are not objects, a negative answer_start
+    squad = tmp_path / "squad"
+    squad.mkdir()
+    for data, says in (
+        ({"data": ["text"]}, r"data\[0\]: not an article object"),
+        ({"data": [{"paragraphs": ["text"]}]}, r"paragraphs\[0\]: not an object"),
+        (
+            {"data": [{"paragraphs": [{"context": "Ann did it.", "qas": [
+                {"id": "q", "question": "Who?", "answers": [{"text": "it.", "answer_start": -3}]}
+            ]}]}]},
+            "is not at character -3",
+        ),
+    ):  # fmt: skip
+        (squad / "train-v1.1.json").write_text(json.dumps(data))
+        with pytest.raises(DataError, match=says):
+            get_task("squad1").read(squad, "train")

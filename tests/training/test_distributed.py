@@ -1,0 +1,80 @@
+"""torchrun with 2 CPU processes equals one process with the global batch (bertkit.training.distributed)."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import load_file
+
+from helpers import cli_command, losses
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_process_ddp_equals_one_process_with_the_same_global_batch(setup, tmp_path):
+    common = [
+        "--data",
+        setup / "shards",
+        "--config",
+        setup / "nodrop.json",
+        "--max-steps",
+        8,
+        "--batch-size",
+        8,
+        "--seq-len",
+        64,
+        "--warmup-steps",
+        2,
+        "--log-every",
+        1,
+        "--lr",
+        1e-3,
+        "--device",
+        "cpu",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+    ]
+    subprocess.run(
+        [
+            *torchrun,
+            "-m",
+            "bertkit.cli",
+            "pretrain",
+            "--out",
+            str(tmp_path / "ddp"),
+            *map(str, common),
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    subprocess.run(
+        cli_command("pretrain", "--out", tmp_path / "one", *common),
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    a = load_file(tmp_path / "ddp" / "model.safetensors")
+    b = load_file(tmp_path / "one" / "model.safetensors")
+    delta = max((a[k] - b[k]).abs().max().item() for k in a)
+    print(f"\nDDP (2 ranks) vs 1 process after 8 steps: max |parameter difference| = {delta:.1e}")
+    assert delta <= 1e-5
+    la, lb = losses(tmp_path / "ddp"), losses(tmp_path / "one")
+    assert all(abs(la[s] - lb[s]) <= 1e-5 for s in la)

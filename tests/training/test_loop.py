@@ -1,0 +1,397 @@
+"""The training loop (bertkit.training.loop): resume after kills, signals, NaN guard, state checks."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertkit.pretraining.train import run_pretraining
+
+from helpers import cli_command, losses, tiny_cli_args
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_with_identical_losses(setup, tmp_path):
+    common = [
+        "--data",
+        setup / "shards",
+        "--config",
+        setup / "config.json",
+        "--max-steps",
+        60,
+        "--batch-size",
+        8,
+        "--seq-len",
+        64,
+        "--warmup-steps",
+        5,
+        "--log-every",
+        1,
+        "--save-every",
+        10,
+        "--lr",
+        1e-3,
+        "--device",
+        "cpu",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(
+        cli_command("pretrain", "--out", tmp_path / "whole", *common),
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    expected = losses(tmp_path / "whole")
+    assert len(expected) == 60
+    killed = subprocess.Popen(
+        cli_command("pretrain", "--out", tmp_path / "killed", *common),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    log = tmp_path / "killed" / "log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:  # kill it mid-run, after a checkpoint and some steps beyond it
+        if log.exists() and len(log.read_text().splitlines()) >= 25:
+            break
+        time.sleep(0.02)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    before = losses(tmp_path / "killed")
+    assert 25 <= max(before) < 60, "the run was not killed mid-run"
+    subprocess.run(
+        cli_command("pretrain", "--out", tmp_path / "killed", *common, "--resume"),
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    after = losses(tmp_path / "killed")
+    assert sorted(after) == list(range(1, 61))
+    for step in range(1, 61):
+        assert abs(after[step] - expected[step]) <= 1e-6, (step, after[step], expected[step])
+    final_a = load_file(tmp_path / "whole" / "model.safetensors")
+    final_b = load_file(tmp_path / "killed" / "model.safetensors")
+    assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)
+
+
+def test_log_goes_to_tensorboard_when_installed(tmp_path, monkeypatch):
+    """TensorBoard is optional: with it, every logged number is also a scalar; resuming purges
+    the steps after the checkpoint, as log.jsonl does."""
+    import types
+
+    from bertkit.training.loop import _Log
+
+    calls = []
+
+    class FakeWriter:
+        def __init__(self, logdir, purge_step=None):
+            calls.append(("open", logdir, purge_step))
+
+        def add_scalar(self, tag, value, step):
+            calls.append((tag, value, step))
+
+        def flush(self):
+            pass
+
+    monkeypatch.setitem(
+        sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=FakeWriter)
+    )
+    log = _Log(tmp_path / "log.jsonl", enabled=True, keep_until=0)
+    log.write({"step": 5, "split": "train", "loss": 2.5, "lr": 1e-4})
+    log.write({"step": 5, "split": "eval", "mlm_accuracy": 0.25})
+    assert calls == [
+        ("open", str(tmp_path / "tensorboard"), 1),
+        ("train/loss", 2.5, 5),
+        ("train/lr", 1e-4, 5),
+        ("eval/mlm_accuracy", 0.25, 5),
+    ]
+    calls.clear()
+    _Log(tmp_path / "log.jsonl", enabled=True, keep_until=5)
+    assert calls == [("open", str(tmp_path / "tensorboard"), 6)]
+    assert len((tmp_path / "log.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.slow
+def test_budget_run_stops_on_time_charges_no_evaluation_and_resumes_on_its_clock(setup, tmp_path):
+    kwargs = dict(
+        config=str(setup / "config.json"),
+        budget_seconds=3.0,
+        batch_size=8,
+        seq_len=64,
+        eval_data=setup / "shards",
+        eval_batches=2,
+        eval_every=5,
+        learning_rate=1e-3,
+        warmup_fraction=0.2,
+        log_every=1,
+        progress=False,
+    )
+    entries = run_pretraining(setup / "shards", tmp_path / "run", **kwargs)
+    train = [e for e in entries if e["split"] == "train"]
+    assert len(train) >= 5  # several steps fit in 3 s of this model
+    seconds = [e["seconds"] for e in train]
+    assert seconds == sorted(seconds) and 3.0 <= seconds[-1] < 3.0 + 2 * max(
+        b - a for a, b in zip([0.0, *seconds], seconds, strict=False)
+    )
+    lrs = [e["lr"] for e in train]
+    peak = lrs.index(max(lrs))
+    assert 0 < peak < len(lrs) - 1 and lrs[-1] < 0.5 * max(lrs)  # up, then down with the clock
+    tokens = [e["tokens"] for e in train]
+    assert tokens == sorted(tokens) and tokens[0] > 0
+    state = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)
+    assert state["train_seconds"] == pytest.approx(seconds[-1], abs=0.01)
+    # a finished budget is not run again; a bigger one is refused (it would stretch the schedule)
+    assert run_pretraining(setup / "shards", tmp_path / "run", resume=True, **kwargs) == []
+    with pytest.raises(ValueError, match="budget_seconds = 3.0, not 6.0"):
+        run_pretraining(
+            setup / "shards", tmp_path / "run", resume=True, **{**kwargs, "budget_seconds": 6.0}
+        )
+
+
+def test_resume_refuses_a_stretched_schedule_and_a_warmup_as_long_as_the_run(setup, tmp_path):
+    common = dict(
+        config=str(setup / "config.json"), batch_size=8, seq_len=64, log_every=2, progress=False
+    )
+    run_pretraining(setup / "shards", tmp_path / "run", max_steps=4, warmup_steps=1, **common)
+    with pytest.raises(ValueError, match=r"max_steps = 4, not 8.*--max-steps.*--init-from"):
+        run_pretraining(
+            setup / "shards", tmp_path / "run", max_steps=8, warmup_steps=1, resume=True, **common
+        )
+    with pytest.raises(ValueError, match="never reach its peak"):
+        run_pretraining(setup / "shards", tmp_path / "other", max_steps=400, **common)
+    with pytest.raises(ValueError, match="--warmup-fraction"):
+        run_pretraining(
+            setup / "shards", tmp_path / "other", budget_seconds=5, warmup_steps=10, **common
+        )
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_resumable_checkpoint_and_exits_with_one_line(setup, tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.Popen(
+        cli_command("pretrain", *tiny_cli_args(setup, out, steps=400)),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    log = out / "log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 5):
+        time.sleep(0.02)
+    # a second writer into the live folder is refused, and the first run goes on
+    second = subprocess.run(
+        cli_command("pretrain", *tiny_cli_args(setup, out, steps=400), "--resume"),
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert second.returncode == 2 and "another bertkit process (pid" in second.stderr
+    assert run.poll() is None
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 128 + signal.SIGTERM, err
+    lines = [line for line in err.splitlines() if line.startswith("bertkit pretrain:")]
+    assert len(lines) == 1 and "stopped by SIGTERM at step" in lines[0] and "--resume" in lines[0]
+    assert "Traceback" not in err
+    step = int(lines[0].split("at step ")[1].split(";")[0])
+    assert torch.load(out / "trainer_state.pt", weights_only=True)["step"] == step  # nothing lost
+    assert max(losses(out)) == step
+    (out / ".trainer_state.pt.leftover.tmp").write_bytes(b"x" * 100)  # what a SIGKILL can leave
+    args = tiny_cli_args(setup, out, steps=400)
+    args[args.index("--max-steps") + 1] = 400
+    resumed = subprocess.run(
+        cli_command("pretrain", *args, "--resume"), env=env, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert sorted(losses(out)) == list(range(1, 401))
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(setup, tmp_path):
+    from bertkit.cli import main
+    from bertkit.errors import TrainingDiverged
+    from bertkit.pretraining import train as train_module
+
+    out = tmp_path / "run"
+    args = [str(a) for a in tiny_cli_args(setup, out, steps=6)]
+    args[args.index("--save-every") + 1] = "2"
+    real = train_module.PretrainingObjective.loss
+    calls = []
+
+    def poisoned(self, model, batch, totals):  # step 5's loss is NaN
+        calls.append(1)
+        loss, stats = real(self, model, batch, totals)
+        return (loss * float("nan"), stats) if len(calls) == 5 else (loss, stats)
+
+    train_module.PretrainingObjective.loss = poisoned
+    try:
+        with pytest.raises(TrainingDiverged, match="NaN or infinite at step 5"):
+            train_module.run_phases(
+                setup / "shards", out, [(64, 6)], config=str(setup / "config.json"),
+                batch_size=8, learning_rate=1e-3, warmup_steps=2, save_every=2, progress=False,
+            )  # fmt: skip
+    finally:
+        train_module.PretrainingObjective.loss = real
+    state = torch.load(out / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 4
+    weights = load_file(out / "model.safetensors")
+    assert all(torch.isfinite(v).all() for v in weights.values())
+    assert all(torch.equal(weights[k], state["model"][k]) for k in weights if k in state["model"])
+    # absurd learning rates end in a clear message, not a model of NaNs
+    bad = tmp_path / "bad"
+    args = [str(a) for a in tiny_cli_args(setup, bad, steps=5)]
+    args[args.index("--lr") + 1] = "1e30"
+    assert main(["pretrain", *args]) == 2
+    assert not (bad / "model.safetensors").exists()
+
+
+def test_a_finished_run_resumed_repairs_its_final_files(setup, tmp_path):
+    from bertkit.cli import main
+
+    out = tmp_path / "run"
+    args = [str(a) for a in tiny_cli_args(setup, out, steps=6)]
+    args[args.index("--save-every") + 1] = "3"
+    assert main(["pretrain", *args]) == 0
+    final = load_file(out / "model.safetensors")
+    # a kill between the final model and the final state (older orders wrote the state first):
+    # the model file is stale and the curves were never drawn
+    stale = {k: torch.zeros_like(v) for k, v in final.items()}
+    from safetensors.torch import save_file
+
+    save_file(stale, out / "model.safetensors", metadata={"format": "pt"})
+    (out / "curves.png").unlink()
+    assert main(["pretrain", *args, "--resume"]) == 0
+    repaired = load_file(out / "model.safetensors")
+    assert all(torch.equal(repaired[k], final[k]) for k in final)
+    assert (out / "curves.png").exists()
+    assert sorted(losses(out)) == list(range(1, 7))  # nothing trained again
+
+
+def test_a_corrupt_or_truncated_state_is_refused_by_name(setup, tmp_path):
+    from bertkit.cli import main
+
+    out = tmp_path / "run"
+    args = [str(a) for a in tiny_cli_args(setup, out, steps=4)]
+    args[args.index("--save-every") + 1] = "2"
+    assert main(["pretrain", *args]) == 0
+    state = out / "trainer_state.pt"
+    good = state.read_bytes()
+    flipped = bytearray(good)
+    middle = len(flipped) // 2
+    flipped[middle : middle + 64] = bytes(b ^ 0xFF for b in flipped[middle : middle + 64])
+    for broken in (bytes(flipped), good[: len(good) // 3]):
+        state.write_bytes(broken)
+        with pytest.raises(ValueError, match="trainer_state.pt: the file is corrupt"):
+            run_pretraining(
+                setup / "shards", out, config=str(setup / "config.json"), max_steps=4,
+                batch_size=8, seq_len=64, learning_rate=1e-3, warmup_steps=2, resume=True,
+                progress=False,
+            )  # fmt: skip
+    (out / "trainer_state.sha256").unlink()  # without the checksum: still a clear error
+    with pytest.raises(ValueError, match="trainer_state.pt: cannot read the trainer state"):
+        run_pretraining(
+            setup / "shards", out, config=str(setup / "config.json"), max_steps=4, batch_size=8,
+            seq_len=64, learning_rate=1e-3, warmup_steps=2, resume=True, progress=False,
+        )  # fmt: skip
+
+
+def test_resume_names_log_lines_it_cannot_read(tmp_path, caplog):
+    from bertkit.training.loop import _Log
+
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(
+        b'{"step": 1, "split": "train"}\n\xff\xfe garbled\n{"step": 2, "split": "train"}\n'
+        b'{"step": 3, "spl'  # the last line, cut short by a kill: dropped quietly
+    )
+    with caplog.at_level("WARNING", logger="bertkit"):
+        writer = _Log(log, True, keep_until=3)
+        writer.handle.close()
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{log}:2: not a log entry, dropped on resume"
+    ]
+
+
+def test_bf16_autocast_trains_on_cpu_close_to_fp32(setup, tmp_path):
+    """The GPU path's autocast, exercised on the CPU: dtype bugs show here before a GPU user
+    meets them."""
+    kwargs = dict(
+        config=str(setup / "nodrop.json"),
+        max_steps=4,
+        batch_size=8,
+        seq_len=32,
+        learning_rate=1e-3,
+        warmup_steps=1,
+        log_every=1,
+        progress=False,
+    )
+    fp32 = run_pretraining(setup / "shards", tmp_path / "fp32", precision="fp32", **kwargs)
+    bf16 = run_pretraining(setup / "shards", tmp_path / "bf16", precision="bf16", **kwargs)
+    first = [e["loss"] for e in fp32 if e["split"] == "train"]
+    second = [e["loss"] for e in bf16 if e["split"] == "train"]
+    assert len(first) == len(second) == 4 and np.isfinite(second).all()
+    assert np.allclose(first, second, rtol=0.02)  # bf16 keeps 8 bits of mantissa
+    weights = load_file(tmp_path / "bf16" / "model.safetensors")
+    assert all(v.dtype == torch.float32 for v in weights.values())  # master weights stay fp32
+
+
+def test_a_kill_during_the_final_save_resumes_to_the_same_model(setup, tmp_path, monkeypatch):
+    """The final save writes the model, then the state: killed inside it, the run resumes from
+    the previous checkpoint and ends with the uninterrupted run's model and a finished state."""
+    from bertkit.pretraining import train as train_module
+
+    args = dict(
+        config=str(setup / "nodrop.json"), max_steps=6, batch_size=4, seq_len=32,
+        learning_rate=1e-3, warmup_steps=1, save_every=3, progress=False,
+    )  # fmt: skip
+    run_pretraining(setup / "shards", tmp_path / "whole", **args)
+    real = train_module.Trainer.save
+
+    def killed_in_the_final_save(self):
+        if self.step == 6:
+            self.save_model(self.model, self.out_dir)  # the model is written ...
+            raise KeyboardInterrupt  # ... and the process dies before the state
+        real(self)
+
+    monkeypatch.setattr(train_module.Trainer, "save", killed_in_the_final_save)
+    with pytest.raises(KeyboardInterrupt):
+        run_pretraining(setup / "shards", tmp_path / "run", **args)
+    assert torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)["step"] == 3
+    monkeypatch.setattr(train_module.Trainer, "save", real)
+    run_pretraining(setup / "shards", tmp_path / "run", resume=True, **args)
+    assert torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)["step"] == 6
+    whole = load_file(tmp_path / "whole" / "model.safetensors")
+    resumed = load_file(tmp_path / "run" / "model.safetensors")
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+    assert (tmp_path / "run" / "curves.png").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_and_says_one_line_instead_of_a_traceback(setup, tmp_path):
+    out = tmp_path / "run"
+    run = subprocess.Popen(
+        cli_command("pretrain", *tiny_cli_args(setup, out, steps=400)),
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    log = out / "log.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 3):
+        time.sleep(0.02)
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 128 + signal.SIGINT, err
+    assert "stopped by SIGINT at step" in err and "KeyboardInterrupt" not in err
+    step = torch.load(out / "trainer_state.pt", weights_only=True)["step"]
+    assert step == max(losses(out))

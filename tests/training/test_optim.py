@@ -1,0 +1,90 @@
+"""Optimisers and schedules (bertkit.training.optim)."""
+
+import numpy as np
+import pytest
+import torch
+
+from bertkit import BertConfig, BertForPreTraining
+from bertkit.training.optim import parameter_groups, warmup_linear_decay
+
+
+def test_schedule_and_parameter_groups():
+    assert [round(warmup_linear_decay(s, 3, 8), 3) for s in range(8)] == [
+        0.333,
+        0.667,
+        1.0,
+        0.833,
+        0.667,
+        0.5,
+        0.333,
+        0.167,
+    ]
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=50))
+    decay, no_decay = parameter_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(names[id(p)].endswith(("bias", "LayerNorm.weight")) for p in no_decay["params"])
+    assert all(not names[id(p)].endswith(("bias", "LayerNorm.weight")) for p in decay["params"])
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    total = sum(p.numel() for p in decay["params"] + no_decay["params"])
+    assert total == model.num_parameters  # the tied decoder counted once
+
+
+def test_budget_schedule_follows_the_clock_and_keeps_it_in_its_state():
+    from bertkit.training.optim import BudgetSchedule
+
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([parameter], lr=2.0)
+    schedule = BudgetSchedule(optimizer, budget=100.0, warmup=0.2)
+    expected = {0: 2e-3, 10: 1.0, 20: 2.0, 60: 1.0, 95: 0.125}
+    for spent, lr in expected.items():
+        schedule.set_spent(spent)
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(lr)
+        assert schedule.get_last_lr() == [pytest.approx(lr)]
+    assert not schedule.done
+    schedule.set_spent(100.0)
+    assert schedule.done
+    again = BudgetSchedule(torch.optim.SGD([parameter], lr=2.0), budget=100.0, warmup=0.2)
+    again.load_state_dict(schedule.state_dict())
+    assert again.spent == 100.0 and again.done
+    with pytest.raises(ValueError, match="warm-up fraction"):
+        BudgetSchedule(optimizer, budget=10.0, warmup=1.0)
+
+
+def test_bertadam_is_googles_update_without_bias_correction():
+    """Against a reference written from Google's optimization.py (AdamWeightDecayOptimizer):
+    m, v without bias correction; update = m / (sqrt(v) + eps) + wd * w; w -= lr * update; no
+    weight decay on LayerNorm and biases (the groups of `parameter_groups`)."""
+    from bertkit.training.optim import build_optimizer
+
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict(
+        {"dense": torch.nn.Linear(5, 4), "LayerNorm": torch.nn.LayerNorm(4)}
+    )
+    start = {n: p.detach().double().numpy().copy() for n, p in model.named_parameters()}
+    optimizer = build_optimizer(model, lr=0.01, weight_decay=0.1, kind="bertadam")
+    grads = [{n: torch.randn_like(p) for n, p in model.named_parameters()} for _ in range(4)]
+    for step in grads:
+        for n, p in model.named_parameters():
+            p.grad = step[n].clone()
+        optimizer.step()
+    beta1, beta2, eps, lr = 0.9, 0.999, 1e-6, 0.01
+    for name, weights in start.items():
+        m = np.zeros_like(weights)
+        v = np.zeros_like(weights)
+        decay = 0.0 if name.endswith("bias") or name.startswith("LayerNorm") else 0.1
+        for step in grads:
+            g = step[name].double().numpy()
+            m = beta1 * m + (1.0 - beta1) * g
+            v = beta2 * v + (1.0 - beta2) * g * g
+            weights = weights - lr * (m / (np.sqrt(v) + eps) + decay * weights)
+        got = dict(model.named_parameters())[name].detach().double().numpy()
+        np.testing.assert_allclose(got, weights, rtol=1e-5, atol=1e-6)
+    # the first step moves a weight ~3x lr (1 - b1) / sqrt(1 - b2), AdamW's about lr
+    first = torch.nn.Parameter(torch.zeros(1))
+    first.grad = torch.ones(1)
+    build_optimizer(
+        torch.nn.ParameterList([first]), lr=1.0, weight_decay=0.0, kind="bertadam"
+    ).step()
+    assert float(first.detach()) == pytest.approx(-0.1 / (0.001**0.5 + 1e-6), rel=1e-5)
+    with pytest.raises(ValueError, match="adamw or bertadam"):
+        build_optimizer(model, kind="sgd")
