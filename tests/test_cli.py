@@ -71,7 +71,10 @@ def test_pretrain_recipe_sets_its_settings_and_flags_win(monkeypatch, capsys):
             ["pretrain", "--data", "d", "--out", "o", "--batch-size", "0"],
             "--batch-size: must be positive",
         ),
-        (["pretrain", "--data", "d", "--out", "o", "--lr", "inf"], "--lr: 'inf' is not a finite"),
+        (
+            ["pretrain", "--data", "d", "--out", "o", "--lr", "inf"],
+            "--lr/--learning-rate: 'inf' is not a finite",
+        ),
         (
             ["pretrain", "--data", "d", "--out", "o", "--mask-prob", "1.5"],
             "--mask-prob: must be in [0, 1]",
@@ -108,14 +111,19 @@ def test_the_parser_answers_as_a_new_user_would_want(capsys):
     )
     assert args.split == "dev" and args.verbose
     assert not parser.parse_args(["evaluate", "--model", "m", "--data", "d"]).verbose
+    # a setting's flag is its field's name; the README's short spellings stay
+    for flag in ("--learning-rate", "--lr"):
+        args = parser.parse_args(["finetune", "mrpc", "--data", "d", "--out", "o", flag, "2e-5"])
+        assert args.learning_rate == 2e-5
+        assert parser.parse_args(["pretrain", "--data", "d", "--out", "o", flag, "2e-5"]).lr == 2e-5
     for argv, says in (
         (
             ["finetune", "mrpc", "--data", "d", "--out", "o", "--epoch", "1"],
             "--epoch → --epochs",
         ),  # no abbreviations
         (
-            ["finetune", "mrpc", "--data", "d", "--out", "o", "--learning-rate", "1e-4"],
-            "--learning-rate → --lr",
+            ["finetune", "mrpc", "--data", "d", "--out", "o", "--learning_rate", "1e-4"],
+            "--learning_rate → --lr",
         ),
         (
             ["finetune", "mrpc", "--data", "d", "--out", "o", "--num-train-epochs", "3"],

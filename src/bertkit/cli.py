@@ -108,15 +108,7 @@ def _pretrain(args: argparse.Namespace) -> None:
         eval_batches=args.eval_batches,
         eval_seq_len=args.eval_seq_len,
         init_from=args.init_from,
-        masking=MaskingConfig(
-            mask_prob=args.mask_prob,
-            max_predictions=args.max_predictions,
-            mask_token_prob=args.mask_token_prob,
-            random_token_prob=args.random_token_prob,
-            whole_word=args.whole_word_mask,
-            static=args.static_masking,
-            dupe_factor=args.dupe_factor,
-        ),
+        masking=_settings(args, MaskingConfig),
         learning_rate=args.lr,
         warmup_steps=args.warmup_steps,
         warmup_fraction=args.warmup_fraction,
@@ -159,25 +151,7 @@ def _finetune(args: argparse.Namespace) -> None:
         args.model = str(random_init_dir(args.config, args.vocab, Path(args.out) / "init"))
     elif args.vocab is not None:
         raise ValueError("--vocab goes with --config (a checkpoint brings its own vocab.txt)")
-    config = FinetuneConfig(
-        epochs=args.epochs,
-        learning_rate=args.lr,
-        batch_size=args.batch_size,
-        max_seq_length=args.max_seq_length,
-        warmup_proportion=args.warmup,
-        seed=args.seed,
-        eval_batch_size=args.eval_batch_size,
-        precision=args.precision,
-        device=args.device,
-        resume=args.resume,
-        keep_state=args.keep_state,
-        max_train_examples=args.max_train_examples,
-        max_eval_examples=args.max_eval_examples,
-        bilstm=args.bilstm,
-        random_init=args.config is not None,
-        optimizer=args.optimizer,
-        overwrite=args.overwrite,
-    )
+    config = _settings(args, FinetuneConfig, random_init=args.config is not None)
     if args.grid:
         results = finetune_grid(args.task, args.model, args.data, args.out, config, args.seeds)
     elif args.seeds > 1:
@@ -213,25 +187,12 @@ def _evaluate(args: argparse.Namespace) -> None:
 def _predict(args: argparse.Namespace) -> None:
     import json
 
-    from bertkit.predict import PAIR_TASKS, Predictor
+    from bertkit.predict import Predictor
 
     predictor = Predictor(
         args.model, device=args.device, batch_size=args.batch_size, backend=args.backend
     )
-    name = predictor.task.name
-    items: list = []
-    if args.input:
-        items = read_jsonl(args.input)
-    elif name.startswith("squad"):
-        if not (args.question and args.context):
-            raise ValueError(f"{name} takes --question and --context (or --input FILE.jsonl)")
-        items = [{"question": args.question, "context": args.context}]
-    elif name in PAIR_TASKS:
-        if len(args.text) != 2:
-            raise ValueError(f"{name} takes two texts: bertkit predict --model DIR 'A' 'B'")
-        items = [tuple(args.text)]
-    else:
-        items = list(args.text)
+    items = predictor.items_from(args.input, args.text, args.question, args.context)
     for result in predictor(items):
         print(json.dumps(result, ensure_ascii=False))
 
@@ -282,21 +243,11 @@ def _attention(args: argparse.Namespace) -> None:
 
 
 def _extract(args: argparse.Namespace) -> None:
-    from bertkit.features import extract, save_features, token_ids
+    from bertkit.features import extract, read_items, save_features, token_ids
     from bertkit.model import BertModel
-    from bertkit.tasks.ner import read_conll
     from bertkit.tokenizer import BertTokenizer
 
-    items: list[str] | list[list[str]]
-    if args.conll:
-        items = [list(s.words) for s in read_conll(args.input)]
-    else:
-        with open(args.input, encoding="utf-8") as handle:
-            lines = [line.rstrip("\n") for line in handle]
-        items = [line.split() for line in lines] if args.words else lines
-        empty = [n for n, item in enumerate(items, start=1) if not item or not str(item).strip()]
-        if empty:
-            raise ValueError(f"{args.input}:{empty[0]}: an empty line (one item per line)")
+    items = read_items(args.input, words=args.words, conll=args.conll)
     tokenizer = BertTokenizer.from_pretrained(args.model)
     model = BertModel.from_pretrained(args.model)
     selections = [s.strip() for s in args.layers.split(",") if s.strip()]
@@ -355,7 +306,9 @@ def _recipe_line(name: str) -> str:
     return ", ".join(f"{key} {value}" for key, value in RECIPES[name].items())
 
 
-def _recipe_flag(parser: argparse.ArgumentParser, flag: str, kind: type, text: str) -> None:
+def _recipe_flag(
+    parser: argparse.ArgumentParser, flag: str, kind: type, text: str, *also: str
+) -> None:
     from bertkit.pretraining.recipes import RECIPES
 
     key = flag.lstrip("-").replace("-", "_")
@@ -363,7 +316,7 @@ def _recipe_flag(parser: argparse.ArgumentParser, flag: str, kind: type, text: s
         f"{name} {recipe[key]}" if key in recipe else f"{name} {_UNSET.get(key, '-')}"
         for name, recipe in RECIPES.items()
     )
-    parser.add_argument(flag, type=kind, help=f"{text} (recipe: {values})")
+    parser.add_argument(flag, *also, dest=key, type=kind, help=f"{text} (recipe: {values})")
 
 
 # Numeric flags and the values they accept: checked at parse time, so `--save-every 0` or
@@ -406,9 +359,52 @@ def _checked(kind: type, name: str):
     return parse
 
 
+_CHECKS = {"positive": _POSITIVE, "non-negative": _NON_NEGATIVE}
+
+
+def _add_settings(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """One flag per field of the settings dataclass `cls` (bertkit.settings): --field-name (and
+    the field's other spellings), its type, default, choices and one-line help."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        if field.name in skip:
+            continue
+        meta = field.metadata
+        flags = ["--" + field.name.replace("_", "-"), *meta.get("flags", ())]
+        kind = hints[field.name]
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        base = args[0] if args else kind
+        if base is bool:
+            parser.add_argument(*flags, dest=field.name, action="store_true", help=meta["help"])
+            continue
+        check = meta.get("check")
+        if check == "fraction":
+            _FRACTION.setdefault(field.name, (0.0, 1.0, False))
+        elif check is not None:
+            _CHECKS[check].append(field.name)
+        parser.add_argument(
+            *flags,
+            dest=field.name,
+            type=base,
+            default=field.default,
+            choices=meta.get("choices"),
+            help=meta["help"],
+        )
+
+
+def _settings(args: argparse.Namespace, cls: type, **values):
+    """An instance of the settings dataclass `cls` from the parsed flags (and `values`)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in vars(args).items() if k in names} | values)
+
+
 # What users of other tools type, and bertkit's flag for it (offered in "did you mean").
 _FLAG_ALIASES = {
-    "--learning-rate": "--lr",
     "--learning_rate": "--lr",
     "--num-train-epochs": "--epochs",
     "--num_train_epochs": "--epochs",
@@ -490,6 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
+    from bertkit.pretraining.dataset import MaskingConfig
     from bertkit.pretraining.recipes import RECIPES
 
     vocab = commands.add_parser("vocab", help="train a WordPiece vocabulary from text files")
@@ -591,7 +588,7 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_argument(
         "--init-from", help="start from this checkpoint with a fresh schedule (phase 2)"
     )
-    _recipe_flag(pretrain, "--lr", float, "peak learning rate")
+    _recipe_flag(pretrain, "--lr", float, "peak learning rate", "--learning-rate")
     _recipe_flag(pretrain, "--warmup-steps", int, "linear warm-up steps")
     _recipe_flag(
         pretrain, "--warmup-fraction", float, "warm-up as a fraction of the steps or the budget"
@@ -602,12 +599,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _recipe_flag(pretrain, "--mask-prob", float, "fraction of the pieces chosen for MLM")
     _recipe_flag(pretrain, "--max-predictions", int, "masked pieces per sequence at most")
-    pretrain.add_argument(
-        "--mask-token-prob", type=float, default=0.8, help="chosen pieces that become [MASK]"
-    )
-    pretrain.add_argument(
-        "--random-token-prob", type=float, default=0.1, help="chosen pieces that become random"
-    )
     _recipe_flag(pretrain, "--dropout", float, "hidden and attention dropout")
     _recipe_flag(
         pretrain,
@@ -632,15 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
         "start of the MLM output bias: zeros (Google's) or unigram (the log frequencies of the "
         "training tokens)",
     )
-    pretrain.add_argument(
-        "--whole-word-mask", action="store_true", help="mask all pieces of a word together"
-    )
-    pretrain.add_argument(
-        "--static-masking", action="store_true", help="fixed masks, --dupe-factor versions"
-    )
-    pretrain.add_argument(
-        "--dupe-factor", type=int, default=10, help="versions of the static masks"
-    )
+    _add_settings(pretrain, MaskingConfig, skip=("mask_prob", "max_predictions"))  # (recipe's)
     pretrain.add_argument("--log-every", type=int, default=10, help="steps between log lines")
     pretrain.add_argument(
         "--eval-every", type=int, default=0, help="steps between evaluations (0: at the end)"
@@ -664,10 +647,13 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     pretrain.set_defaults(func=_pretrain)
 
+    from bertkit.finetune import FinetuneConfig
     from bertkit.tasks import TASK_NAMES
 
     finetune = commands.add_parser(
-        "finetune", help="fine-tune on a task of the paper (GLUE, SQuAD, CoNLL-2003, SWAG)"
+        "finetune",
+        help="fine-tune on a task of the paper (GLUE, SQuAD, CoNLL-2003, SWAG)",
+        formatter_class=_Formatter,
     )
     finetune.add_argument("task", type=_task_name, help=f"one of {', '.join(TASK_NAMES)}")
     finetune.add_argument("--model", help="checkpoint directory (ours, HF, Google)")
@@ -677,40 +663,15 @@ def build_parser() -> argparse.ArgumentParser:
         "a config JSON), each seed its own init: the 'no pre-training' row",
     )
     finetune.add_argument("--vocab", help="with --config: directory with vocab.txt (or the file)")
-    finetune.add_argument(
-        "--overwrite", action="store_true", help="replace what a non-empty --out holds"
-    )
-    finetune.add_argument(
-        "--optimizer",
-        default="adamw",
-        choices=("adamw", "bertadam"),
-        help="adamw (torch's, bias-corrected; default) or bertadam (Google's original update "
-        "without bias correction, eps 1e-6)",
-    )
     finetune.add_argument("--data", required=True, help="folder with the task's official files")
     finetune.add_argument("--out", required=True, help="output directory")
-    finetune.add_argument("--epochs", type=int, help="default: the paper's (3; SQuAD 2.0: 2)")
-    finetune.add_argument("--lr", type=float, help="default: 5e-5 (SWAG: 2e-5)")
-    finetune.add_argument("--batch-size", type=int, help="default 32 (SQuAD 2.0: 48, SWAG: 16)")
-    finetune.add_argument("--max-seq-length", type=int, help="default 128 (SQuAD: 384)")
-    finetune.add_argument("--warmup", type=float, default=0.1, help="warm-up fraction (0.1)")
-    finetune.add_argument("--seed", type=int, default=42)
     finetune.add_argument("--seeds", type=int, default=1, help="repeat with K seeds: mean/std")
     finetune.add_argument(
         "--grid",
         action="store_true",
         help="the paper's grid: batch 16/32 x lr 5e-5/3e-5/2e-5 x 2/3/4 epochs",
     )
-    finetune.add_argument("--eval-batch-size", type=int, default=64)
-    finetune.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
-    finetune.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    finetune.add_argument("--resume", action="store_true", help="continue a killed run in OUT")
-    finetune.add_argument("--keep-state", action="store_true", help="keep trainer_state.pt")
-    finetune.add_argument("--max-train-examples", type=int, help="the first N (quick runs)")
-    finetune.add_argument("--max-eval-examples", type=int, help="the first N (quick runs)")
-    finetune.add_argument(
-        "--bilstm", action="store_true", help="Table 5's + BiLSTM head (squad*, conll2003)"
-    )
+    _add_settings(finetune, FinetuneConfig, skip=("progress", "random_init"))
     finetune.set_defaults(func=_finetune)
 
     evaluate = commands.add_parser("evaluate", help="score a fine-tuned model on a split")

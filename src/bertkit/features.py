@@ -180,6 +180,24 @@ def save_features(
     return path
 
 
+def read_items(
+    path: str | os.PathLike, *, words: bool = False, conll: bool = False
+) -> list[str] | list[list[str]]:
+    """What `bertkit extract` reads: one text per line, or (`words`) one whitespace-split
+    sentence per line, or (`conll`) the sentences of a CoNLL-2003 file. An empty line is an
+    error naming the file and line."""
+    if conll:
+        from bertkit.tasks.ner import read_conll
+
+        return [list(s.words) for s in read_conll(path)]
+    with open(path, encoding="utf-8") as handle:
+        lines = [line.rstrip("\n") for line in handle]
+    empty = [n for n, line in enumerate(lines, start=1) if not line.strip()]
+    if empty:
+        raise ValueError(f"{path}:{empty[0]}: an empty line (one item per line)")
+    return [line.split() for line in lines] if words else lines
+
+
 def load_features(path: str | os.PathLike, selection: str) -> list[torch.Tensor]:
     """The per-item tensors of one selection from a file `save_features` wrote."""
     from safetensors.torch import load_file

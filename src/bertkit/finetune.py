@@ -36,6 +36,7 @@ import torch
 from bertkit._io import LOCK_FILE, atomic_path
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
+from bertkit.settings import setting
 from bertkit.tasks import Task, get_task
 from bertkit.tasks.base import TASK_FILE, FinetuneData, collate, read_task_info, run_outputs
 from bertkit.tokenizer import BertTokenizer
@@ -57,33 +58,53 @@ class Sizes(NamedTuple):
 
 @dataclass
 class FinetuneConfig:
-    """Hyperparameters; None takes the task's default (the paper's value)."""
+    """Hyperparameters of a fine-tuning run; None takes the task's default (the paper's value).
+    The `bertkit finetune` flags are these fields (`--learning-rate`, ...)."""
 
-    epochs: int | None = None
-    learning_rate: float | None = None
-    batch_size: int | None = None
-    max_seq_length: int | None = None
-    warmup_proportion: float = 0.1
-    weight_decay: float = 0.01
-    seed: int = 42
-    eval_batch_size: int = 64
-    precision: str = "auto"
-    device: str | None = None
-    resume: bool = False
-    keep_state: bool = False  # keep trainer_state.pt (optimiser too: 3x the model) at the end
-    max_train_examples: int | None = None  # the first N (quick runs, tests)
-    max_eval_examples: int | None = None
-    progress: bool = True
-    bilstm: bool = False  # Table 5's "+ BiLSTM" between encoder and output layer (QA, tagging)
-    # The "no pre-training" baseline: the model directory's config and vocabulary only, every
-    # weight initialised afresh from the run's seed (each seed its own random encoder).
-    random_init: bool = False
-    # replace what a non-empty output folder holds (without it, or resume, such a folder is
-    # refused: it may hold another run or checkpoint)
-    overwrite: bool = False
-    # adamw (torch's AdamW, bias-corrected) or bertadam (Google's original update, without
-    # bias correction: the optimiser of the paper's fine-tuning runs)
-    optimizer: str = "adamw"
+    epochs: int | None = setting(None, "epochs (the paper's: 3; SQuAD 2.0: 2)", check="positive")
+    learning_rate: float | None = setting(
+        None, "peak learning rate (5e-5; SWAG: 2e-5)", check="positive", flags=("--lr",)
+    )
+    batch_size: int | None = setting(
+        None, "sequences per step (32; SQuAD 2.0: 48, SWAG: 16)", check="positive"
+    )
+    max_seq_length: int | None = setting(
+        None, "pieces per sequence (128; SQuAD: 384)", check="positive"
+    )
+    warmup_proportion: float = setting(
+        0.1, "linear warm-up, a fraction of the steps", check="fraction", flags=("--warmup",)
+    )
+    weight_decay: float = setting(0.01, "decoupled weight decay (not on biases, LayerNorm)")
+    seed: int = setting(42, "seed of the head's init, dropout and batch order")
+    eval_batch_size: int = setting(64, "sequences per evaluation batch", check="positive")
+    precision: str = setting(
+        "auto",
+        "auto: bf16 on GPUs that have it, fp32 on CPU",
+        choices=("auto", "fp32", "bf16", "fp16"),
+    )
+    device: str | None = setting(None, "cpu or cuda (default: cuda when available)")
+    resume: bool = setting(False, "continue a killed run in the output folder")
+    keep_state: bool = setting(False, "keep trainer_state.pt (the optimiser too: 3x the model)")
+    max_train_examples: int | None = setting(
+        None, "the first N training examples", check="positive"
+    )
+    max_eval_examples: int | None = setting(None, "the first N dev examples", check="positive")
+    progress: bool = setting(True, "a progress bar")
+    bilstm: bool = setting(False, "Table 5's + BiLSTM between encoder and output (QA, tagging)")
+    random_init: bool = setting(
+        False,
+        "the no-pre-training baseline: the model's config and vocabulary only, every weight "
+        "drawn afresh from the seed",
+    )
+    overwrite: bool = setting(
+        False, "replace what a non-empty output folder holds (another run or checkpoint)"
+    )
+    optimizer: str = setting(
+        "adamw",
+        "adamw (torch's, bias-corrected) or bertadam (Google's original update without bias "
+        "correction, eps 1e-6)",
+        choices=("adamw", "bertadam"),
+    )
 
     def sizes(self) -> Sizes:
         """The four settings a task fills in, of a `resolved` config."""

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tokenizers.pre_tokenizers import BertPreTokenizer
 
+from bertkit._io import read_jsonl
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
 from bertkit.tasks import get_task
@@ -70,6 +71,28 @@ class Predictor:
         self.batch_size = batch_size
         labels = config.id2label
         self.labels = [labels[i] for i in sorted(labels)] if labels else None
+
+    def items_from(
+        self,
+        path: str | os.PathLike | None = None,
+        texts: Sequence[str] = (),
+        question: str | None = None,
+        context: str | None = None,
+    ) -> list[Any]:
+        """What `bertkit predict` reads, as items for this model's task: a JSON-lines file, or
+        a question and its context (SQuAD), or two texts (a pair task), or texts."""
+        name = self.task.name
+        if path is not None:
+            return read_jsonl(path)
+        if name.startswith("squad"):
+            if not (question and context):
+                raise ValueError(f"{name} takes --question and --context (or --input FILE.jsonl)")
+            return [{"question": question, "context": context}]
+        if name in PAIR_TASKS:
+            if len(texts) != 2:
+                raise ValueError(f"{name} takes two texts: bertkit predict --model DIR 'A' 'B'")
+            return [tuple(texts)]
+        return list(texts)
 
     def __call__(self, items: Sequence[Any]) -> list[dict[str, Any]]:
         items = [_plain(item) for item in items]

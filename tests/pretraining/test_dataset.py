@@ -25,7 +25,7 @@ def test_dynamic_masks_change_by_epoch_static_ones_cycle(tmp_path):
         if dynamic[0].shape == dynamic[1].shape
         else True
     )
-    static = first_batches(MaskingConfig(static=True, dupe_factor=2), [0, 1, 2])
+    static = first_batches(MaskingConfig(static_masking=True, dupe_factor=2), [0, 1, 2])
     assert static[0].shape == static[2].shape and np.array_equal(
         static[0].numpy(), static[2].numpy()
     )

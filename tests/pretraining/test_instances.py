@@ -112,7 +112,7 @@ def test_whole_word_masking_never_splits_a_word(corpus):
         tokenizer,
         batch_size=256,
         max_seq_length=64,
-        masking=MaskingConfig(whole_word=True),
+        masking=MaskingConfig(whole_word_mask=True),
         seed=2,
     )
     continuation = data.is_continuation

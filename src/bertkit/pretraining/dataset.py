@@ -24,18 +24,28 @@ from bertkit.pretraining.instances import (
     mask_tokens,
 )
 from bertkit.pretraining.shards import Shards
+from bertkit.settings import setting
 from bertkit.tokenizer import CLS, MASK, PAD, SEP, BertTokenizer
 
 
 @dataclass(frozen=True)
 class MaskingConfig:
-    mask_prob: float = 0.15
-    max_predictions: int = 20
-    mask_token_prob: float = 0.8  # of the chosen pieces: [MASK] (the rest: random 0.1, kept)
-    random_token_prob: float = 0.1
-    whole_word: bool = False
-    static: bool = False  # fixed masks cycling through dupe_factor versions (Google's default)
-    dupe_factor: int = 10
+    """How masked-LM targets are chosen and corrupted (the paper's: 15%, 80/10/10); the
+    `bertkit pretrain` flags are these fields."""
+
+    mask_prob: float = setting(0.15, "fraction of the pieces chosen for MLM", check="fraction")
+    max_predictions: int = setting(20, "chosen pieces per sequence at most", check="positive")
+    mask_token_prob: float = setting(0.8, "chosen pieces that become [MASK]", check="fraction")
+    random_token_prob: float = setting(
+        0.1, "chosen pieces that become a random piece (the rest stay)", check="fraction"
+    )
+    whole_word_mask: bool = setting(False, "choose all pieces of a word together")
+    static_masking: bool = setting(
+        False,
+        "fixed masks cycling through --dupe-factor versions (Google's default) instead of new "
+        "masks every epoch",
+    )
+    dupe_factor: int = setting(10, "versions of the static masks", check="positive")
 
 
 class PretrainingData:
@@ -83,7 +93,7 @@ class PretrainingData:
 
     # ------------------------------------------------------------------ plan and position
     def _version(self, epoch: int) -> int:
-        return epoch % self.masking.dupe_factor if self.masking.static else epoch
+        return epoch % self.masking.dupe_factor if self.masking.static_masking else epoch
 
     def plan(self, epoch: int) -> np.ndarray:
         """(n, 7) instance spans of an epoch, in training order."""
@@ -156,7 +166,7 @@ class PretrainingData:
             random_ids=self.random_ids,
             mask_prob=self.masking.mask_prob,
             max_predictions=self.masking.max_predictions,
-            word_starts=~self.is_continuation[ids] if self.masking.whole_word else None,
+            word_starts=~self.is_continuation[ids] if self.masking.whole_word_mask else None,
             mask_token_prob=self.masking.mask_token_prob,
             random_token_prob=self.masking.random_token_prob,
         )
