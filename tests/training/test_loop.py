@@ -254,7 +254,9 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(setup,
     assert not (bad / "model.safetensors").exists()
 
 
-def test_a_finished_run_resumed_repairs_its_final_files(setup, tmp_path):
+def test_a_finished_run_resumed_repairs_its_final_files(setup, tmp_path, caplog):
+    import hashlib
+
     from bertkit.cli import main
 
     out = tmp_path / "run"
@@ -262,6 +264,9 @@ def test_a_finished_run_resumed_repairs_its_final_files(setup, tmp_path):
     args[args.index("--save-every") + 1] = "3"
     assert main(["pretrain", *args]) == 0
     final = load_file(out / "model.safetensors")
+    # the model file's checksum is recorded beside the state's
+    recorded = json.loads((out / "trainer_state.sha256").read_text())["model.safetensors"]
+    assert recorded == hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
     # a kill between the final model and the final state (older orders wrote the state first):
     # the model file is stale and the curves were never drawn
     stale = {k: torch.zeros_like(v) for k, v in final.items()}
@@ -270,6 +275,7 @@ def test_a_finished_run_resumed_repairs_its_final_files(setup, tmp_path):
     save_file(stale, out / "model.safetensors", metadata={"format": "pt"})
     (out / "curves.png").unlink()
     assert main(["pretrain", *args, "--resume"]) == 0
+    assert "model.safetensors: not the model of step 6" in caplog.text
     repaired = load_file(out / "model.safetensors")
     assert all(torch.equal(repaired[k], final[k]) for k in final)
     assert (out / "curves.png").exists()

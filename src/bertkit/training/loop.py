@@ -10,7 +10,8 @@ schedule; logs to `log.jsonl` (rank 0); evaluation and checkpoints every N steps
 one file, `trainer_state.pt` (model, optimiser, schedule, RNG states, data position, step), written
 to a temporary name and renamed, so a run killed at any moment resumes from the last one and
 follows the same trajectory; the model is saved in the Hugging Face layout *before* it, and the
-state's SHA-256 beside it (`trainer_state.sha256`, checked on resume).
+state's and the model file's SHA-256 beside it (`trainer_state.sha256`, checked on resume: a
+corrupt state is refused, a model file that is not the state's is written again).
 
 Nothing is lost and nothing is silent: one process writes a run folder (an OS lock); SIGTERM and
 Ctrl-C finish the step, save and raise `TrainingInterrupted`; a NaN or infinite loss, gradient or
@@ -44,7 +45,8 @@ from bertkit.training.optim import BudgetSchedule, build_optimizer, build_schedu
 
 logger = logging.getLogger("bertkit")
 STATE_FILE = "trainer_state.pt"
-DIGEST_FILE = "trainer_state.sha256"  # the state's checksum, verified on resume
+DIGEST_FILE = "trainer_state.sha256"  # the state's (and model's) checksums, verified on resume
+MODEL_FILE = "model.safetensors"  # what `save_model` writes, checked against its recorded digest
 LOG_FILE = "log.jsonl"
 
 
@@ -179,8 +181,11 @@ class Trainer:
         Non-finite weights are never written (TrainingDiverged)."""
         self._check_finite_weights()
         if self.dist.is_main:
+            model_digest = None
             if self.save_model is not None:
                 self.save_model(self.model, self.out_dir)
+                if (self.out_dir / MODEL_FILE).exists():
+                    model_digest = _sha256(self.out_dir / MODEL_FILE)
             state = {
                 "step": self.step,
                 "model": self.model.state_dict(),
@@ -200,7 +205,10 @@ class Trainer:
                 # written before the state is renamed into place: a kill at any point leaves a
                 # state whose checksum is listed.
                 digests = _read_digests(self.out_dir / DIGEST_FILE)[-1:] + [_sha256(tmp)]
-                atomic_write_text(self.out_dir / DIGEST_FILE, json.dumps({"sha256": digests}))
+                record: dict[str, Any] = {"sha256": digests}
+                if model_digest is not None:
+                    record[MODEL_FILE] = model_digest
+                atomic_write_text(self.out_dir / DIGEST_FILE, json.dumps(record))
         distributed.barrier(self.dist)
 
     def _check_finite_weights(self) -> None:
@@ -304,10 +312,25 @@ class Trainer:
         resumed = config.resume and self.load()
         if config.resume and not resumed:
             logger.warning("%s: no %s to resume from; starting afresh", self.out_dir, STATE_FILE)
-        if resumed and self.finished() and self.save_model is not None and self.dist.is_main:
-            # the state is written after the model, but a state from before that order (or a
-            # model file touched since) is made consistent: the final weights are in the state
-            self.save_model(self.model, self.out_dir)
+        if resumed and self.save_model is not None and self.dist.is_main:
+            # The model file is written before the state: a kill between the two, a state from
+            # before that order or a file changed since leaves a model.safetensors that is not
+            # the state's. Its recorded SHA-256 tells; the state's weights are then written again
+            # (and a finished run's always: what it leaves must be its final model).
+            path = self.out_dir / MODEL_FILE
+            recorded = _read_model_digest(self.out_dir / DIGEST_FILE)
+            stale = path.exists() and recorded is not None and _sha256(path) != recorded
+            if stale:
+                logger.warning(
+                    "%s: not the model of step %d (its SHA-256 differs from the one recorded in "
+                    "%s); written again from %s",
+                    path,
+                    self.step,
+                    DIGEST_FILE,
+                    STATE_FILE,
+                )
+            if stale or self.finished():
+                self.save_model(self.model, self.out_dir)
         log = _Log(
             self.out_dir / LOG_FILE, self.dist.is_main, keep_until=self.step if resumed else 0
         )
@@ -473,6 +496,15 @@ def _read_digests(path: Path) -> list[str]:
     if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
         raise ValueError(f"{path}: not a checksum file written by bertkit (delete it)")
     return digests
+
+
+def _read_model_digest(path: Path) -> str | None:
+    """The SHA-256 recorded for the model file beside the state (None: none recorded)."""
+    if not path.exists():
+        return None
+    _read_digests(path)  # a garbled file is named there
+    value = json.loads(path.read_text(encoding="utf-8")).get(MODEL_FILE)
+    return value if isinstance(value, str) else None
 
 
 def format_figures(entry: dict[str, Any]) -> str:
