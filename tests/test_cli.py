@@ -25,8 +25,8 @@ def test_pretrain_recipe_sets_its_settings_and_flags_win(monkeypatch, capsys):
 
     seen = {}
 
-    def fake_run_phases(data, out, phases, **kwargs):
-        seen.update(kwargs, phases=phases)
+    def fake_run_phases(data, out, phases, settings, budgets=None):
+        seen.update(vars(settings), phases=phases)  # the PretrainConfig the flags made
         return []
 
     monkeypatch.setattr(train, "run_phases", fake_run_phases)
@@ -73,7 +73,7 @@ def test_pretrain_recipe_sets_its_settings_and_flags_win(monkeypatch, capsys):
         ),
         (
             ["pretrain", "--data", "d", "--out", "o", "--lr", "inf"],
-            "--lr/--learning-rate: 'inf' is not a finite",
+            "--learning-rate/--lr: 'inf' is not a finite",
         ),
         (
             ["pretrain", "--data", "d", "--out", "o", "--mask-prob", "1.5"],
@@ -115,7 +115,8 @@ def test_the_parser_answers_as_a_new_user_would_want(capsys):
     for flag in ("--learning-rate", "--lr"):
         args = parser.parse_args(["finetune", "mrpc", "--data", "d", "--out", "o", flag, "2e-5"])
         assert args.learning_rate == 2e-5
-        assert parser.parse_args(["pretrain", "--data", "d", "--out", "o", flag, "2e-5"]).lr == 2e-5
+        pretrain = parser.parse_args(["pretrain", "--data", "d", "--out", "o", flag, "2e-5"])
+        assert pretrain.learning_rate == 2e-5
     for argv, says in (
         (
             ["finetune", "mrpc", "--data", "d", "--out", "o", "--epoch", "1"],

@@ -8,6 +8,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bertkit._io import read_jsonl
 
@@ -63,21 +64,19 @@ def _prepare(args: argparse.Namespace) -> None:
 def _pretrain(args: argparse.Namespace) -> None:
     from bertkit.pretraining.dataset import MaskingConfig
     from bertkit.pretraining.recipes import recipe
-    from bertkit.pretraining.train import (
-        parse_budget,
-        parse_phases,
-        run_phases,
-    )
+    from bertkit.pretraining.train import PretrainConfig, parse_budget, parse_phases, run_phases
 
-    settings = recipe(args.recipe or "paper")
+    # the recipe (the paper's when none is named) under the flags given: a recipe's field has
+    # no default on the command line, so None here means "not given"
+    values = recipe(args.recipe or "paper")
     if args.warmup_steps is not None or args.warmup_fraction is not None:
-        settings.pop("warmup_steps", None)  # an explicit warm-up replaces the recipe's
-        settings.pop("warmup_fraction", None)
+        values.pop("warmup_steps", None)  # an explicit warm-up replaces the recipe's
+        values.pop("warmup_fraction", None)
     budget = parse_budget(args.budget) if args.budget else None
     if budget is not None and args.warmup_fraction is None:
-        settings.pop("warmup_steps", None)  # a budget's warm-up is a fraction of it
-        settings.setdefault("warmup_fraction", 0.1)
-    for key, value in settings.items():
+        values.pop("warmup_steps", None)  # a budget's warm-up is a fraction of it
+        values.setdefault("warmup_fraction", 0.1)
+    for key, value in values.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     budgets = None
@@ -91,37 +90,10 @@ def _pretrain(args: argparse.Namespace) -> None:
         phases = [(args.seq_len, args.max_steps)]
     else:
         raise ValueError("give --max-steps N, --budget TIME (e.g. 15m) or --phases SEQ:STEPS,...")
-    entries = run_phases(
-        args.data,
-        args.out,
-        phases,
-        config=args.config,
-        budget_seconds=budget,
-        budgets=budgets,
-        batch_size=args.batch_size,
-        objective=args.objective,
-        dropout=args.dropout,
-        position_init=args.position_init,
-        attention_init=args.attention_init,
-        mlm_bias_init=args.mlm_bias_init,
-        eval_data=args.eval_data,
-        eval_batches=args.eval_batches,
-        eval_seq_len=args.eval_seq_len,
-        init_from=args.init_from,
-        masking=_settings(args, MaskingConfig),
-        learning_rate=args.lr,
-        warmup_steps=args.warmup_steps,
-        warmup_fraction=args.warmup_fraction,
-        adam_beta2=args.adam_beta2,
-        accumulation=args.accumulate,
-        log_every=args.log_every,
-        eval_every=args.eval_every,
-        save_every=args.save_every,
-        seed=args.seed,
-        resume=args.resume,
-        precision=args.precision,
-        device=args.device,
+    settings = _settings(
+        args, PretrainConfig, masking=_settings(args, MaskingConfig), budget_seconds=budget
     )
+    entries = run_phases(args.data, args.out, phases, settings, budgets=budgets)
     from bertkit.training.loop import format_figures
 
     evaluations = [e for e in entries if e.get("split") == "eval"]
@@ -292,31 +264,15 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows every default that is not None/False (recipe settings say theirs in the help)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False, argparse.SUPPRESS):
+        if action.default is None or action.default is False or action.default == argparse.SUPPRESS:
             return action.help
         return super()._get_help_string(action)
-
-
-_UNSET = {"dropout": "the config's (0.1)"}
 
 
 def _recipe_line(name: str) -> str:
     from bertkit.pretraining.recipes import RECIPES
 
     return ", ".join(f"{key} {value}" for key, value in RECIPES[name].items())
-
-
-def _recipe_flag(
-    parser: argparse.ArgumentParser, flag: str, kind: type, text: str, *also: str
-) -> None:
-    from bertkit.pretraining.recipes import RECIPES
-
-    key = flag.lstrip("-").replace("-", "_")
-    values = "; ".join(
-        f"{name} {recipe[key]}" if key in recipe else f"{name} {_UNSET.get(key, '-')}"
-        for name, recipe in RECIPES.items()
-    )
-    parser.add_argument(flag, *also, dest=key, type=kind, help=f"{text} (recipe: {values})")
 
 
 # Numeric flags and the values they accept: checked at parse time, so `--save-every 0` or
@@ -362,9 +318,16 @@ def _checked(kind: type, name: str):
 _CHECKS = {"positive": _POSITIVE, "non-negative": _NON_NEGATIVE}
 
 
-def _add_settings(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+def _add_settings(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    skip: tuple[str, ...] = (),
+    recipes: dict[str, dict[str, Any]] | None = None,
+) -> None:
     """One flag per field of the settings dataclass `cls` (bertkit.settings): --field-name (and
-    the field's other spellings), its type, default, choices and one-line help."""
+    the field's other spellings), its type, default, choices and one-line help. A field some
+    recipe sets has no default on the command line (the recipe's value fills it in, an
+    explicit flag wins) and its help lists each recipe's value."""
     import dataclasses
     import typing
 
@@ -374,11 +337,18 @@ def _add_settings(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
             continue
         meta = field.metadata
         flags = ["--" + field.name.replace("_", "-"), *meta.get("flags", ())]
+        help, default = meta["help"], field.default
+        if recipes and any(field.name in recipe for recipe in recipes.values()):
+            values = "; ".join(
+                f"{name} {recipe.get(field.name, default if default is not None else 'unset')}"
+                for name, recipe in recipes.items()
+            )
+            help, default = f"{help} (recipe: {values})", None
         kind = hints[field.name]
         args = [a for a in typing.get_args(kind) if a is not type(None)]
         base = args[0] if args else kind
         if base is bool:
-            parser.add_argument(*flags, dest=field.name, action="store_true", help=meta["help"])
+            parser.add_argument(*flags, dest=field.name, action="store_true", help=help)
             continue
         check = meta.get("check")
         if check == "fraction":
@@ -389,9 +359,9 @@ def _add_settings(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
             *flags,
             dest=field.name,
             type=base,
-            default=field.default,
+            default=default,
             choices=meta.get("choices"),
-            help=meta["help"],
+            help=help,
         )
 
 
@@ -488,6 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     from bertkit.pretraining.dataset import MaskingConfig
     from bertkit.pretraining.recipes import RECIPES
+    from bertkit.pretraining.train import PretrainConfig
 
     vocab = commands.add_parser("vocab", help="train a WordPiece vocabulary from text files")
     vocab.add_argument("corpus", nargs="+", help="corpus files or directories (as for prepare)")
@@ -544,7 +515,6 @@ def build_parser() -> argparse.ArgumentParser:
         "explicit flag always wins. The laptop recipe: " + _recipe_line("laptop"),
     )
     pretrain.add_argument("--data", required=True, help="shards directory from bertkit prepare")
-    pretrain.add_argument("--eval-data", help="held-out shards for MLM/NSP evaluation")
     pretrain.add_argument(
         "--out",
         required=True,
@@ -557,13 +527,6 @@ def build_parser() -> argparse.ArgumentParser:
         "CPU-minute on 2 cores, see docs/results/recipe",
     )
     pretrain.add_argument(
-        "--config",
-        help="tiny|mini|small|medium|base|large or a config JSON (recipe: "
-        + "; ".join(f"{n} {r['config']}" for n, r in RECIPES.items())
-        + ")",
-    )
-    pretrain.add_argument("--max-steps", type=int, help="optimiser steps (one phase at --seq-len)")
-    pretrain.add_argument(
         "--budget",
         help="train for this much wall-clock time instead of (or as well as) a step count: 90s, "
         "15m, 2h, 1h30m; the warm-up and decay follow elapsed time; evaluations are not charged",
@@ -574,77 +537,10 @@ def build_parser() -> argparse.ArgumentParser:
         "continues from the last with a fresh schedule; replaces --max-steps/--seq-len); with "
         "--budget, SEQ_LEN:SHARE of the budget, e.g. 32:0.7,128:0.3",
     )
-    _recipe_flag(pretrain, "--batch-size", int, "global sequences per step")
-    _recipe_flag(pretrain, "--seq-len", int, "tokens per sequence")
-    pretrain.add_argument(
-        "--objective",
-        choices=("mlm+nsp", "mlm", "ltr"),
-        default="mlm+nsp",
-        help="BERT; No NSP; left-to-right LM (Table 5)",
+    _add_settings(
+        pretrain, PretrainConfig, skip=("masking", "budget_seconds", "progress"), recipes=RECIPES
     )
-    pretrain.add_argument(
-        "--resume", action="store_true", help="continue from OUT/trainer_state.pt"
-    )
-    pretrain.add_argument(
-        "--init-from", help="start from this checkpoint with a fresh schedule (phase 2)"
-    )
-    _recipe_flag(pretrain, "--lr", float, "peak learning rate", "--learning-rate")
-    _recipe_flag(pretrain, "--warmup-steps", int, "linear warm-up steps")
-    _recipe_flag(
-        pretrain, "--warmup-fraction", float, "warm-up as a fraction of the steps or the budget"
-    )
-    _recipe_flag(pretrain, "--adam-beta2", float, "Adam's second-moment decay")
-    pretrain.add_argument(
-        "--accumulate", type=int, default=1, help="micro-batches per optimiser step"
-    )
-    _recipe_flag(pretrain, "--mask-prob", float, "fraction of the pieces chosen for MLM")
-    _recipe_flag(pretrain, "--max-predictions", int, "masked pieces per sequence at most")
-    _recipe_flag(pretrain, "--dropout", float, "hidden and attention dropout")
-    _recipe_flag(
-        pretrain,
-        "--position-init",
-        str,
-        "start of the learned position embeddings: normal (Google's truncated normal) or "
-        "sinusoidal (Vaswani et al.'s sines, same scale; still learned)",
-    )
-    _recipe_flag(
-        pretrain,
-        "--attention-init",
-        str,
-        "start of the attention weights: normal (Google's truncated normal), mimetic "
-        "(Trockman & Kolter 2023: W_q^T W_k near +I, W_o W_v near -I; still learned) or "
-        "mimetic-qk (queries and keys only) or local (layer 1's heads start on the left and "
-        "right neighbours; positions in their own dimensions)",
-    )
-    _recipe_flag(
-        pretrain,
-        "--mlm-bias-init",
-        str,
-        "start of the MLM output bias: zeros (Google's) or unigram (the log frequencies of the "
-        "training tokens)",
-    )
-    _add_settings(pretrain, MaskingConfig, skip=("mask_prob", "max_predictions"))  # (recipe's)
-    pretrain.add_argument("--log-every", type=int, default=10, help="steps between log lines")
-    pretrain.add_argument(
-        "--eval-every", type=int, default=0, help="steps between evaluations (0: at the end)"
-    )
-    pretrain.add_argument(
-        "--eval-batches", type=int, default=20, help="held-out batches per evaluation"
-    )
-    pretrain.add_argument(
-        "--eval-seq-len",
-        type=int,
-        help="length of the held-out sequences (default: --seq-len; with --phases the longest)",
-    )
-    pretrain.add_argument("--save-every", type=int, default=1000, help="steps between checkpoints")
-    pretrain.add_argument("--seed", type=int, default=0, help="seed of weights, data and masks")
-    pretrain.add_argument(
-        "--precision",
-        choices=("auto", "fp32", "bf16", "fp16"),
-        default="auto",
-        help="auto: bf16 on GPUs that have it, fp32 on CPU",
-    )
-    pretrain.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    _add_settings(pretrain, MaskingConfig, recipes=RECIPES)
     pretrain.set_defaults(func=_pretrain)
 
     from bertkit.finetune import FinetuneConfig

@@ -79,14 +79,22 @@ def run_demo(
     Pre-training lasts `budget_seconds` of training time (or `max_steps` steps, whichever ends
     first); progress is printed as it comes."""
     from bertkit import BertForPreTraining, BertTokenizer, train_vocab
-    from bertkit.pretraining.dataset import MaskingConfig
-    from bertkit.pretraining.recipes import recipe
+    from bertkit.pretraining.recipes import recipe_config
     from bertkit.pretraining.shards import prepare_shards
     from bertkit.pretraining.train import run_pretraining
 
-    settings = recipe("laptop")
-    batch_size = batch_size or settings["batch_size"]
-    learning_rate = learning_rate or settings["lr"]
+    settings = recipe_config(
+        "laptop",
+        **({"batch_size": batch_size} if batch_size else {}),
+        **({"learning_rate": learning_rate} if learning_rate else {}),
+        max_steps=max_steps,
+        budget_seconds=budget_seconds,
+        eval_batches=10,
+        log_every=10,
+        save_every=10**9,  # once, at the end
+        resume=(Path(out_dir) / "trainer_state.pt").exists(),
+        progress=False,
+    )
     out_dir = Path(out_dir)
     started = time.perf_counter()
     work = out_dir / "data"
@@ -120,10 +128,10 @@ def run_demo(
     length = "" if budget_seconds is None else f"{budget_seconds:.0f} s of training"
     if max_steps is not None:
         length += (" or " if length else "") + f"{max_steps} steps"
-    preset = settings["config"]
     say(
-        f"4. pre-training BERT-{preset} with MLM + NSP (the laptop recipe: batch {batch_size}, "
-        f"peak lr {learning_rate:g}, sequences of {settings['seq_len']}) for {length}; "
+        f"4. pre-training BERT-{settings.config} with MLM + NSP (the laptop recipe: batch "
+        f"{settings.batch_size}, peak lr {settings.learning_rate:g}, sequences of "
+        f"{settings.seq_len}) for {length}; "
         "held-out figures as they come (MLM accuracy: every chosen piece [MASK]):"
     )
     say(f"   {'step':>6} {'tokens':>10} {'MLM loss':>9} {'MLM accuracy':>13} {'NSP accuracy':>13}")
@@ -139,28 +147,9 @@ def run_demo(
     run_pretraining(
         work / "train",
         out_dir,
-        config=preset,
-        max_steps=max_steps,
-        budget_seconds=budget_seconds,
-        batch_size=batch_size,
-        seq_len=settings["seq_len"],
-        dropout=settings.get("dropout"),
-        position_init=settings.get("position_init", "normal"),
-        attention_init=settings.get("attention_init", "normal"),
-        mlm_bias_init=settings.get("mlm_bias_init", "zeros"),
-        adam_beta2=settings.get("adam_beta2", 0.999),
-        masking=MaskingConfig(
-            mask_prob=settings["mask_prob"], max_predictions=settings["max_predictions"]
-        ),
-        eval_data=work / "eval",
-        eval_batches=10,
-        learning_rate=learning_rate,
-        warmup_fraction=settings.get("warmup_fraction", 0.1),
-        log_every=10,
+        settings,
+        eval_data=str(work / "eval"),
         eval_every=every,
-        save_every=10**9,  # once, at the end
-        resume=(out_dir / "trainer_state.pt").exists(),
-        progress=False,
         on_entry=report,
     )
 

@@ -18,13 +18,17 @@ command line (an explicit flag always wins).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+
+from bertkit.pretraining.dataset import MaskingConfig
+from bertkit.pretraining.train import PretrainConfig
 
 RECIPES: dict[str, dict[str, Any]] = {
     "paper": {
         "config": "tiny",
         "batch_size": 256,
-        "lr": 1e-4,
+        "learning_rate": 1e-4,
         "warmup_steps": 10_000,
         "seq_len": 128,
         "mask_prob": 0.15,
@@ -37,7 +41,7 @@ RECIPES: dict[str, dict[str, Any]] = {
     "laptop": {
         "config": "tiny",
         "batch_size": 32,
-        "lr": 2e-3,
+        "learning_rate": 2e-3,
         "warmup_fraction": 0.1,
         "adam_beta2": 0.98,
         "dropout": 0.0,
@@ -52,7 +56,17 @@ RECIPES: dict[str, dict[str, Any]] = {
 
 
 def recipe(name: str) -> dict[str, Any]:
+    """The recipe's values by `PretrainConfig` field (masking's fields among them)."""
     try:
         return dict(RECIPES[name])
     except KeyError:
         raise ValueError(f"unknown recipe {name!r}; expected one of {sorted(RECIPES)}") from None
+
+
+def recipe_config(name: str, **overrides: Any) -> PretrainConfig:
+    """A `PretrainConfig` with the recipe's settings (and `overrides` on top, masking's fields
+    among them)."""
+    values = recipe(name) | overrides
+    masking_fields = {f.name for f in dataclasses.fields(MaskingConfig)}
+    masking = {k: values.pop(k) for k in list(values) if k in masking_fields}
+    return PretrainConfig(masking=MaskingConfig(**masking), **values)

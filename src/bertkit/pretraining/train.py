@@ -11,6 +11,7 @@ import logging
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,9 @@ from bertkit.pretraining.init_schemes import (
     mimetic_attention_,
     sinusoidal_positions_,
 )
+from bertkit.pretraining.instances import OBJECTIVES
 from bertkit.pretraining.shards import Shards
+from bertkit.settings import setting
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
 from bertkit.training.loop import LOG_FILE, STATE_FILE, Trainer, TrainingConfig
@@ -191,44 +194,95 @@ def resolve_config(
     return dataclasses.replace(resolved, is_decoder=objective == "ltr")
 
 
+@dataclass
+class PretrainConfig:
+    """Settings of a pre-training run; the `bertkit pretrain` flags are these fields. Defaults
+    are the paper's (`--recipe laptop` changes some, see `bertkit.pretraining.recipes`)."""
+
+    config: str | BertConfig = setting(
+        "tiny", "model size (tiny, mini, small, medium, base, large), a config JSON or a BertConfig"
+    )
+    objective: str = setting(
+        "mlm+nsp",
+        "mlm+nsp (BERT), mlm (No NSP) or ltr (left-to-right LM): Table 5's rows",
+        choices=OBJECTIVES,
+    )
+    max_steps: int | None = setting(None, "optimiser steps", check="positive")
+    budget_seconds: float | None = setting(
+        None, "training time in seconds instead of (or as well as) a step count"
+    )
+    batch_size: int = setting(256, "global sequences per optimiser step", check="positive")
+    seq_len: int = setting(128, "tokens per sequence", check="positive")
+    dropout: float | None = setting(
+        None, "hidden and attention dropout (default: the config's, 0.1)", check="fraction"
+    )
+    position_init: str = setting(
+        "normal",
+        "start of the learned position embeddings: normal (Google's) or sinusoidal (still learned)",
+        choices=("normal", "sinusoidal"),
+    )
+    attention_init: str = setting(
+        "normal",
+        "start of the attention weights: normal (Google's), mimetic (Trockman & Kolter 2023), "
+        "mimetic-qk (queries and keys only) or local (layer 1's heads on the neighbours)",
+        choices=("normal", "mimetic", "mimetic-qk", "local"),
+    )
+    mlm_bias_init: str = setting(
+        "zeros",
+        "start of the MLM output bias: zeros (Google's) or unigram (log frequencies of the "
+        "training tokens)",
+        choices=("zeros", "unigram"),
+    )
+    eval_data: str | os.PathLike | None = setting(None, "held-out shards for MLM/NSP evaluation")
+    eval_batches: int = setting(20, "held-out batches per evaluation", check="positive")
+    eval_seq_len: int | None = setting(
+        None, "length of the held-out sequences (default: seq_len)", check="positive"
+    )
+    init_from: str | os.PathLike | None = setting(
+        None, "start from this checkpoint with a fresh schedule (the paper's phase 2)"
+    )
+    masking: MaskingConfig = dataclasses.field(default_factory=MaskingConfig)
+    short_seq_prob: float = setting(
+        0.1, "instances made shorter than seq_len on purpose (Google's)", check="fraction"
+    )
+    learning_rate: float = setting(1e-4, "peak learning rate", check="positive", flags=("--lr",))
+    warmup_steps: int | None = setting(
+        None, "linear warm-up steps (default 10,000, the paper's)", check="non-negative"
+    )
+    warmup_fraction: float | None = setting(
+        None, "warm-up as a fraction of the steps or of the budget", check="fraction"
+    )
+    adam_beta2: float = setting(0.999, "Adam's second-moment decay", check="fraction")
+    accumulation: int = setting(
+        1, "micro-batches per optimiser step", check="positive", flags=("--accumulate",)
+    )
+    log_every: int = setting(10, "steps between log lines", check="positive")
+    eval_every: int = setting(0, "steps between evaluations (0: at the end)", check="non-negative")
+    save_every: int = setting(1000, "steps between checkpoints", check="positive")
+    seed: int = setting(0, "seed of weights, data and masks")
+    resume: bool = setting(False, "continue from OUT/trainer_state.pt")
+    precision: str = setting(
+        "auto",
+        "auto: bf16 on GPUs that have it, fp32 on CPU",
+        choices=("auto", "fp32", "bf16", "fp16"),
+    )
+    device: str | None = setting(None, "cpu or cuda (default: cuda when available)")
+    progress: bool = setting(True, "a progress bar")
+
+
 def run_pretraining(
     data: str | os.PathLike,
     out: str | os.PathLike,
+    settings: PretrainConfig | None = None,
     *,
-    config: str | BertConfig = "tiny",
-    max_steps: int | None = None,
-    budget_seconds: float | None = None,
-    batch_size: int = 256,
-    seq_len: int = 128,
-    objective: str = "mlm+nsp",
-    dropout: float | None = None,
-    position_init: str = "normal",
-    attention_init: str = "normal",
-    mlm_bias_init: str = "zeros",
-    eval_data: str | os.PathLike | None = None,
-    eval_batches: int = 20,
-    eval_seq_len: int | None = None,
-    init_from: str | os.PathLike | None = None,
-    masking: MaskingConfig | None = None,
-    short_seq_prob: float = 0.1,
-    learning_rate: float = 1e-4,
-    warmup_steps: int | None = None,
-    warmup_fraction: float | None = None,
-    adam_beta2: float = 0.999,
-    accumulation: int = 1,
-    log_every: int = 10,
-    eval_every: int = 0,
-    save_every: int = 1000,
-    seed: int = 0,
-    resume: bool = False,
-    precision: str = "auto",
-    device: str | None = None,
-    progress: bool = True,
     model: torch.nn.Module | None = None,
     on_entry: Callable[[dict[str, Any]], None] | None = None,
+    **overrides: Any,
 ) -> list[dict[str, Any]]:
     """Pre-train on the shards in `data`; `out` ends up a checkpoint directory (config.json,
     model.safetensors, vocab.txt) with `log.jsonl` and `trainer_state.pt` beside the weights.
+    `settings` (a `PretrainConfig`), with any of its fields given as keywords on top
+    (`run_pretraining(data, out, config="mini", max_steps=1000)`).
 
     `batch_size` is the global batch (sequences per optimiser step, as in the paper: 256), split
     over processes and `accumulation` micro-batches. `init_from` continues from a checkpoint with
@@ -243,78 +297,86 @@ def run_pretraining(
     refused: the rate would never reach its peak. Held-out evaluation runs at `eval_seq_len`
     (default `seq_len`) on the same batches every time.
     """
-    warmup_steps = _warmup_steps(max_steps, budget_seconds, warmup_steps, warmup_fraction)
-    dist = distributed.setup(device)
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(PretrainConfig)}
+    if unknown:
+        raise TypeError(f"run_pretraining: unknown settings {sorted(unknown)}")
+    c = dataclasses.replace(settings or PretrainConfig(), **overrides)
+    warmup_steps = _warmup_steps(c.max_steps, c.budget_seconds, c.warmup_steps, c.warmup_fraction)
+    dist = distributed.setup(c.device)
     try:
         out = Path(out)
-        if (out / STATE_FILE).exists() and not resume:
+        if (out / STATE_FILE).exists() and not c.resume:
             raise FileExistsError(
                 f"{out}: holds a run in progress; pass --resume to continue it or pick another --out"
             )
         shards = Shards(data)
         tokenizer = BertTokenizer.from_pretrained(data)
-        parts = dist.world_size * accumulation
-        if batch_size % parts:
+        parts = dist.world_size * c.accumulation
+        if c.batch_size % parts:
             raise ValueError(
-                f"--batch-size {batch_size} is not divisible by processes x accumulation = {parts}"
+                f"--batch-size {c.batch_size} is not divisible by processes x accumulation = {parts}"
             )
         model_config = resolve_config(
-            config, tokenizer.vocab_size, max(seq_len, eval_seq_len or 0), objective, dropout
+            c.config,
+            tokenizer.vocab_size,
+            max(c.seq_len, c.eval_seq_len or 0),
+            c.objective,
+            c.dropout,
         )
-        model_class = BertForPreTraining if objective == "mlm+nsp" else BertForMaskedLM
-        torch.manual_seed(seed)
-        if model is None and init_from is not None:
-            model = model_class.from_pretrained(init_from, config=model_config)
+        model_class = BertForPreTraining if c.objective == "mlm+nsp" else BertForMaskedLM
+        torch.manual_seed(c.seed)
+        if model is None and c.init_from is not None:
+            model = model_class.from_pretrained(c.init_from, config=model_config)
         elif model is None:
             model = model_class(model_config)
-            if position_init == "sinusoidal":
+            if c.position_init == "sinusoidal":
                 sinusoidal_positions_(
                     model.bert.embeddings.position_embeddings, model_config.initializer_range
                 )
-            elif position_init != "normal":
+            elif c.position_init != "normal":
                 raise ValueError(
-                    f"position_init must be normal or sinusoidal, not {position_init!r}"
+                    f"position_init must be normal or sinusoidal, not {c.position_init!r}"
                 )
-            if attention_init in ("mimetic", "mimetic-qk"):
-                vo = None if attention_init == "mimetic-qk" else (0.4, 0.4)
+            if c.attention_init in ("mimetic", "mimetic-qk"):
+                vo = None if c.attention_init == "mimetic-qk" else (0.4, 0.4)
                 for layer in model.bert.encoder.layer:
                     mimetic_attention_(layer, vo=vo)
-            elif attention_init == "local":  # a left-to-right model cannot see to the right
-                local_attention_(model, offsets=(-1, -2) if objective == "ltr" else (-1, 1))
-            elif attention_init != "normal":
+            elif c.attention_init == "local":  # a left-to-right model cannot see to the right
+                local_attention_(model, offsets=(-1, -2) if c.objective == "ltr" else (-1, 1))
+            elif c.attention_init != "normal":
                 raise ValueError(
                     "attention_init must be normal, mimetic, mimetic-qk or local, not "
-                    f"{attention_init!r}"
+                    f"{c.attention_init!r}"
                 )
-            if mlm_bias_init == "unigram":
+            if c.mlm_bias_init == "unigram":
                 unigram_bias_(model.cls.predictions.bias, shards.token_counts(tokenizer.vocab_size))
-            elif mlm_bias_init != "zeros":
-                raise ValueError(f"mlm_bias_init must be zeros or unigram, not {mlm_bias_init!r}")
+            elif c.mlm_bias_init != "zeros":
+                raise ValueError(f"mlm_bias_init must be zeros or unigram, not {c.mlm_bias_init!r}")
         stream = PretrainingData(
             shards,
             tokenizer,
-            batch_size=batch_size // parts,
-            max_seq_length=seq_len,
-            short_seq_prob=short_seq_prob,
-            objective=objective,
-            masking=masking or MaskingConfig(),
-            seed=seed,
+            batch_size=c.batch_size // parts,
+            max_seq_length=c.seq_len,
+            short_seq_prob=c.short_seq_prob,
+            objective=c.objective,
+            masking=c.masking,
+            seed=c.seed,
             rank=dist.rank,
             world_size=dist.world_size,
         )
-        objective_fn = PretrainingObjective(objective)
+        objective_fn = PretrainingObjective(c.objective)
         evaluate = None
-        if eval_data is not None:
+        if c.eval_data is not None:
             evaluate = _held_out_evaluation(
-                Shards(eval_data),
+                Shards(c.eval_data),
                 tokenizer,
                 objective_fn,
-                batch_size=batch_size // parts,
-                seq_len=eval_seq_len or seq_len,
-                objective=objective,
-                masking=masking or MaskingConfig(),
-                seed=seed + 1,
-                batches=eval_batches,
+                batch_size=c.batch_size // parts,
+                seq_len=c.eval_seq_len or c.seq_len,
+                objective=c.objective,
+                masking=c.masking,
+                seed=c.seed + 1,
+                batches=c.eval_batches,
                 dist=dist,
             )
 
@@ -323,20 +385,20 @@ def run_pretraining(
 
         training = TrainingConfig(
             out_dir=str(out),
-            max_steps=max_steps,
-            budget_seconds=budget_seconds,
-            learning_rate=learning_rate,
+            max_steps=c.max_steps,
+            budget_seconds=c.budget_seconds,
+            learning_rate=c.learning_rate,
             warmup_steps=warmup_steps,
-            warmup_fraction=warmup_fraction if warmup_fraction is not None else 0.1,
-            adam_beta2=adam_beta2,
-            accumulation=accumulation,
-            precision=precision,
-            log_every=log_every,
-            eval_every=eval_every,
-            save_every=save_every,
-            seed=seed,
-            resume=resume,
-            progress=progress,
+            warmup_fraction=c.warmup_fraction if c.warmup_fraction is not None else 0.1,
+            adam_beta2=c.adam_beta2,
+            accumulation=c.accumulation,
+            precision=c.precision,
+            log_every=c.log_every,
+            eval_every=c.eval_every,
+            save_every=c.save_every,
+            seed=c.seed,
+            resume=c.resume,
+            progress=c.progress,
         )
         trainer = Trainer(
             model,
@@ -447,43 +509,44 @@ def run_phases(
     data: str | os.PathLike,
     out: str | os.PathLike,
     phases: list[tuple[int, int | None]],
+    settings: PretrainConfig | None = None,
     *,
-    resume: bool = False,
-    init_from: str | os.PathLike | None = None,
     budgets: list[float] | None = None,
-    **kwargs: Any,
+    **overrides: Any,
 ) -> list[dict[str, Any]]:
     """The paper's schedule: phases of (sequence length, steps), each continuing from the previous
     phase's weights with a fresh optimiser and schedule. Earlier phases are kept in
     `out/phase<N>-seq<L>`; the last one writes to `out`. With `resume`, finished phases are skipped
     and the current one continues from its trainer state. `init_from` is where phase 1 starts.
-    `budgets` (seconds, one per phase) replaces the step counts by time budgets."""
+    `budgets` (seconds, one per phase) replaces the step counts by time budgets. `settings` and
+    `overrides`: as for `run_pretraining`."""
+    settings = dataclasses.replace(settings or PretrainConfig(), **overrides)
+    resume, init_from = settings.resume, settings.init_from
     out = Path(out)
     if budgets is not None:
         if len(budgets) != len(phases):
             raise ValueError("give one budget per phase")
         phases = [(length, None) for length, _ in phases]
-    kwargs.setdefault("eval_seq_len", None)
-    if kwargs["eval_seq_len"] is None:  # every phase evaluates on the same held-out sequences
-        kwargs["eval_seq_len"] = max(length for length, _ in phases)
+    if settings.eval_seq_len is None:  # every phase evaluates on the same held-out sequences
+        settings = dataclasses.replace(settings, eval_seq_len=max(length for length, _ in phases))
     entries: list[dict[str, Any]] = []
     previous = Path(init_from) if init_from is not None else None
     for number, (seq_len, steps) in enumerate(phases, start=1):
         last = number == len(phases)
         directory = out if last else out / f"phase{number}-seq{seq_len}"
         state = directory / STATE_FILE
-        if budgets is not None:
-            kwargs["budget_seconds"] = budgets[number - 1]
+        budget = budgets[number - 1] if budgets is not None else settings.budget_seconds
         # A finished phase is run too: the trainer sees it is done, makes sure its model file
         # holds the final weights, and the curves are drawn again (nothing is trained twice).
         phase_entries = run_pretraining(
             data,
             directory,
+            settings,
             seq_len=seq_len,
             max_steps=steps,
-            init_from=previous,
+            budget_seconds=budget,
+            init_from=None if previous is None else str(previous),
             resume=resume and state.exists(),
-            **kwargs,
         )
         entries.extend({**e, "phase": number} for e in phase_entries)
         previous = directory
