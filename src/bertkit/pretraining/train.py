@@ -383,22 +383,15 @@ def run_pretraining(
         def save_model(model, directory: Path) -> None:
             model.save_pretrained(directory, tokenizer=tokenizer)
 
+        # the loop's settings are the same fields of this run's (max_steps, learning_rate, ...)
+        shared = {f.name for f in dataclasses.fields(TrainingConfig)} & set(vars(c))
         training = TrainingConfig(
             out_dir=str(out),
-            max_steps=c.max_steps,
-            budget_seconds=c.budget_seconds,
-            learning_rate=c.learning_rate,
-            warmup_steps=warmup_steps,
-            warmup_fraction=c.warmup_fraction if c.warmup_fraction is not None else 0.1,
-            adam_beta2=c.adam_beta2,
-            accumulation=c.accumulation,
-            precision=c.precision,
-            log_every=c.log_every,
-            eval_every=c.eval_every,
-            save_every=c.save_every,
-            seed=c.seed,
-            resume=c.resume,
-            progress=c.progress,
+            **{name: getattr(c, name) for name in shared}
+            | {
+                "warmup_steps": warmup_steps,
+                "warmup_fraction": 0.1 if c.warmup_fraction is None else c.warmup_fraction,
+            },
         )
         trainer = Trainer(
             model,
