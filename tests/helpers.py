@@ -135,12 +135,17 @@ def learnable_shards(root, tokenizer):
     return root / "learnable"
 
 
-def tiny_cli_args(setup, out, steps=40):
-    return [
-        "--data", setup / "shards", "--config", setup / "config.json", "--max-steps", steps,
-        "--batch-size", 8, "--seq-len", 64, "--warmup-steps", 2, "--log-every", 1,
-        "--save-every", 1000, "--lr", 1e-3, "--device", "cpu", "--out", out,
-    ]  # fmt: skip
+def tiny_cli_args(setup, out=None, steps=40, **changes):
+    """`bertkit pretrain` flags for a tiny run on the `setup` shards (`changes`: other values,
+    by flag name with underscores; `out=None` leaves --out to the caller)."""
+    flags = {
+        "data": setup / "shards", "config": setup / "config.json", "max_steps": steps,
+        "batch_size": 8, "seq_len": 64, "warmup_steps": 2, "log_every": 1, "save_every": 1000,
+        "lr": 1e-3, "device": "cpu",
+    } | changes  # fmt: skip
+    if out is not None:
+        flags["out"] = out
+    return [item for key, value in flags.items() for item in ("--" + key.replace("_", "-"), value)]
 
 
 def data_path(*parts: str) -> Path:
@@ -164,3 +169,14 @@ def tiny_bert_config(vocab_size: int = 99, **overrides) -> BertConfig:
         max_position_embeddings=64,
     )
     return BertConfig(vocab_size=vocab_size, **{**sizes, **overrides})
+
+
+def tiny_settings(setup, **changes):
+    """A `PretrainConfig` for a tiny run on the `setup` shards' config (`changes` on top)."""
+    from bertkit.pretraining.train import PretrainConfig
+
+    values = dict(
+        config=str(setup / "config.json"), batch_size=8, seq_len=64, learning_rate=1e-3,
+        log_every=1, progress=False,
+    ) | changes  # fmt: skip
+    return PretrainConfig(**values)

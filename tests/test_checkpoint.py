@@ -39,12 +39,19 @@ def check_reference(model, reference, atol=1e-5):
     with torch.no_grad():
         out = model(**reference_inputs(reference), output_hidden_states=True)
         pooled = model.bert.pooler(out.hidden_states[-1])
-    for name, got in (
-        ("sequence_output", out.hidden_states[-1]),
-        ("pooled_output", pooled),
-        ("mlm_logits", out.mlm_logits),
-        ("nsp_logits", out.nsp_logits),
-    ):
+    assert_reference(
+        reference,
+        atol,
+        sequence_output=out.hidden_states[-1],
+        pooled_output=pooled,
+        mlm_logits=out.mlm_logits,
+        nsp_logits=out.nsp_logits,
+    )
+
+
+def assert_reference(reference, atol=1e-5, **outputs):
+    """Each output equals the reference array of its name (Google's TF outputs) within `atol`."""
+    for name, got in outputs.items():
         np.testing.assert_allclose(got.numpy(), reference[name], atol=atol, rtol=0, err_msg=name)
 
 
@@ -61,11 +68,8 @@ def test_google_tf_checkpoint_reproduces_reference_without_tensorflow(google_tin
     encoder = BertModel.from_pretrained(google_tiny)
     with torch.no_grad():
         out = encoder(**reference_inputs(reference))
-    np.testing.assert_allclose(
-        out.last_hidden_state.numpy(), reference["sequence_output"], atol=1e-5, rtol=0
-    )
-    np.testing.assert_allclose(
-        out.pooler_output.numpy(), reference["pooled_output"], atol=1e-5, rtol=0
+    assert_reference(
+        reference, sequence_output=out.last_hidden_state, pooled_output=out.pooler_output
     )
 
 
@@ -101,11 +105,8 @@ def test_convert_google_to_hf_loads_in_transformers(google_tiny, tmp_path, trans
     hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
     with torch.no_grad():
         out = hf(**reference_inputs(reference))
-    np.testing.assert_allclose(
-        out.prediction_logits.numpy(), reference["mlm_logits"], atol=1e-5, rtol=0
-    )
-    np.testing.assert_allclose(
-        out.seq_relationship_logits.numpy(), reference["nsp_logits"], atol=1e-5, rtol=0
+    assert_reference(
+        reference, mlm_logits=out.prediction_logits, nsp_logits=out.seq_relationship_logits
     )
     check_reference(BertForPreTraining.from_pretrained(tmp_path / "hf"), reference)
 

@@ -12,27 +12,23 @@ from safetensors.torch import load_file
 from bertkit import BertConfig, BertForPreTraining
 from bertkit.pretraining.train import run_pretraining
 
-from helpers import cli_command, learnable_shards, synthetic_tokenizer, tiny_cli_args
+from helpers import cli_command, learnable_shards, synthetic_tokenizer, tiny_cli_args, tiny_settings
 
 
 @pytest.mark.slow
 def test_pretraining_learns_and_writes_a_loadable_checkpoint(setup, tmp_path):
     data = learnable_shards(tmp_path, synthetic_tokenizer())
+    settings = tiny_settings(setup, batch_size=16, learning_rate=5e-3, log_every=5)
     entries = run_pretraining(
         data,
         tmp_path / "out",
-        config=str(setup / "config.json"),
+        settings,
         max_steps=60,
-        batch_size=16,
-        seq_len=64,
         eval_data=data,
         eval_batches=4,
-        learning_rate=5e-3,
         warmup_steps=4,
-        log_every=5,
         eval_every=30,
         save_every=20,
-        progress=False,
     )
     train = [e for e in entries if e["split"] == "train"]
     evals = [e for e in entries if e["split"] == "eval"]
@@ -73,14 +69,11 @@ def test_pretraining_learns_and_writes_a_loadable_checkpoint(setup, tmp_path):
         run_pretraining(
             setup / "shards",
             tmp_path / "out",
+            settings,  # the same run, but another model size
             config="tiny",
             max_steps=60,
             warmup_steps=4,
-            learning_rate=5e-3,
-            batch_size=16,
-            seq_len=64,
             resume=True,
-            progress=False,
         )
 
 
@@ -89,15 +82,10 @@ def test_ablation_objectives_train(setup, tmp_path, objective):
     entries = run_pretraining(
         setup / "shards",
         tmp_path / objective,
-        config=str(setup / "config.json"),
+        tiny_settings(setup, log_every=3),
         max_steps=6,
-        batch_size=8,
-        seq_len=64,
         objective=objective,
         warmup_steps=1,
-        log_every=3,
-        learning_rate=1e-3,
-        progress=False,
     )
     assert all("nsp_loss" not in e for e in entries)
     config = json.loads((tmp_path / objective / "config.json").read_text())

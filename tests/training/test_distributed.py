@@ -8,7 +8,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from helpers import cli_command, losses
+from helpers import cli_command, losses, tiny_cli_args
 
 
 def _free_port() -> int:
@@ -19,26 +19,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_two_process_ddp_equals_one_process_with_the_same_global_batch(setup, tmp_path):
-    common = [
-        "--data",
-        setup / "shards",
-        "--config",
-        setup / "nodrop.json",
-        "--max-steps",
-        8,
-        "--batch-size",
-        8,
-        "--seq-len",
-        64,
-        "--warmup-steps",
-        2,
-        "--log-every",
-        1,
-        "--lr",
-        1e-3,
-        "--device",
-        "cpu",
-    ]
+    common = tiny_cli_args(setup, steps=8, config=setup / "nodrop.json")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     torchrun = [
         sys.executable,

@@ -14,33 +14,12 @@ from safetensors.torch import load_file
 
 from bertkit.pretraining.train import run_pretraining
 
-from helpers import cli_command, losses, tiny_cli_args
+from helpers import cli_command, losses, tiny_cli_args, tiny_settings
 
 
 @pytest.mark.slow
 def test_killed_run_resumes_with_identical_losses(setup, tmp_path):
-    common = [
-        "--data",
-        setup / "shards",
-        "--config",
-        setup / "config.json",
-        "--max-steps",
-        60,
-        "--batch-size",
-        8,
-        "--seq-len",
-        64,
-        "--warmup-steps",
-        5,
-        "--log-every",
-        1,
-        "--save-every",
-        10,
-        "--lr",
-        1e-3,
-        "--device",
-        "cpu",
-    ]
+    common = tiny_cli_args(setup, steps=60, warmup_steps=5, save_every=10)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(
         cli_command("pretrain", "--out", tmp_path / "whole", *common),
@@ -121,19 +100,14 @@ def test_log_goes_to_tensorboard_when_installed(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_budget_run_stops_on_time_charges_no_evaluation_and_resumes_on_its_clock(setup, tmp_path):
     kwargs = dict(
-        config=str(setup / "config.json"),
         budget_seconds=3.0,
-        batch_size=8,
-        seq_len=64,
         eval_data=setup / "shards",
         eval_batches=2,
         eval_every=5,
-        learning_rate=1e-3,
         warmup_fraction=0.2,
-        log_every=1,
-        progress=False,
     )
-    entries = run_pretraining(setup / "shards", tmp_path / "run", **kwargs)
+    settings = tiny_settings(setup)
+    entries = run_pretraining(setup / "shards", tmp_path / "run", settings, **kwargs)
     train = [e for e in entries if e["split"] == "train"]
     assert len(train) >= 5  # several steps fit in 3 s of this model
     seconds = [e["seconds"] for e in train]
@@ -148,10 +122,16 @@ def test_budget_run_stops_on_time_charges_no_evaluation_and_resumes_on_its_clock
     state = torch.load(tmp_path / "run" / "trainer_state.pt", weights_only=True)
     assert state["train_seconds"] == pytest.approx(seconds[-1], abs=0.01)
     # a finished budget is not run again; a bigger one is refused (it would stretch the schedule)
-    assert run_pretraining(setup / "shards", tmp_path / "run", resume=True, **kwargs) == []
+    assert (
+        run_pretraining(setup / "shards", tmp_path / "run", settings, resume=True, **kwargs) == []
+    )
     with pytest.raises(ValueError, match="budget_seconds = 3.0, not 6.0"):
         run_pretraining(
-            setup / "shards", tmp_path / "run", resume=True, **{**kwargs, "budget_seconds": 6.0}
+            setup / "shards",
+            tmp_path / "run",
+            settings,
+            resume=True,
+            **kwargs | {"budget_seconds": 6.0},
         )
 
 
