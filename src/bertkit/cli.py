@@ -456,6 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
+    from bertkit.pretraining.corpus import FORMATS
     from bertkit.pretraining.dataset import MaskingConfig
     from bertkit.pretraining.recipes import RECIPES
     from bertkit.pretraining.train import PretrainConfig
@@ -465,7 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
     vocab.add_argument(
         "--format",
         default="auto",
-        choices=("auto", "google", "wiki", "text", "text-file", "jsonl"),
+        choices=FORMATS,
         help="corpus layout, as for prepare (default: detected)",
     )
     vocab.add_argument("--size", type=int, default=30522, help="vocabulary size (default 30522)")
@@ -495,9 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--vocab", required=True, help="directory with vocab.txt (or the file)")
     prepare.add_argument("--out", required=True, help="output shards directory")
     prepare.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
-    prepare.add_argument(
-        "--format", default="auto", choices=("auto", "google", "wiki", "text", "text-file", "jsonl")
-    )
+    prepare.add_argument("--format", default="auto", choices=FORMATS)
     prepare.add_argument(
         "--on-error",
         choices=("fail", "skip"),

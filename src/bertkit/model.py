@@ -24,29 +24,6 @@ from bertkit.config import BertConfig
 from bertkit.unpad import TokenLayout
 
 
-def activation(name: str):
-    """The feed-forward non-linearity a config names ("gelu" is the exact erf GELU of the paper)."""
-    if name == "gelu":
-        return F.gelu
-    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
-        return lambda x: F.gelu(x, approximate="tanh")
-    if name == "relu":
-        return F.relu
-    if name in ("silu", "swish"):
-        return F.silu
-    if name == "tanh":
-        return torch.tanh
-    raise ValueError(f"unknown activation {name!r}")
-
-
-@dataclass
-class BertModelOutput:
-    last_hidden_state: torch.Tensor  # (B, S, H)
-    pooler_output: torch.Tensor | None  # (B, H): tanh(W h_[CLS] + b); None without a pooler
-    hidden_states: tuple[torch.Tensor, ...] | None = None  # L+1 x (B, S, H): embeddings, layer 1..L
-    attentions: tuple[torch.Tensor, ...] | None = None  # L x (B, A, S, S) attention probabilities
-
-
 class BertEmbeddings(nn.Module):
     """Token + segment + learned position embeddings, then LayerNorm and dropout (the paper's Fig. 2)."""
 
@@ -212,6 +189,30 @@ class BertPooler(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # (B, S, H) -> (B, H)
         return torch.tanh(self.dense(hidden_states[:, 0]))
+
+
+# ------------------------------------------------------------------------------ helpers
+def activation(name: str):
+    """The feed-forward non-linearity a config names ("gelu" is the exact erf GELU of the paper)."""
+    if name == "gelu":
+        return F.gelu
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    if name in ("silu", "swish"):
+        return F.silu
+    if name == "tanh":
+        return torch.tanh
+    raise ValueError(f"unknown activation {name!r}")
+
+
+@dataclass
+class BertModelOutput:
+    last_hidden_state: torch.Tensor  # (B, S, H)
+    pooler_output: torch.Tensor | None  # (B, H): tanh(W h_[CLS] + b); None without a pooler
+    hidden_states: tuple[torch.Tensor, ...] | None = None  # L+1 x (B, S, H): embeddings, layer 1..L
+    attentions: tuple[torch.Tensor, ...] | None = None  # L x (B, A, S, S) attention probabilities
 
 
 def attention_mask_for(
