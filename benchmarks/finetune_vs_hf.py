@@ -23,19 +23,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from task_data import task_data
 
 from bertkit.finetune import FinetuneConfig, build_model, finetune_seeds
 from bertkit.tasks.squad import split_by_article
-
-FOLDERS = {
-    "cola": "glue/CoLA",
-    "sst2": "glue/SST-2",
-    "mrpc": "glue/MRPC",
-    "stsb": "glue/STS-B",
-    "rte": "glue/RTE",
-    "wnli": "glue/WNLI",
-    "conll2003": "conll2003",
-}
 
 
 class TransformersHead(torch.nn.Module):
@@ -131,7 +122,7 @@ def run(task: str, name: str, model, root: Path, out: Path, args) -> None:
         data = Path(tempfile.mkdtemp(prefix="squad_split_"))
         split_by_article(root / "squad" / "dev-v1.1.json", data)
     else:
-        data = root / FOLDERS[task]
+        data = task_data(root, task)
     config = FinetuneConfig(
         max_train_examples=args.max_train_examples,
         epochs=args.epochs,

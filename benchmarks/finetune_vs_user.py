@@ -28,19 +28,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from task_data import task_data
 
 from bertkit.finetune import FinetuneConfig, finetune, main_score
 from bertkit.tasks import get_task
 from bertkit.tasks.ner import ConllTask, to_iob2
 
-FOLDERS = {
-    "cola": "glue/CoLA",
-    "sst2": "glue/SST-2",
-    "mrpc": "glue/MRPC",
-    "stsb": "glue/STS-B",
-    "rte": "glue/RTE",
-    "conll2003": "conll2003",
-}
 NO_DECAY = ("bias", "LayerNorm.weight")
 
 
@@ -190,7 +183,7 @@ def main() -> None:
             overwrite=True,
             max_train_examples=args.max_train_examples,
         ).resolved(task)
-        data = Path(args.data) / FOLDERS[task_name]
+        data = task_data(Path(args.data), task_name)
         entry = results.setdefault(task_name, {"runs": []})
         done = {(r["seed"], r["side"]) for r in entry["runs"]}
         for seed in range(args.seed, args.seed + args.seeds):

@@ -22,10 +22,10 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
+from task_data import task_data
+
 from bertkit.finetune import FinetuneConfig, finetune_seeds, main_score
 from bertkit.tasks import get_task
-
-TASK_DATA = {"rte": "glue/RTE", "mrpc": "glue/MRPC", "cola": "glue/CoLA", "stsb": "glue/STS-B"}
 
 
 def majority_baseline(task_name: str, data: Path) -> float:
@@ -88,7 +88,9 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="pre-trained checkpoint directory")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA"))
-    parser.add_argument("--tasks", nargs="+", default=["rte", "mrpc"], choices=list(TASK_DATA))
+    parser.add_argument(
+        "--tasks", nargs="+", default=["rte", "mrpc"], choices=["rte", "mrpc", "cola", "stsb"]
+    )
     parser.add_argument("--settings", nargs="+", default=["bertadam:3", "adamw:3", "adamw:10"])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
@@ -101,7 +103,7 @@ def main() -> None:
     table: dict = {}
     args.out.mkdir(parents=True, exist_ok=True)
     for task in args.tasks:
-        data = Path(args.data) / TASK_DATA[task]
+        data = task_data(Path(args.data), task)
         baseline = majority_baseline(task, data)
         table[task] = {"baseline": baseline, "scores": {}, "summary": {}}
         for optimizer, epochs in settings:

@@ -23,20 +23,11 @@ import os
 import statistics
 from pathlib import Path
 
+from task_data import task_data
+
 from bertkit.finetune import FinetuneConfig, finetune_seeds, main_score, random_init_dir
 from bertkit.stats import compare_to_baseline, t_ppf
 from bertkit.tasks import get_task
-
-TASK_DATA = {
-    "sst2": "glue/SST-2",
-    "mrpc": "glue/MRPC",
-    "stsb": "glue/STS-B",
-    "rte": "glue/RTE",
-    "cola": "glue/CoLA",
-    "conll2003": "conll2003",
-    "qnli": "glue/QNLI",
-    "wnli": "glue/WNLI",
-}
 
 
 def run_row(name: str, model: Path, random: bool, task: str, args) -> list[float]:
@@ -51,7 +42,7 @@ def run_row(name: str, model: Path, random: bool, task: str, args) -> list[float
         max_train_examples=args.max_train_examples,
     )
     results = finetune_seeds(
-        task, model, Path(args.data) / TASK_DATA[task], args.out / name / task, config, args.seeds
+        task, model, task_data(Path(args.data), task), args.out / name / task, config, args.seeds
     )
     task_obj = get_task(task)
     return [main_score(task_obj, run["dev"]) for run in results["runs"]]
