@@ -36,7 +36,7 @@ import torch
 from bertkit._io import LOCK_FILE, atomic_path
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
-from bertkit.settings import setting
+from bertkit.settings import device_setting, precision_setting, setting
 from bertkit.tasks import Task, get_task
 from bertkit.tasks.base import TASK_FILE, FinetuneData, collate, read_task_info, run_outputs
 from bertkit.tokenizer import BertTokenizer
@@ -77,12 +77,8 @@ class FinetuneConfig:
     weight_decay: float = setting(0.01, "decoupled weight decay (not on biases, LayerNorm)")
     seed: int = setting(42, "seed of the head's init, dropout and batch order")
     eval_batch_size: int = setting(64, "sequences per evaluation batch", check="positive")
-    precision: str = setting(
-        "auto",
-        "auto: bf16 on GPUs that have it, fp32 on CPU",
-        choices=("auto", "fp32", "bf16", "fp16"),
-    )
-    device: str | None = setting(None, "cpu or cuda (default: cuda when available)")
+    precision: str = precision_setting()
+    device: str | None = device_setting()
     resume: bool = setting(False, "continue a killed run in the output folder")
     keep_state: bool = setting(False, "keep trainer_state.pt (the optimiser too: 3x the model)")
     max_train_examples: int | None = setting(

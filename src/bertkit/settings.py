@@ -24,3 +24,16 @@ def setting(default: Any, help: str, *, choices: tuple | None = None, check: str
     `flags`: other spellings the command accepts beside --field-name."""
     metadata = {"help": help, "choices": choices, "check": check, "flags": flags}
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def precision_setting() -> Any:
+    """The compute precision of a training run (every run takes the same choices)."""
+    return setting(
+        "auto",
+        "auto: bf16 on GPUs that have it, fp32 on CPU",
+        choices=("auto", "fp32", "bf16", "fp16"),
+    )
+
+
+def device_setting() -> Any:
+    return setting(None, "cpu or cuda (default: cuda when available)")

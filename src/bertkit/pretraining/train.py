@@ -33,7 +33,7 @@ from bertkit.pretraining.init_schemes import (
 )
 from bertkit.pretraining.instances import OBJECTIVES
 from bertkit.pretraining.shards import Shards
-from bertkit.settings import setting
+from bertkit.settings import device_setting, precision_setting, setting
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
 from bertkit.training.loop import LOG_FILE, STATE_FILE, Trainer, TrainingConfig
@@ -261,12 +261,8 @@ class PretrainConfig:
     save_every: int = setting(1000, "steps between checkpoints", check="positive")
     seed: int = setting(0, "seed of weights, data and masks")
     resume: bool = setting(False, "continue from OUT/trainer_state.pt")
-    precision: str = setting(
-        "auto",
-        "auto: bf16 on GPUs that have it, fp32 on CPU",
-        choices=("auto", "fp32", "bf16", "fp16"),
-    )
-    device: str | None = setting(None, "cpu or cuda (default: cuda when available)")
+    precision: str = precision_setting()
+    device: str | None = device_setting()
     progress: bool = setting(True, "a progress bar")
 
 
