@@ -381,3 +381,18 @@ def test_ctrl_c_saves_and_says_one_line_instead_of_a_traceback(setup, tmp_path):
     assert "stopped by SIGINT at step" in err and "KeyboardInterrupt" not in err
     step = torch.load(out / "trainer_state.pt", weights_only=True)["step"]
     assert step == max(losses(out))
+
+
+def test_resume_without_a_state_never_overwrites_a_model(setup, tmp_path):
+    from bertkit.cli import main
+
+    out = tmp_path / "run"
+    args = [str(a) for a in tiny_cli_args(setup, out, steps=3)]
+    assert main(["pretrain", *args, "--resume"]) == 0  # a new folder: --resume just starts
+    (out / "trainer_state.pt").unlink()
+    before = (out / "model.safetensors").read_bytes()
+    with pytest.raises(FileExistsError, match="holds a model but no trainer_state.pt"):
+        run_pretraining(
+            setup / "shards", out, tiny_settings(setup), max_steps=3, warmup_steps=2, resume=True
+        )
+    assert (out / "model.safetensors").read_bytes() == before

@@ -305,6 +305,13 @@ def run_pretraining(
             raise FileExistsError(
                 f"{out}: holds a run in progress; pass --resume to continue it or pick another --out"
             )
+        if c.resume and not (out / STATE_FILE).exists() and (out / "model.safetensors").exists():
+            # (an empty or new folder with --resume just starts: scripts pass it every time)
+            raise FileExistsError(
+                f"{out}: holds a model but no {STATE_FILE}, so there is nothing to resume, and "
+                f"starting afresh would overwrite the model. Continue from its weights with a "
+                f"fresh schedule (--init-from {out} --out NEW), or pick another --out"
+            )
         shards = Shards(data)
         tokenizer = BertTokenizer.from_pretrained(data)
         parts = dist.world_size * c.accumulation
