@@ -119,7 +119,10 @@ def export_onnx(
     if quantize == "int8":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        quantize_dynamic(str(fp32), str(target), weight_type=QuantType.QInt8)
+        # One scale per output channel of each weight matrix, not one per matrix: on CoNLL-2003
+        # NER (MiniLM) int8 then costs 0.08 F1 instead of 1.60, at the same speed (measured:
+        # docs/results, "What int8 costs in dev score").
+        quantize_dynamic(str(fp32), str(target), weight_type=QuantType.QInt8, per_channel=True)
         fp32.unlink()
     for name in _COPIED:
         if (model / name).exists():
