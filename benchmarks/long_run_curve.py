@@ -60,7 +60,7 @@ def one_run(log: Path, out: Path, baseline: float) -> None:
         ylim=(0, 100),
     )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", ncols=2)
+    ax.legend(fontsize=8, loc="center right", ncols=2)
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
