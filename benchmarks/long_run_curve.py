@@ -81,7 +81,8 @@ def several_runs(runs: dict[str, Path], metric: str, out: Path) -> None:
     ax.set(
         xlabel="tokens seen (millions)",
         ylabel=f"held-out {LABELS.get(metric, metric)}",
-        title=f"held-out {metric} by tokens seen: {', '.join(runs)}",
+        title=f"held-out {LABELS.get(metric, metric).split(' (')[0]} by tokens seen: "
+        + ", ".join(runs),
     )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9)

@@ -294,17 +294,23 @@ _FRACTION = {  # name: (low, high, high included)
 }
 
 
-def _checked(kind: type, name: str):
+def _checked(kind: type, name: str, check: str | None = None):
+    """A parser of `kind` that refuses what the flag cannot take: by the tables above, or by
+    a settings field's `check` (positive, non-negative, fraction)."""
+    positive = name in _POSITIVE or check == "positive"
+    non_negative = name in _NON_NEGATIVE or check == "non-negative"
+    bounds = _FRACTION.get(name, (0.0, 1.0, False) if check == "fraction" else None)
+
     def parse(text: str):
         value = kind(text)
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-        if name in _POSITIVE and value <= 0:
+        if positive and value <= 0:
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-        if name in _NON_NEGATIVE and value < 0:
+        if non_negative and value < 0:
             raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-        if name in _FRACTION:
-            low, high, closed = _FRACTION[name]
+        if bounds is not None:
+            low, high, closed = bounds
             if not (low <= value <= high if closed else low <= value < high):
                 raise argparse.ArgumentTypeError(
                     f"must be in [{low:g}, {high:g}{']' if closed else ')'}, got {text}"
@@ -313,9 +319,6 @@ def _checked(kind: type, name: str):
 
     parse.__name__ = kind.__name__  # argparse names the type in "invalid int value"
     return parse
-
-
-_CHECKS = {"positive": _POSITIVE, "non-negative": _NON_NEGATIVE}
 
 
 def _add_settings(
@@ -350,15 +353,10 @@ def _add_settings(
         if base is bool:
             parser.add_argument(*flags, dest=field.name, action="store_true", help=help)
             continue
-        check = meta.get("check")
-        if check == "fraction":
-            _FRACTION.setdefault(field.name, (0.0, 1.0, False))
-        elif check is not None:
-            _CHECKS[check].append(field.name)
         parser.add_argument(
             *flags,
             dest=field.name,
-            type=base,
+            type=_checked(base, field.name, meta.get("check")) if base in (int, float) else base,
             default=default,
             choices=meta.get("choices"),
             help=help,
