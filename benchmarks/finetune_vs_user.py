@@ -15,6 +15,11 @@ set scored after every epoch. CoNLL-2003 labels each word's first piece (-100 el
 truncates at 128 pieces, as the token-classification tutorial does. Both sides read the examples
 with bertkit's task readers and are scored with the same official metrics; which side goes first
 alternates by task and seed. OUT/results.json and a markdown table on stdout.
+
+`--sides` adds mixed precision on either side: `bertkit-bf16` is `bertkit finetune --precision
+bf16` (bf16 autocast, fp32 master weights), `transformers-bf16` the same loop under
+`torch.autocast("cpu", torch.bfloat16)` (what `TrainingArguments(bf16=True)` does on a CPU). The
+ratios are against the plain fp32 transformers loop; the sides' order rotates by task and seed.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import json
 import os
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -37,11 +43,22 @@ from bertkit.tasks.ner import ConllTask, to_iob2
 NO_DECAY = ("bias", "LayerNorm.weight")
 
 
+SIDES = ("bertkit", "transformers", "bertkit-bf16", "transformers-bf16")
+
+
 def transformers_user(
-    task_name: str, model_dir: str, data: Path, sizes, seed: int, limit: int | None = None
+    task_name: str,
+    model_dir: str,
+    data: Path,
+    sizes,
+    seed: int,
+    limit: int | None = None,
+    bf16: bool = False,
 ) -> dict:
     """The loop a transformers user writes; returns the last epoch's dev figures."""
     import transformers
+
+    autocast = partial(torch.autocast, "cpu", dtype=torch.bfloat16, enabled=bf16)
 
     task = get_task(task_name)
     torch.manual_seed(seed)
@@ -84,13 +101,15 @@ def transformers_user(
     for _ in range(sizes.epochs):
         model.train()
         for batch in loader:
-            loss = model(**batch).loss
+            with autocast():
+                loss = model(**batch).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             schedule.step()
             optimizer.zero_grad()
-        figures = _score(task, model, collator, dev, dev_rows, labels, tagging)
+        with autocast():
+            figures = _score(task, model, collator, dev, dev_rows, labels, tagging)
     return figures
 
 
@@ -166,6 +185,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/finetune_user"))
     parser.add_argument("--epochs", type=int, help="default: the paper's (3)")
     parser.add_argument("--max-train-examples", type=int, help="the first N (quick checks)")
+    parser.add_argument(
+        "--sides", nargs="+", choices=SIDES, default=["bertkit", "transformers"],
+        help="what runs (default: both in fp32; -bf16: bf16 autocast)",
+    )  # fmt: skip
     args = parser.parse_args()
     model = args.model
     if model is None:
@@ -187,24 +210,27 @@ def main() -> None:
         entry = results.setdefault(task_name, {"runs": []})
         done = {(r["seed"], r["side"]) for r in entry["runs"]}
         for seed in range(args.seed, args.seed + args.seeds):
-            sides = ["bertkit", "transformers"][:: 1 if turn % 2 == 0 else -1]
+            shift = turn % len(args.sides)
+            sides = args.sides[shift:] + args.sides[:shift]
             turn += 1
             for side in sides:
                 if (seed, side) in done:
                     continue
                 started = time.perf_counter()
-                if side == "bertkit":
+                bf16 = side.endswith("-bf16")
+                if side.startswith("bertkit"):
+                    precision = "bf16" if bf16 else "fp32"
                     run = finetune(
                         task_name,
                         model,
                         data,
-                        args.out / task_name / f"bertkit_{seed}",
-                        FinetuneConfig(**{**vars(config), "seed": seed}),
+                        args.out / task_name / f"{side}_{seed}",
+                        FinetuneConfig(**{**vars(config), "seed": seed, "precision": precision}),
                     )
                     figures = run["dev"]
                 else:
                     figures = transformers_user(
-                        task_name, model, data, config.sizes(), seed, args.max_train_examples
+                        task_name, model, data, config.sizes(), seed, args.max_train_examples, bf16
                     )
                 seconds = time.perf_counter() - started
                 entry["runs"].append(
@@ -214,24 +240,21 @@ def main() -> None:
                 print(f"{task_name} seed {seed} {side}: {seconds:.0f} s, dev {figures}", flush=True)
                 args.out.mkdir(parents=True, exist_ok=True)
                 results_file.write_text(json.dumps(results, indent=1) + "\n")
-    print(
-        "| task | bertkit s (median) | transformers s (median) | ratio | dev score, ours vs theirs |"
-    )
+    print("| task | side | seconds (median) | speed-up vs transformers fp32 | dev score (mean) |")
     print("|---|---|---|---|---|")
     for task_name, entry in results.items():
-        by = {
-            side: [r for r in entry["runs"] if r["side"] == side]
-            for side in ("bertkit", "transformers")
-        }
-        if not all(by.values()):
+        by = {side: [r for r in entry["runs"] if r["side"] == side] for side in SIDES}
+        if not by["transformers"]:
             continue
-        ours = statistics.median(r["seconds"] for r in by["bertkit"])
-        theirs = statistics.median(r["seconds"] for r in by["transformers"])
-        score = [100 * statistics.fmean(r["score"] for r in by[s]) for s in by]
-        print(
-            f"| {task_name} | {ours:.0f} | {theirs:.0f} | {theirs / ours:.2f}× | "
-            f"{score[0]:.2f} vs {score[1]:.2f} |"
-        )
+        reference = statistics.median(r["seconds"] for r in by["transformers"])
+        for side, runs in by.items():
+            if runs:
+                seconds = statistics.median(r["seconds"] for r in runs)
+                score = 100 * statistics.fmean(r["score"] for r in runs)
+                print(
+                    f"| {task_name} | {side} | {seconds:.0f} | {reference / seconds:.2f}× | "
+                    f"{score:.2f} ({len(runs)} seeds) |"
+                )
 
 
 if __name__ == "__main__":

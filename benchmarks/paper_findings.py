@@ -13,6 +13,11 @@ seed its own initialisation). Tasks read the official files under $BERTKIT_DATA 
 CoNLL-2003 valid). Resumable: every finished seed is kept (`--resume` of `finetune`), and
 OUT/findings.json is rewritten after every task of every row. OUT/findings.png: bars of the
 mean main score per task and row with 95% confidence intervals of the mean.
+
+Several `--lr` values make a grid, as the paper's fine-tuning does: every row and task is
+fine-tuned at each rate (OUT/NAME/TASK/lr_RATE) and reported at the rate whose mean dev score is
+best for that row and task (findings.json keeps every rate's scores under "grid" and the choice
+under "lr"). The choice is made on the dev set the scores come from, for every row alike.
 """
 
 from __future__ import annotations
@@ -30,10 +35,10 @@ from bertkit.stats import compare_to_baseline, t_ppf
 from bertkit.tasks import get_task
 
 
-def run_row(name: str, model: Path, random: bool, task: str, args) -> list[float]:
+def run_row(name: str, model: Path, random: bool, task: str, lr: float, args) -> list[float]:
     config = FinetuneConfig(
         epochs=args.epochs,
-        learning_rate=args.lr,
+        learning_rate=lr,
         batch_size=args.batch_size,
         seed=args.seed,
         resume=True,
@@ -41,9 +46,10 @@ def run_row(name: str, model: Path, random: bool, task: str, args) -> list[float
         random_init=random,
         max_train_examples=args.max_train_examples,
     )
-    results = finetune_seeds(
-        task, model, task_data(Path(args.data), task), args.out / name / task, config, args.seeds
-    )
+    out = args.out / name / task
+    if len(args.lr) > 1:
+        out = out / f"lr_{lr:g}"
+    results = finetune_seeds(task, model, task_data(Path(args.data), task), out, config, args.seeds)
     task_obj = get_task(task)
     return [main_score(task_obj, run["dev"]) for run in results["runs"]]
 
@@ -88,7 +94,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument(
+        "--lr", type=float, nargs="+", default=[1e-4], help="one rate, or a grid (the best per row)"
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-train-examples", type=int, help="the first N of each task")
     args = parser.parse_args()
@@ -110,8 +118,15 @@ def main() -> None:
     table: dict = {}
     for task in args.tasks:
         table[task] = {"scores": {}}
+        if len(args.lr) > 1:
+            table[task].update(grid={}, lr={})
         for name, (model, random) in rows.items():
-            table[task]["scores"][name] = run_row(name, model, random, task, args)
+            grid = {lr: run_row(name, model, random, task, lr, args) for lr in args.lr}
+            best = max(grid, key=lambda lr: statistics.fmean(grid[lr]))
+            table[task]["scores"][name] = grid[best]
+            if len(args.lr) > 1:
+                table[task]["grid"][name] = {f"{lr:g}": scores for lr, scores in grid.items()}
+                table[task]["lr"][name] = best
             if "random" in table[task]["scores"]:
                 table[task]["comparison"] = compare_to_baseline(table[task]["scores"], "random")
             settings = {k: str(v) for k, v in vars(args).items()}
@@ -127,7 +142,8 @@ def main() -> None:
         for name in rows:
             s = entry["scores"][name]
             std = statistics.stdev(s) if len(s) > 1 else 0.0
-            cells.append(f"{100 * statistics.fmean(s):.1f} ± {100 * std:.1f}")
+            rate = f" (lr {entry['lr'][name]:g})" if "lr" in entry else ""
+            cells.append(f"{100 * statistics.fmean(s):.1f} ± {100 * std:.1f}{rate}")
         deltas = []
         for name, comparison in entry.get("comparison", {}).items():
             interval = comparison.get("vs_baseline")
