@@ -13,7 +13,10 @@ from bertkit import (
     BertConfig,
     BertModel,
 )
+from bertkit import model as model_module
+from bertkit import unpad as unpad_module
 from bertkit.checkpoint import load_state_dict_into
+from bertkit.unpad import TokenLayout
 
 from helpers import close, hf_config, pair
 
@@ -219,6 +222,40 @@ def test_unpadded_encoder_equals_padded_on_real_tokens(tiny_config, tiny_batch):
         grads.append([p.grad for p in model.parameters()])
     for a, b in zip(*grads, strict=True):
         close(a, b)
+
+
+def test_rows_rounded_for_few_shapes_change_nothing_at_real_tokens(
+    tiny_config, tiny_batch, monkeypatch
+):
+    """Under CPU autocast the unpadded row count is rounded up (padding cells added) so that
+    oneDNN sees few shapes; outputs at real tokens are unchanged and padding stays zero."""
+    mask = tiny_batch["attention_mask"]
+    real = mask.bool()
+    layout = TokenLayout.unpadded(mask, multiple=8)  # 23 real tokens -> 24 rows
+    assert len(layout.index) == 24 and set(real.reshape(-1).nonzero().squeeze(1).tolist()) < set(
+        layout.index.tolist()
+    )
+    assert len(TokenLayout.unpadded(mask, multiple=64).index) == mask.numel()  # grid is full
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert unpad_module.row_multiple(torch.device("cpu")) == 64
+    assert unpad_module.row_multiple(torch.device("cpu")) == 1
+    torch.manual_seed(0)
+    model = BertModel(tiny_config).eval()
+    with torch.no_grad():
+        exact = model(**tiny_batch, output_hidden_states=True, unpad=True)
+        rows = []
+        model.encoder.layer[0].intermediate.dense.register_forward_hook(
+            lambda module, args, output: rows.append(args[0].shape[0])
+        )
+        monkeypatch.setattr(model_module, "row_multiple", lambda device: 8)
+        rounded = model(**tiny_batch, output_hidden_states=True, unpad=True)
+    assert rows == [24]
+    close(rounded.last_hidden_state[real], exact.last_hidden_state[real])
+    assert torch.all(rounded.last_hidden_state[~real] == 0)
+    for x, y in zip(rounded.hidden_states, exact.hidden_states, strict=True):
+        close(x[real], y[real])
+        assert torch.all(x[~real] == 0)
+    close(rounded.pooler_output, exact.pooler_output)
 
 
 @pytest.mark.parametrize("unpad", [False, True])

@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from bertkit.checkpoint import load_pretrained, save_pretrained
 from bertkit.config import BertConfig
-from bertkit.unpad import TokenLayout
+from bertkit.unpad import TokenLayout, row_multiple
 
 
 class BertEmbeddings(nn.Module):
@@ -376,8 +376,9 @@ class BertModel(BertPreTrainedModel):
         mask = attention_mask_for(attention_mask, seq_len, causal, input_ids.device)
 
         batch = input_ids.shape[0]
+        multiple = row_multiple(input_ids.device)
         if unpad and attention_mask is not None:
-            layout = TokenLayout.unpadded(attention_mask)
+            layout = TokenLayout.unpadded(attention_mask, multiple)
         else:
             layout = TokenLayout(batch, seq_len)
         read = None
@@ -387,7 +388,7 @@ class BertModel(BertPreTrainedModel):
             keep[:, 0] = True  # [CLS], read by the pooler
             if read_positions is not None:
                 keep.scatter_(1, read_positions.long(), True)
-            read = layout.subset(keep)
+            read = layout.subset(keep, multiple)
         x = layout.to_rows(self.embeddings(input_ids, token_type_ids, position_ids))  # (N, H)
         x, hidden_states, attentions = self.encoder(
             x, mask, layout, output_hidden_states, output_attentions, read
@@ -395,6 +396,11 @@ class BertModel(BertPreTrainedModel):
         x = (layout if read is None else read[1]).to_grid(x)  # (B, S, H)
         if hidden_states is not None:
             hidden_states = tuple(layout.to_grid(h) for h in hidden_states)
+        if multiple > 1 and layout.index is not None and attention_mask is not None:
+            real = attention_mask[..., None].to(x.dtype)  # rows added for the shape: zero again
+            x = x * real
+            if hidden_states is not None:
+                hidden_states = tuple(h * real for h in hidden_states)
         pooled = self.pooler(x) if self.pooler is not None else None  # (B, H)
         return BertModelOutput(x, pooled, hidden_states, attentions)
 
