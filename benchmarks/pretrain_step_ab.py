@@ -17,6 +17,9 @@ clipping, AdamW, on real batches of the shards (bert-base-uncased vocabulary: it
   reported apart: a short budget pays it too);
 - `bf16`: the default under bf16 autocast with oneDNN on (`--precision bf16`: fp32 master
   weights and optimiser; bf16 matrix products where the CPU has them, e.g. AVX512-BF16 or AMX);
+- `transformers`, `transformers-bf16`: transformers' BertForPreTraining from the same initial
+  weights behind the same objective and optimiser (pretrain_vs_hf.py's adapter: logits at every
+  position, those at the masked positions kept), in fp32 / under bf16 autocast;
 - `profile`: no timing, a torch.profiler table of one step's top operators.
 """
 
@@ -50,6 +53,16 @@ def build(args, variant: str):
     tokenizer = BertTokenizer.from_pretrained(args.data)
     config = BertConfig.from_preset(args.config, vocab_size=tokenizer.vocab_size)
     model = BertForPreTraining(config).train()
+    if variant.startswith("transformers"):
+        import transformers
+        from pretrain_vs_hf import TransformersPreTraining
+
+        fields = config.to_dict()
+        fields.pop("model_type")
+        hf = transformers.BertForPreTraining(transformers.BertConfig(**fields))
+        hf.load_state_dict(model.state_dict(), strict=False)
+        hf.tie_weights()
+        model = TransformersPreTraining(hf.train(), tokenizer)
     groups = parameter_groups(model, 0.01)
     kind = {"fused-adamw": {"fused": True}}.get(variant, {"foreach": True})
     optimizer = torch.optim.AdamW(groups, lr=1e-4, eps=1e-6, **kind)
@@ -65,7 +78,7 @@ def build(args, variant: str):
     objective = PretrainingObjective("mlm+nsp")
     totals = [objective.counts(b).double() for b in batches]
 
-    bf16 = variant == "bf16"
+    bf16 = variant.endswith("bf16")
 
     def step(i: int) -> None:
         torch.backends.mkldnn.enabled = bf16  # type: ignore[assignment]  # as the loop sets it
@@ -92,7 +105,7 @@ def main() -> None:
         "--variants",
         nargs="+",
         default=["foreach", "logits", "fused-adamw"],
-        help="foreach logits fused-adamw compile bf16 profile",
+        help="foreach logits fused-adamw compile bf16 transformers transformers-bf16 profile",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
