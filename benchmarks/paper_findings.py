@@ -60,7 +60,7 @@ def mean_interval(values: list[float]) -> float:
     return t_ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
 
 
-def plot(table: dict, png: Path) -> None:
+def plot(table: dict, png: Path, rates: list[float]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,7 +76,10 @@ def plot(table: dict, png: Path) -> None:
         positions = [i + (number - (len(rows) - 1) / 2) * width for i in range(len(tasks))]
         ax.bar(positions, means, width, yerr=errors, capsize=3, label=row)
     ax.set_xticks(range(len(tasks)), tasks)
-    ax.set(ylabel="dev score (mean of the task's metrics), %", title="pre-trained vs random init")
+    title = "pre-trained vs random init (bars: 95% interval of the mean over seeds)"
+    if len(rates) > 1:
+        title += f"\neach row and task at its best fine-tuning rate of {', '.join(map(str, rates))}"
+    ax.set(ylabel="dev score (mean of the task's metrics), %", title=title)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -134,7 +137,7 @@ def main() -> None:
             (args.out / "findings.json").write_text(
                 json.dumps({"settings": settings, "tasks": table}, indent=1)
             )
-    plot(table, args.out / "findings.png")
+    plot(table, args.out / "findings.png", args.lr)
     print("| task | " + " | ".join(rows) + " | Δ vs random (95% CI) |")
     print("|---|" + "---|" * (len(rows) + 1))
     for task, entry in table.items():
