@@ -249,7 +249,18 @@ def test_rows_rounded_for_few_shapes_change_nothing_at_real_tokens(
         )
         monkeypatch.setattr(model_module, "row_multiple", lambda device: 8)
         rounded = model(**tiny_batch, output_hidden_states=True, unpad=True)
-    assert rows == [24]
+        last = []
+        model.encoder.layer[-1].intermediate.dense.register_forward_hook(
+            lambda module, args, output: last.append(args[0].shape[0])
+        )
+        positions = torch.tensor([[3, 5], [7, 1], [2, 1]])
+        read = model(**tiny_batch, unpad=True, read_positions=positions)
+    assert rows == [24, 24] and last == [16]  # 9 cells read, 7 rows added for the shape
+    picked = torch.zeros_like(real)
+    picked[:, 0] = True
+    picked.scatter_(1, positions, True)
+    close(read.last_hidden_state[picked], exact.last_hidden_state[picked])
+    assert torch.all(read.last_hidden_state[~picked] == 0)
     close(rounded.last_hidden_state[real], exact.last_hidden_state[real])
     assert torch.all(rounded.last_hidden_state[~real] == 0)
     for x, y in zip(rounded.hidden_states, exact.hidden_states, strict=True):

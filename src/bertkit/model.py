@@ -396,11 +396,6 @@ class BertModel(BertPreTrainedModel):
         x = (layout if read is None else read[1]).to_grid(x)  # (B, S, H)
         if hidden_states is not None:
             hidden_states = tuple(layout.to_grid(h) for h in hidden_states)
-        if multiple > 1 and layout.index is not None and attention_mask is not None:
-            real = attention_mask[..., None].to(x.dtype)  # rows added for the shape: zero again
-            x = x * real
-            if hidden_states is not None:
-                hidden_states = tuple(h * real for h in hidden_states)
         pooled = self.pooler(x) if self.pooler is not None else None  # (B, H)
         return BertModelOutput(x, pooled, hidden_states, attentions)
 

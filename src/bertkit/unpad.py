@@ -28,20 +28,23 @@ class TokenLayout:
     batch: int
     seq_len: int
     index: torch.Tensor | None = None  # (N,) positions in the flattened grid; None = all
+    # positions among `index` that are rows only to round N up (`row_multiple`): zero in the grid
+    added: torch.Tensor | None = None
 
     @classmethod
     def unpadded(cls, attention_mask: torch.Tensor, multiple: int = 1) -> TokenLayout:
         """The real tokens' rows; with `multiple` > 1, padding cells are added (first ones
-        first) until the row count is a multiple of it or the grid is full: outputs at real
-        tokens do not change (a padding cell is a key no one attends to), and the dense layers
-        see few distinct shapes (see `row_multiple`)."""
+        first) until the row count is a multiple of it or the grid is full, so that the dense
+        layers see few distinct shapes (see `row_multiple`). Outputs at real tokens do not
+        change (a padding cell is a key no one attends to) and `to_grid` keeps padding zero."""
         flat = attention_mask.reshape(-1)
         index = flat.nonzero().squeeze(1)
         extra = min(-len(index) % multiple, flat.numel() - len(index))
+        added = None
         if extra:
-            padding = (flat == 0).nonzero().squeeze(1)[:extra]
-            index = torch.cat([index, padding]).sort().values
-        return cls(attention_mask.shape[0], attention_mask.shape[1], index)
+            added = (flat == 0).nonzero().squeeze(1)[:extra]
+            index = torch.cat([index, added]).sort().values
+        return cls(attention_mask.shape[0], attention_mask.shape[1], index, added)
 
     def to_rows(self, grid: torch.Tensor) -> torch.Tensor:  # (B, S, ...) -> (N, F)
         flat = grid.reshape(self.batch * self.seq_len, -1)
@@ -58,29 +61,35 @@ class TokenLayout:
 
     def subset(self, keep: torch.Tensor, multiple: int = 1) -> tuple[torch.Tensor, TokenLayout]:
         """The rows of this layout at the grid cells where `keep` (B, S) is true, and the layout
-        of just those rows (with `multiple`: and more of this layout's rows, as `unpadded`)."""
+        of just those rows (with `multiple`: and more of this layout's rows, as `unpadded`,
+        which `to_grid` leaves zero)."""
         flat = keep.reshape(-1)
         chosen = flat if self.index is None else flat.index_select(0, self.index)
         rows = chosen.nonzero().squeeze(1)
         extra = min(-len(rows) % multiple, len(chosen) - len(rows))
+        added = None
         if extra:
-            rows = torch.cat([rows, (~chosen).nonzero().squeeze(1)[:extra]]).sort().values
+            more = (~chosen).nonzero().squeeze(1)[:extra]
+            rows = torch.cat([rows, more]).sort().values
+            added = more if self.index is None else self.index.index_select(0, more)
         index = rows if self.index is None else self.index.index_select(0, rows)
-        return rows, TokenLayout(self.batch, self.seq_len, index)
+        return rows, TokenLayout(self.batch, self.seq_len, index, added)
 
     def to_grid(self, rows: torch.Tensor) -> torch.Tensor:  # (N, F) -> (B, S, F), zeros at padding
         if self.index is not None:
             empty = rows.new_zeros(self.batch * self.seq_len, rows.shape[-1])
             rows = empty.index_copy(0, self.index, rows)
+            if self.added is not None:
+                rows = rows.index_fill(0, self.added, 0)
         return rows.view(self.batch, self.seq_len, rows.shape[-1])
 
 
 def row_multiple(device: torch.device) -> int:
     """What the unpadded row count is rounded up to: 64 under CPU autocast, else 1. On CPU, bf16
     matrix products go through oneDNN, which builds and keeps a kernel for every new shape; with
-    a row count that changes every step, memory kept growing (BERT-mini, bf16, batches of 32
-    with random lengths: 0.7 GB to 2.3 GB in 240 steps, still rising; rounded: flat at 1.0 GB,
-    and 15% faster from building fewer kernels). A 32 x 128 batch then has at most 64 row
-    counts, for at most 63 extra rows of work a step."""
+    a row count that changes every step, memory kept growing (all-MiniLM-L6-v2 fine-tuned on
+    MRPC in bf16, `benchmarks/finetune_vs_user.py --sides bertkit-bf16`: 5 GB and 269 s;
+    rounded: 2.2 GB at most and 209 s, the same dev scores). A 32 x 128 batch then has at most
+    64 row counts, for at most 63 extra rows of work a step."""
     autocast = device.type == "cpu" and torch.is_autocast_enabled("cpu")
     return 64 if autocast else 1
