@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import statistics
+import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def summary(scores: list[float], baseline: float) -> dict:
     }
 
 
-def plot(table: dict, png: Path) -> None:
+def plot(table: dict, png: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,6 +79,7 @@ def plot(table: dict, png: Path) -> None:
         ax.set_ylabel("dev score, %")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
@@ -86,6 +88,7 @@ def plot(table: dict, png: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="pre-trained checkpoint directory")
+    parser.add_argument("--label", help="the model's name in the picture (default: its folder)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA"))
     parser.add_argument(
@@ -105,6 +108,7 @@ def main() -> None:
         raise SystemExit("give --data or set BERTKIT_DATA (../shared/data)")
     settings = [parse_setting(s) for s in args.settings]
     table: dict = {}
+    rates: set[float] = set()  # what the runs used (the task's default where --lr is not given)
     args.out.mkdir(parents=True, exist_ok=True)
     for task in args.tasks:
         data = task_data(Path(args.data), task)
@@ -130,6 +134,7 @@ def main() -> None:
                 config,
                 args.seeds,
             )
+            rates.add(results["hyperparameters"]["learning_rate"])
             scores = [main_score(get_task(task), run["dev"]) for run in results["runs"]]
             table[task]["scores"][name] = scores
             table[task]["summary"][name] = summary(scores, baseline)
@@ -137,7 +142,16 @@ def main() -> None:
                 json.dumps({"settings": {k: str(v) for k, v in vars(args).items()}, "tasks": table},
                            indent=1)
             )  # fmt: skip
-    plot(table, args.out / "stability.png")
+    title = (
+        f"BertAdam vs AdamW (OPTIMIZER:EPOCHS), {args.label or Path(args.model).name}, "
+        f"lr {rates.pop() if len(rates) == 1 else sorted(rates)}; "
+        "score: the mean of the task's dev metrics"
+    )
+    plot(
+        table,
+        args.out / "stability.png",
+        textwrap.fill(title, 45 * len(args.tasks), break_on_hyphens=False),
+    )
     print("| task | setting | mean | std | min | max | failed (≤ majority) |")
     print("|---|---|---|---|---|---|---|")
     for task, entry in table.items():

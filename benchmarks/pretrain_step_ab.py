@@ -54,15 +54,9 @@ def build(args, variant: str):
     config = BertConfig.from_preset(args.config, vocab_size=tokenizer.vocab_size)
     model = BertForPreTraining(config).train()
     if variant.startswith("transformers"):
-        import transformers
-        from pretrain_vs_hf import TransformersPreTraining
+        from pretrain_vs_hf import transformers_copy
 
-        fields = config.to_dict()
-        fields.pop("model_type")
-        hf = transformers.BertForPreTraining(transformers.BertConfig(**fields))
-        hf.load_state_dict(model.state_dict(), strict=False)
-        hf.tie_weights()
-        model = TransformersPreTraining(hf.train(), tokenizer)
+        model = transformers_copy(config, model.state_dict(), tokenizer).train()
     groups = parameter_groups(model, 0.01)
     kind = {"fused-adamw": {"fused": True}}.get(variant, {"foreach": True})
     optimizer = torch.optim.AdamW(groups, lr=1e-4, eps=1e-6, **kind)

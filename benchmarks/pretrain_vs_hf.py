@@ -52,6 +52,19 @@ class TransformersPreTraining(torch.nn.Module):
         (tokenizer or self.tokenizer).save_pretrained(directory)
 
 
+def transformers_copy(config: BertConfig, state_dict: dict, tokenizer) -> TransformersPreTraining:
+    """transformers' BertForPreTraining with these weights, behind bertkit's interface."""
+    import transformers
+
+    fields = config.to_dict()
+    fields.pop("model_type")
+    hf = transformers.BertForPreTraining(transformers.BertConfig(**fields))
+    missing, _ = hf.load_state_dict(state_dict, strict=False)
+    assert not [m for m in missing if "decoder" not in m], missing
+    hf.tie_weights()
+    return TransformersPreTraining(hf, tokenizer)
+
+
 def shards(data_root: Path, out: Path) -> tuple[Path, Path]:
     vocab = data_root / "vocab" / "bert-base-uncased"
     tokenizer = BertTokenizer.from_pretrained(vocab)
@@ -122,13 +135,7 @@ def main() -> None:
         return model
 
     def theirs():
-        data = config.to_dict()
-        data.pop("model_type")
-        hf = transformers.BertForPreTraining(transformers.BertConfig(**data))
-        missing, unexpected = hf.load_state_dict(initial, strict=False)
-        assert not [m for m in missing if "decoder" not in m], missing
-        hf.tie_weights()
-        return TransformersPreTraining(hf, tokenizer)
+        return transformers_copy(config, initial, tokenizer)
 
     steps = args.max_steps
     if steps is None:  # calibrate: time a few steps after a warm-up
