@@ -32,26 +32,18 @@ def test_two_process_ddp_equals_one_process_with_the_same_global_batch(setup, tm
         "--master_port",
         str(_free_port()),
     ]
-    subprocess.run(
-        [
-            *torchrun,
-            "-m",
-            "bertkit.cli",
-            "pretrain",
-            "--out",
-            str(tmp_path / "ddp"),
-            *map(str, common),
-        ],
-        check=True,
-        env=env,
-        capture_output=True,
-    )
-    subprocess.run(
-        cli_command("pretrain", "--out", tmp_path / "one", *common),
-        check=True,
-        env=env,
-        capture_output=True,
-    )
+    ddp = [
+        *torchrun,
+        "-m",
+        "bertkit.cli",
+        "pretrain",
+        "--out",
+        str(tmp_path / "ddp"),
+        *map(str, common),
+    ]
+    for command in (ddp, cli_command("pretrain", "--out", tmp_path / "one", *common)):
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, f"{command[:6]} failed:\n{done.stderr[-4000:]}"
     a = load_file(tmp_path / "ddp" / "model.safetensors")
     b = load_file(tmp_path / "one" / "model.safetensors")
     delta = max((a[k] - b[k]).abs().max().item() for k in a)
