@@ -245,7 +245,7 @@ def test_rows_rounded_for_few_shapes_change_nothing_at_real_tokens(
         exact = model(**tiny_batch, output_hidden_states=True, unpad=True)
         rows = []
         model.encoder.layer[0].intermediate.dense.register_forward_hook(
-            lambda module, args, output: rows.append(args[0].shape[0])
+            lambda module, args, output: rows.append(args[0].shape[:-1].numel())
         )
         monkeypatch.setattr(model_module, "row_multiple", lambda device: 8)
         rounded = model(**tiny_batch, output_hidden_states=True, unpad=True)
@@ -292,7 +292,7 @@ def test_last_layer_runs_only_where_read(tiny_config, tiny_batch, unpad, checkpo
 
     rows = []
     handle = model.encoder.layer[-1].intermediate.dense.register_forward_hook(
-        lambda module, args, output: rows.append(args[0].shape[0])
+        lambda module, args, output: rows.append(args[0].shape[:-1].numel())
     )
     full, full_grads = run()
     part, part_grads = run(read_positions=positions)

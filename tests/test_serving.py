@@ -64,6 +64,26 @@ def test_export_answers_like_bertkit_at_other_shapes(head, tokenizer, tmp_path):
         assert torch.allclose(got, expected, atol=1e-4), (name, (got - expected).abs().max())
 
 
+def test_exported_graph_has_3d_dense_layers_one_mask_and_a_constant_scale(tokenizer, tmp_path):
+    """The graph's shape is what ONNX Runtime runs fastest (issue 12 §2, measured against
+    transformers' export): dense layers as 3-D MatMul (2-D rows export as Gemm, ~10% slower
+    there), the attention scale a constant (no Sqrt on q and k), and one additive mask for all
+    layers (a Boolean one costs two Where and an IsNaN over the scores in every layer)."""
+    import onnx
+
+    config = tiny_bert_config(tokenizer.vocab_size)
+    BertModel(config).save_pretrained(tmp_path / "model", tokenizer=tokenizer)
+    export_onnx(tmp_path / "model", tmp_path / "onnx")
+    ops: dict[str, int] = {}
+    for node in onnx.load(str(tmp_path / "onnx" / "model.onnx")).graph.node:
+        ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    layers = config.num_hidden_layers
+    assert ops["MatMul"] == 8 * layers, ops  # q, k, v, output, 2 feed-forward, 2 in attention
+    assert ops.get("Gemm", 0) == 1, ops  # the pooler, on (B, H)
+    assert ops.get("Sqrt", 0) == 0 and ops.get("IsNaN", 0) == 0, ops
+    assert ops.get("Where", 0) <= 1, ops
+
+
 def test_predictor_onnx_backend_and_int8(tokenizer, tmp_path, capsys):
     config = tiny_bert_config(tokenizer.vocab_size).with_labels(2)
     torch.manual_seed(0)

@@ -102,8 +102,9 @@ class BertLayer(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # (N, H) token rows, see TokenLayout
-        mask: torch.Tensor | None,  # (B, 1, 1|S, S) bool, True = may attend; None = attend to all
+        x: torch.Tensor,  # (N, H) token rows, or (B, S, H) on the padded path: see TokenLayout
+        mask: torch.Tensor | None,  # (B, 1, 1|S, S) bool, True = may attend (or additive float,
+        # 0 or the dtype's minimum: `padded_only`); None = attend to all
         layout: TokenLayout,
         output_attentions: bool = False,
         read: tuple[torch.Tensor, TokenLayout] | None = None,  # (rows, their layout): see below
@@ -123,17 +124,24 @@ class BertLayer(nn.Module):
         if output_attentions:
             # Explicit softmax(QK^T / sqrt(D)) so the probabilities can be returned.
             scores = q @ k.transpose(-1, -2) / math.sqrt(size)  # (B, A, S, S)
-            if mask is not None:
+            if mask is not None and mask.is_floating_point():
+                scores = scores + mask  # additive (padded_only)
+            elif mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             probs = scores.softmax(dim=-1)
             context = F.dropout(probs, dropout_p, self.training) @ v  # (B, A, S, D)
         else:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            # the scale given, not derived from q's shape: exported to ONNX it is then a constant
+            # that ONNX Runtime folds into the score product, instead of Sqrt and Mul on q and k
+            context = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1 / math.sqrt(size)
+            )
         context = layout.to_rows(context.transpose(1, 2))  # (B, S, A, D) -> (N, H)
         out_layout = layout  # the rows that come out of this layer
         if read is not None:
             rows, out_layout = read
-            x, context = x.index_select(0, rows), context.index_select(0, rows)
+            x = x.flatten(0, -2).index_select(0, rows)  # padded rows come as the grid
+            context = context.flatten(0, -2).index_select(0, rows)
         out = self.attention.output
         p = self.dropout.p
         x = out.LayerNorm(x + out_layout.dropout(out.dense(context), p, self.training))
@@ -151,7 +159,7 @@ class BertEncoder(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # (N, H) token rows
+        x: torch.Tensor,  # token rows: (N, H), or (B, S, H) padded (see TokenLayout)
         mask: torch.Tensor | None,
         layout: TokenLayout,
         output_hidden_states: bool = False,
@@ -263,8 +271,9 @@ class BertPreTrainedModel(nn.Module):
         config.validate()
         self.config = config
         self.source_dir: str | None = None  # where from_pretrained read it (for its vocab)
-        # Heads run every position on the padded path, with no data-dependent shapes: what an
-        # ONNX export traces (bertkit.serving); the default picks the faster unpadded path.
+        # Every position on the padded path, with no data-dependent shapes and an additive
+        # attention mask: what an ONNX export traces (bertkit.serving sets it on the model and
+        # its encoder); the default picks the faster unpadded path.
         self.padded_only = False
 
     def init_weights(self) -> None:
@@ -374,6 +383,15 @@ class BertModel(BertPreTrainedModel):
                 )
         causal = self.config.is_decoder if causal is None else causal
         mask = attention_mask_for(attention_mask, seq_len, causal, input_ids.device)
+        if self.padded_only and mask is not None:
+            # What an ONNX export traces: an additive mask, made once. A Boolean one exports as
+            # Where(mask, 0, -inf) before each layer's softmax and Where(IsNaN(p), 0, p) after
+            # it; with the float mask those go, and real tokens' outputs are the same (exp of
+            # the dtype's minimum minus the row's maximum is 0, as for -inf).
+            dtype = self.embeddings.word_embeddings.weight.dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+                ~mask, torch.finfo(dtype).min
+            )
 
         batch = input_ids.shape[0]
         multiple = row_multiple(input_ids.device)
@@ -389,7 +407,7 @@ class BertModel(BertPreTrainedModel):
             if read_positions is not None:
                 keep.scatter_(1, read_positions.long(), True)
             read = layout.subset(keep, multiple)
-        x = layout.to_rows(self.embeddings(input_ids, token_type_ids, position_ids))  # (N, H)
+        x = layout.to_rows(self.embeddings(input_ids, token_type_ids, position_ids))  # rows
         x, hidden_states, attentions = self.encoder(
             x, mask, layout, output_hidden_states, output_attentions, read
         )

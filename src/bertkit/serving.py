@@ -72,6 +72,7 @@ def export_onnx(
     """Write `out/model.onnx` (fp32, or int8 with `quantize="int8"`) and the files `Predictor`
     needs beside it. Returns the ONNX file's path."""
     from bertkit.heads import MODEL_CLASSES
+    from bertkit.model import BertPreTrainedModel
 
     model, out = Path(model), Path(out)
     if quantize not in (None, "int8"):
@@ -87,7 +88,9 @@ def export_onnx(
         architectures = written.get("architectures") or ["BertModel"]
         head = architectures[0] if architectures[0] in MODEL_CLASSES else "BertModel"
     net = MODEL_CLASSES[head].from_pretrained(model).eval()
-    net.padded_only = True
+    for module in net.modules():  # the head and its encoder
+        if isinstance(module, BertPreTrainedModel):
+            module.padded_only = True
     names = _outputs(head)
     choices = head == "BertForMultipleChoice"
     shape = (2, 2, 16) if choices else (2, 16)  # traced at this size; every axis is dynamic
