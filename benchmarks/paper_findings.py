@@ -18,6 +18,11 @@ Several `--lr` values make a grid, as the paper's fine-tuning does: every row an
 fine-tuned at each rate (OUT/NAME/TASK/lr_RATE) and reported at the rate whose mean dev score is
 best for that row and task (findings.json keeps every rate's scores under "grid" and the choice
 under "lr"). The choice is made on the dev set the scores come from, for every row alike.
+
+`--bilstm NAME…`: those rows are fine-tuned with Table 5's "+ BiLSTM" (a randomly initialised
+BiLSTM between encoder and output) and run only on the tasks that head exists for (tagging and
+span tasks); give the same folder twice to have a checkpoint with and without it:
+`--checkpoint ltr=runs/table5/ltr --checkpoint ltr_bilstm=runs/table5/ltr --bilstm ltr_bilstm`.
 """
 
 from __future__ import annotations
@@ -30,13 +35,20 @@ from pathlib import Path
 
 from task_data import task_data
 
-from bertkit.finetune import FinetuneConfig, finetune_seeds, main_score, random_init_dir
+from bertkit.finetune import (
+    FinetuneConfig,
+    finetune_seeds,
+    head_class,
+    main_score,
+    random_init_dir,
+)
 from bertkit.stats import compare_to_baseline, t_ppf
 from bertkit.tasks import get_task
 
 
 def run_row(name: str, model: Path, random: bool, task: str, lr: float, args) -> list[float]:
     config = FinetuneConfig(
+        bilstm=name in args.bilstm,
         epochs=args.epochs,
         learning_rate=lr,
         batch_size=args.batch_size,
@@ -52,6 +64,14 @@ def run_row(name: str, model: Path, random: bool, task: str, lr: float, args) ->
     results = finetune_seeds(task, model, task_data(Path(args.data), task), out, config, args.seeds)
     task_obj = get_task(task)
     return [main_score(task_obj, run["dev"]) for run in results["runs"]]
+
+
+def has_bilstm(task: str) -> bool:
+    try:
+        head_class(get_task(task), bilstm=True)
+    except ValueError:
+        return False
+    return True
 
 
 def mean_interval(values: list[float]) -> float:
@@ -71,15 +91,17 @@ def plot(table: dict, png: Path, rates: list[float]) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(tasks)), 4.2))
     width = 0.8 / max(len(rows), 1)
     for number, row in enumerate(rows):
-        means = [100 * statistics.fmean(table[t]["scores"].get(row) or [0]) for t in tasks]
-        errors = [100 * mean_interval(table[t]["scores"].get(row) or [0]) for t in tasks]
+        scores = [table[t]["scores"].get(row) for t in tasks]  # None: the row skips that task
+        means = [100 * statistics.fmean(s) if s else float("nan") for s in scores]
+        errors = [100 * mean_interval(s) if s else 0.0 for s in scores]
         positions = [i + (number - (len(rows) - 1) / 2) * width for i in range(len(tasks))]
         ax.bar(positions, means, width, yerr=errors, capsize=3, label=row)
     ax.set_xticks(range(len(tasks)), tasks)
-    title = "pre-trained vs random init (bars: 95% interval of the mean over seeds)"
+    title = "pre-trained vs random init\n(bars: 95% interval of the mean over seeds)"
     if len(rates) > 1:
         title += f"\neach row and task at its best fine-tuning rate of {', '.join(map(str, rates))}"
-    ax.set(ylabel="dev score (mean of the task's metrics), %", title=title)
+    ax.set_ylabel("dev score (mean of the task's metrics), %")
+    ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -102,6 +124,9 @@ def main() -> None:
     )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-train-examples", type=int, help="the first N of each task")
+    parser.add_argument(
+        "--bilstm", nargs="+", default=[], metavar="NAME", help="rows fine-tuned + BiLSTM"
+    )
     args = parser.parse_args()
     if not args.data:
         raise SystemExit("give --data or set BERTKIT_DATA (../shared/data)")
@@ -112,6 +137,8 @@ def main() -> None:
             raise SystemExit(f"--checkpoint {item!r}: expected NAME=DIR")
         checkpoints[name] = Path(directory)
     rows: dict[str, tuple[Path, bool]] = {n: (d, False) for n, d in checkpoints.items()}
+    if set(args.bilstm) - set(checkpoints):
+        raise SystemExit(f"--bilstm {sorted(set(args.bilstm) - set(checkpoints))}: no such row")
     if args.random_init:
         if not checkpoints:
             raise SystemExit("--random-init takes its vocabulary from a --checkpoint")
@@ -124,6 +151,8 @@ def main() -> None:
         if len(args.lr) > 1:
             table[task].update(grid={}, lr={})
         for name, (model, random) in rows.items():
+            if name in args.bilstm and not has_bilstm(task):
+                continue
             grid = {lr: run_row(name, model, random, task, lr, args) for lr in args.lr}
             best = max(grid, key=lambda lr: statistics.fmean(grid[lr]))
             table[task]["scores"][name] = grid[best]
@@ -143,7 +172,10 @@ def main() -> None:
     for task, entry in table.items():
         cells = []
         for name in rows:
-            s = entry["scores"][name]
+            s = entry["scores"].get(name)
+            if s is None:
+                cells.append("—")
+                continue
             std = statistics.stdev(s) if len(s) > 1 else 0.0
             rate = f" (lr {entry['lr'][name]:g})" if "lr" in entry else ""
             cells.append(f"{100 * statistics.fmean(s):.1f} ± {100 * std:.1f}{rate}")

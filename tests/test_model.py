@@ -341,3 +341,26 @@ def test_training_with_dropout_draws_the_same_masks_padded_unpadded_and_in_hf(
         close(unpadded[0], other[0])
         for a, b in zip(unpadded[1], other[1], strict=True):
             close(a, b)
+
+
+def test_left_to_right_model_pools_its_last_real_token(tiny_config, tiny_batch):
+    """A causal model's [CLS] sees only itself, so the pooler (and every classifier on it) reads
+    the last real token: a pooled vector that depends on the input, the same on the unpadded
+    path a classifier takes."""
+    config = dataclasses.replace(tiny_config, is_decoder=True)
+    torch.manual_seed(0)
+    model = BertModel(config).eval()
+    with torch.no_grad():
+        out = model(**tiny_batch)
+        last = tiny_batch["attention_mask"].sum(1) - 1  # (3,): 10, 7, 3
+        expected = torch.tanh(model.pooler.dense(out.last_hidden_state[torch.arange(3), last]))
+        close(out.pooler_output, expected)
+        changed = dict(tiny_batch, input_ids=tiny_batch["input_ids"].clone())
+        changed["input_ids"][:, 2] += 1  # after [CLS]: invisible to it left to right
+        assert not torch.allclose(model(**changed).pooler_output, out.pooler_output)
+        unpadded = model(**tiny_batch, unpad=True, read_cls_only=True)
+        close(unpadded.pooler_output, out.pooler_output)
+    classifier = bertkit.BertForSequenceClassification(config.with_labels(2)).eval()
+    with torch.no_grad():
+        padded = classifier(**tiny_batch, output_hidden_states=True).logits  # the padded path
+        close(classifier(**tiny_batch).logits, padded)

@@ -189,14 +189,21 @@ class BertEncoder(nn.Module):
 
 
 class BertPooler(nn.Module):
-    """tanh(W h_[CLS] + b): the sentence representation NSP and classifiers read."""
+    """tanh(W h_[CLS] + b): the sentence representation NSP and classifiers read. With `at` (B,)
+    it reads those positions instead (a left-to-right model's last real token: see
+    `BertModel.forward`)."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # (B, S, H) -> (B, H)
-        return torch.tanh(self.dense(hidden_states[:, 0]))
+    def forward(  # (B, S, H) -> (B, H)
+        self, hidden_states: torch.Tensor, at: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if at is None:
+            return torch.tanh(self.dense(hidden_states[:, 0]))
+        rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
+        return torch.tanh(self.dense(hidden_states[rows, at]))
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -360,7 +367,8 @@ class BertModel(BertPreTrainedModel):
         [CLS]'s, by the pooler): the last layer's feed-forward then runs only there and
         `last_hidden_state` is zero elsewhere (the masked LM passes its masked positions).
         `read_cls_only`: only [CLS]'s final state will be read (classifiers). Both are ignored
-        when hidden states or attentions are asked for."""
+        when hidden states or attentions are asked for. A left-to-right (`causal`) model pools
+        its last real token, not [CLS] (which sees only itself there)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_len), got {tuple(input_ids.shape)}")
         seq_len = input_ids.shape[1]
@@ -399,11 +407,23 @@ class BertModel(BertPreTrainedModel):
             layout = TokenLayout.unpadded(attention_mask, multiple)
         else:
             layout = TokenLayout(batch, seq_len)
+        # Left to right, [CLS] attends to itself alone, so a sentence representation read there
+        # would be the same for every input: the pooler reads the last real token instead (the
+        # final [SEP], which has seen the whole input, as GPT's classifier does). The paper does
+        # not say where its LTR ablation's classifier reads.
+        pool_at = None
+        if causal:
+            pool_at = torch.full((batch,), seq_len - 1, device=input_ids.device)
+            if attention_mask is not None:
+                pool_at = attention_mask.long().cumsum(1).argmax(1)  # the last 1 of each row
         read = None
         reads_few = read_positions is not None or read_cls_only
         if reads_few and not (output_hidden_states or output_attentions):
             keep = torch.zeros(batch, seq_len, dtype=torch.bool, device=input_ids.device)
-            keep[:, 0] = True  # [CLS], read by the pooler
+            if pool_at is None:
+                keep[:, 0] = True  # [CLS], read by the pooler
+            else:
+                keep[torch.arange(batch, device=keep.device), pool_at] = True
             if read_positions is not None:
                 keep.scatter_(1, read_positions.long(), True)
             read = layout.subset(keep, multiple)
@@ -414,7 +434,7 @@ class BertModel(BertPreTrainedModel):
         x = (layout if read is None else read[1]).to_grid(x)  # (B, S, H)
         if hidden_states is not None:
             hidden_states = tuple(layout.to_grid(h) for h in hidden_states)
-        pooled = self.pooler(x) if self.pooler is not None else None  # (B, H)
+        pooled = self.pooler(x, pool_at) if self.pooler is not None else None  # (B, H)
         return BertModelOutput(x, pooled, hidden_states, attentions)
 
 
