@@ -87,7 +87,7 @@ def plot(table: dict, png: Path, rates: list[float]) -> None:
     import matplotlib.pyplot as plt
 
     tasks = list(table)
-    rows = list(next(iter(table.values()))["scores"]) if table else []
+    rows = list(dict.fromkeys(row for entry in table.values() for row in entry["scores"]))
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(tasks)), 4.2))
     width = 0.8 / max(len(rows), 1)
     for number, row in enumerate(rows):
