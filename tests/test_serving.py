@@ -66,8 +66,8 @@ def test_export_answers_like_bertkit_at_other_shapes(head, tokenizer, tmp_path):
 
 def test_exported_graph_has_3d_dense_layers_one_mask_and_a_constant_scale(tokenizer, tmp_path):
     """The graph's shape is what ONNX Runtime runs fastest (issue 12 §2, measured against
-    transformers' export): dense layers as 3-D MatMul (2-D rows export as Gemm, ~10% slower
-    there), the attention scale a constant (no Sqrt on q and k), and one additive mask for all
+    transformers' export): dense layers as 3-D MatMul (2-D rows export as Gemm, slower
+    there: docs/results/README.md), the attention scale a constant (no Sqrt on q and k), and one additive mask for all
     layers (a Boolean one costs two Where and an IsNaN over the scores in every layer)."""
     import onnx
 
