@@ -167,6 +167,9 @@ def test_sigterm_saves_a_resumable_checkpoint_and_exits_with_one_line(setup, tmp
     deadline = time.time() + 120
     while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 5):
         time.sleep(0.02)
+    # Paused while the second process starts (that takes longer than the 400 steps on a fast
+    # machine, and a run that has finished its loop dies of SIGTERM like any process).
+    run.send_signal(signal.SIGSTOP)
     # a second writer into the live folder is refused, and the first run goes on
     second = subprocess.run(
         cli_command("pretrain", *tiny_cli_args(setup, out, steps=400), "--resume"),
@@ -176,7 +179,8 @@ def test_sigterm_saves_a_resumable_checkpoint_and_exits_with_one_line(setup, tmp
     )
     assert second.returncode == 2 and "another bertkit process (pid" in second.stderr
     assert run.poll() is None
-    run.send_signal(signal.SIGTERM)
+    run.send_signal(signal.SIGTERM)  # pending until the run continues
+    run.send_signal(signal.SIGCONT)
     _, err = run.communicate(timeout=120)
     assert run.returncode == 128 + signal.SIGTERM, err
     lines = [line for line in err.splitlines() if line.startswith("bertkit pretrain:")]
