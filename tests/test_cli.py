@@ -20,7 +20,7 @@ def test_every_subcommand_has_help():
         assert exit_info.value.code == 0
 
 
-def test_pretrain_recipe_sets_its_settings_and_flags_win(monkeypatch, capsys):
+def test_pretrain_recipe_sets_its_settings_and_flags_win(monkeypatch, capsys, tmp_path):
     import bertkit.pretraining.train as train
 
     seen = {}
@@ -38,6 +38,20 @@ def test_pretrain_recipe_sets_its_settings_and_flags_win(monkeypatch, capsys):
     assert seen["mlm_bias_init"] == "unigram" and seen["adam_beta2"] == 0.98
     assert main([*base, "--recipe", "laptop", "--max-steps", "50", "--lr", "5e-4"]) == 0
     assert seen["learning_rate"] == 5e-4 and seen["phases"] == [(128, 50)]
+    # a wider model gets a lower peak (BERT-small diverged at 2e-3); an explicit --lr still wins
+    assert main([*base, "--recipe", "laptop", "--max-steps", "50", "--config", "small"]) == 0
+    assert seen["learning_rate"] == 1e-3 and seen["config"] == "small"
+    assert main([*base, "--recipe", "laptop", "--max-steps", "50", "--config", "mini"]) == 0
+    assert seen["learning_rate"] == 2e-3
+    from bertkit.config import BertConfig
+
+    BertConfig(vocab_size=100, hidden_size=384, num_attention_heads=6).to_json_file(
+        tmp_path / "config.json"
+    )
+    args = ["--recipe", "laptop", "--max-steps", "50", "--config", str(tmp_path / "config.json")]
+    assert main([*base, *args]) == 0 and seen["learning_rate"] == pytest.approx(2e-3 * 256 / 384)
+    args = ["--recipe", "laptop", "--max-steps", "50", "--config", "base", "--lr", "3e-4"]
+    assert main([*base, *args]) == 0 and seen["learning_rate"] == 3e-4
     # no recipe: the paper's settings
     assert main([*base, "--max-steps", "20000"]) == 0
     assert seen["batch_size"] == 256 and seen["learning_rate"] == 1e-4

@@ -68,7 +68,7 @@ def _pretrain(args: argparse.Namespace) -> None:
 
     # the recipe (the paper's when none is named) under the flags given: a recipe's field has
     # no default on the command line, so None here means "not given"
-    values = recipe(args.recipe or "paper")
+    values = recipe(args.recipe or "paper", args.config)
     if args.warmup_steps is not None or args.warmup_fraction is not None:
         values.pop("warmup_steps", None)  # an explicit warm-up replaces the recipe's
         values.pop("warmup_fraction", None)
@@ -272,7 +272,8 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
 def _recipe_line(name: str) -> str:
     from bertkit.pretraining.recipes import RECIPES
 
-    return ", ".join(f"{key} {value}" for key, value in RECIPES[name].items())
+    line = ", ".join(f"{key} {value}" for key, value in RECIPES[name].items())
+    return line + (" (× 256 / hidden size above 256)" if name == "laptop" else "")
 
 
 # Numeric flags and the values they accept: checked at parse time, so `--save-every 0` or

@@ -13,14 +13,18 @@ command line (an explicit flag always wins).
   user or fixes for 1M TPU steps, and two starting points: the output bias and the attention
   init (`--attention-init local`), without which a BERT sits at the unigram plateau for
   thousands of steps. `--recipe laptop --budget 10m` on Wikipedia reaches 22.7% held-out MLM
-  accuracy (every chosen piece [MASK]).
+  accuracy (every chosen piece [MASK]). Its peak lr is for widths up to 256 (tiny, mini); a
+  wider model gets 2e-3 × 256 / hidden size (`laptop_learning_rate`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 from typing import Any
 
+from bertkit.config import PRESETS, BertConfig
 from bertkit.pretraining.dataset import MaskingConfig
 from bertkit.pretraining.train import PretrainConfig
 
@@ -55,18 +59,47 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 
 
-def recipe(name: str) -> dict[str, Any]:
-    """The recipe's values by `PretrainConfig` field (masking's fields among them)."""
+LAPTOP_LR_WIDTH = 256  # the widest model the laptop recipe's 2e-3 is measured stable on
+
+
+def laptop_learning_rate(hidden_size: int) -> float:
+    """The laptop recipe's peak lr for a model of `hidden_size`: 2e-3 up to 256 (BERT-tiny and
+    BERT-mini learn at it), 2e-3 × 256 / hidden_size above. Measured on BERT-small (H512, batch
+    32, Wikipedia; docs/results/findings §4): at 2e-3 it learned until the warm-up ended, then
+    its gradient norm grew from 3 to 15 and its MLM accuracy fell back to the unigram plateau
+    (16.5% → 11%); at 1e-3 it learns. The 1/width rule beyond H512 (base, large) is an
+    extrapolation, not a measurement."""
+    return 2e-3 * min(1.0, LAPTOP_LR_WIDTH / hidden_size)
+
+
+def _hidden_size(config: str | os.PathLike | BertConfig) -> int | None:
+    """The hidden size a `--config` names (None: a file that is not there; the run says so)."""
+    if isinstance(config, BertConfig):
+        return config.hidden_size
+    if str(config) in PRESETS:
+        return PRESETS[str(config)][1]
+    if Path(config).is_file():
+        return BertConfig.from_json_file(config).hidden_size
+    return None
+
+
+def recipe(name: str, config: str | os.PathLike | BertConfig | None = None) -> dict[str, Any]:
+    """The recipe's values by `PretrainConfig` field (masking's fields among them), for the
+    model size `config` when one is given (the laptop recipe's lr depends on its width)."""
     try:
-        return dict(RECIPES[name])
+        values = dict(RECIPES[name])
     except KeyError:
         raise ValueError(f"unknown recipe {name!r}; expected one of {sorted(RECIPES)}") from None
+    hidden = _hidden_size(config) if config is not None else None
+    if name == "laptop" and hidden is not None:
+        values["learning_rate"] = laptop_learning_rate(hidden)
+    return values
 
 
 def recipe_config(name: str, **overrides: Any) -> PretrainConfig:
     """A `PretrainConfig` with the recipe's settings (and `overrides` on top, masking's fields
     among them)."""
-    values = recipe(name) | overrides
+    values = recipe(name, overrides.get("config")) | overrides
     masking_fields = {f.name for f in dataclasses.fields(MaskingConfig)}
     masking = {k: values.pop(k) for k in list(values) if k in masking_fields}
     return PretrainConfig(masking=MaskingConfig(**masking), **values)
