@@ -66,8 +66,8 @@ def laptop_learning_rate(hidden_size: int) -> float:
     """The laptop recipe's peak lr for a model of `hidden_size`: 2e-3 up to 256 (BERT-tiny and
     BERT-mini learn at it), 2e-3 × 256 / hidden_size above. Measured on BERT-small (H512, batch
     32, Wikipedia; docs/results/findings §4): at 2e-3 it learned until the warm-up ended, then
-    its gradient norm grew from 3 to 15 and its MLM accuracy fell back to the unigram plateau
-    (16.5% → 11%); at 1e-3 it learns. The 1/width rule beyond H512 (base, large) is an
+    its gradient norm grew from 3 to 15 and its MLM accuracy fell back towards the unigram plateau
+    (train 16.5% → 11.4%); at 1e-3 it learns. The 1/width rule beyond H512 (base, large) is an
     extrapolation, not a measurement."""
     return 2e-3 * min(1.0, LAPTOP_LR_WIDTH / hidden_size)
 
@@ -90,8 +90,8 @@ def recipe(name: str, config: str | os.PathLike | BertConfig | None = None) -> d
         values = dict(RECIPES[name])
     except KeyError:
         raise ValueError(f"unknown recipe {name!r}; expected one of {sorted(RECIPES)}") from None
-    hidden = _hidden_size(config) if config is not None else None
-    if name == "laptop" and hidden is not None:
+    hidden = _hidden_size(config) if name == "laptop" and config is not None else None
+    if hidden is not None:
         values["learning_rate"] = laptop_learning_rate(hidden)
     return values
 
