@@ -237,9 +237,17 @@ def test_finetune_resumes_after_a_kill(tiny_checkpoint, tmp_path, monkeypatch):
         "qnli", tiny_checkpoint, data, tmp_path / "run", FinetuneConfig(**QUICK, resume=True)
     )
     assert again == resumed
-    with pytest.raises(AssertionError, match="trained again"):
-        other = FinetuneConfig(**{**QUICK, "learning_rate": 1e-4}, resume=True)
-        finetune("qnli", tiny_checkpoint, data, tmp_path / "run", other)
+    # a results.json written before bucket_batches was a setting counts as the default's
+    results_file = tmp_path / "run" / "results.json"
+    saved = json.loads(results_file.read_text())
+    assert saved["hyperparameters"]["bucket_batches"] == 50
+    del saved["hyperparameters"]["bucket_batches"]
+    results_file.write_text(json.dumps(saved))
+    finetune("qnli", tiny_checkpoint, data, tmp_path / "run", FinetuneConfig(**QUICK, resume=True))
+    for changed in ({"learning_rate": 1e-4}, {"bucket_batches": 1}):
+        with pytest.raises(AssertionError, match="trained again"):
+            other = FinetuneConfig(**{**QUICK, **changed}, resume=True)
+            finetune("qnli", tiny_checkpoint, data, tmp_path / "run", other)
 
 
 def test_bilstm_heads_of_table_5(tiny_checkpoint, tmp_path):

@@ -77,6 +77,12 @@ class FinetuneConfig:
     weight_decay: float = setting(0.01, "decoupled weight decay (not on biases, LayerNorm)")
     seed: int = setting(42, "seed of the head's init, dropout and batch order")
     eval_batch_size: int = setting(64, "sequences per evaluation batch", check="positive")
+    bucket_batches: int = setting(
+        50,
+        "batches' worth of training examples sorted by length together, so a batch pads little "
+        "(1: random batches, as transformers' Trainer draws them)",
+        check="positive",
+    )
     precision: str = precision_setting()
     device: str | None = device_setting()
     resume: bool = setting(False, "continue a killed run in the output folder")
@@ -254,6 +260,7 @@ def finetune(
         sizes.batch_size,
         functools.partial(collate, padded=task.padded_inputs),
         seed=config.seed,
+        bucket_batches=config.bucket_batches,
     )
     steps_per_epoch = batches.batches_per_epoch
     max_steps = steps_per_epoch * sizes.epochs
@@ -349,6 +356,7 @@ def _hyperparameters(config: FinetuneConfig) -> dict[str, Any]:
             "warmup_proportion",
             "weight_decay",
             "random_init",
+            "bucket_batches",
         )
     }
 
@@ -381,7 +389,9 @@ def _results_of_finished_run(out: Path, task: Task, config: FinetuneConfig, trai
         return None
     same = (
         results.get("task") == task.name
-        and results.get("hyperparameters") == _hyperparameters(config)
+        # runs written before `bucket_batches` was a setting used its default
+        and {"bucket_batches": FinetuneConfig.bucket_batches} | results.get("hyperparameters", {})
+        == _hyperparameters(config)
         and results.get("train_examples") == train_examples
         and info.get("head") == head_class(task, config.bilstm)
     )

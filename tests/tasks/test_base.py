@@ -45,3 +45,24 @@ def test_input_file_edges_are_named_by_file_and_line(tmp_path):
         (squad / "train-v1.1.json").write_text(json.dumps(data))
         with pytest.raises(DataError, match=says):
             get_task("squad1").read(squad, "train")
+
+
+def test_finetune_batches_bucketed_or_random_cover_every_example_once_an_epoch():
+    import numpy as np
+
+    from bertkit.tasks.base import FinetuneData
+
+    rng = np.random.default_rng(0)
+    lengths = [int(n) for n in rng.integers(4, 128, size=800)]
+    features = [{"input_ids": [1] * n} for n in lengths]
+
+    def spread(bucket_batches: int) -> float:
+        data = FinetuneData(features, 16, lambda rows: rows, seed=3, bucket_batches=bucket_batches)
+        plan = data.plan(0)
+        assert sorted(np.concatenate(plan).tolist()) == list(range(800))  # each once
+        assert [len(b) for b in plan] == [16] * 50
+        assert not np.array_equal(np.concatenate(plan), np.concatenate(data.plan(1)))
+        return float(np.mean([np.ptp([lengths[i] for i in b]) for b in plan]))
+
+    # sorted together, a batch's lengths lie close (little padding); random: the whole range
+    assert spread(50) < 5 < 80 < spread(1)
