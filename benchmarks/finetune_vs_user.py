@@ -11,7 +11,8 @@ The transformers side: `BertTokenizerFast` and `BertForSequenceClassification` /
 on biases and LayerNorm weights, eps 1e-6); a linear warm-up over 10% of the steps, then linear
 decay (`get_linear_schedule_with_warmup`); batches in random order padded to their longest
 (`DataCollatorWithPadding`, `DataCollatorForTokenClassification`); gradients clipped at 1; the dev
-set scored after every epoch. CoNLL-2003 labels each word's first piece (-100 elsewhere) and
+set scored after every epoch. Both sides report their last epoch's dev figures (`finetune`'s
+"dev" is its best epoch's). CoNLL-2003 labels each word's first piece (-100 elsewhere) and
 truncates at 128 pieces, as the token-classification tutorial does. Both sides read the examples
 with bertkit's task readers and are scored with the same official metrics; which side goes first
 alternates by task and seed. OUT/results.json and a markdown table on stdout.
@@ -178,6 +179,12 @@ def _score(task, model, collator, examples, rows, labels, tagging) -> dict:
     return task.score(examples, predictions)
 
 
+def last_epoch(run: dict) -> dict:
+    """The dev figures of a `finetune` run's last epoch (its "dev" is the best epoch's): the
+    user's loop reports its last epoch, so both sides are scored alike."""
+    return {k: run["epochs"][-1][k] for k in run["dev"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", nargs="+", default=["mrpc", "rte", "stsb", "cola"])
@@ -234,7 +241,7 @@ def main() -> None:
                                "bucket_batches": bucket}
                         ),
                     )  # fmt: skip
-                    figures = run["dev"]
+                    figures = last_epoch(run)
                 else:
                     figures = transformers_user(
                         task_name, model, data, config.sizes(), seed, args.max_train_examples, bf16
