@@ -23,7 +23,8 @@ bf16` (bf16 autocast, fp32 master weights), `transformers-bf16` the same loop un
 ratios are against the plain fp32 transformers loop; the sides' order rotates by task and seed.
 `bertkit-bf16-random` is `bertkit-bf16` with random batches (`--bucket-batches 1`) instead of
 length-bucketed ones: what bucketing does to the dev scores. The dev score column is the mean ±
-the standard deviation over seeds of the task's main score.
+the standard deviation over seeds of the task's main score; Δ: Welch's 95% interval of the
+difference of the means to the fp32 transformers loop (with two seeds or more on both sides).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import torch
 from task_data import task_data
 
 from bertkit.finetune import FinetuneConfig, finetune, main_score
+from bertkit.stats import compare_to_baseline
 from bertkit.tasks import get_task
 from bertkit.tasks.ner import ConllTask, to_iob2
 
@@ -254,22 +256,32 @@ def main() -> None:
                 print(f"{task_name} seed {seed} {side}: {seconds:.0f} s, dev {figures}", flush=True)
                 args.out.mkdir(parents=True, exist_ok=True)
                 results_file.write_text(json.dumps(results, indent=1) + "\n")
-    print("| task | side | seconds (median) | speed-up vs transformers fp32 | dev score |")
-    print("|---|---|---|---|---|")
+    print(
+        "| task | side | seconds (median) | speed-up vs transformers fp32 | dev score | "
+        "Δ vs transformers fp32 (95% interval) |"
+    )
+    print("|---|---|---|---|---|---|")
     for task_name, entry in results.items():
         by = {side: [r for r in entry["runs"] if r["side"] == side] for side in SIDES}
         if not by["transformers"]:
             continue
         reference = statistics.median(r["seconds"] for r in by["transformers"])
-        for side, runs in by.items():
-            if runs:
-                seconds = statistics.median(r["seconds"] for r in runs)
-                scores = [100 * r["score"] for r in runs]
-                spread = f" ± {statistics.stdev(scores):.2f}" if len(scores) > 1 else ""
-                print(
-                    f"| {task_name} | {side} | {seconds:.0f} | {reference / seconds:.2f}× | "
-                    f"{statistics.fmean(scores):.2f}{spread} ({len(runs)} seeds) |"
-                )
+        scores = {side: [100 * r["score"] for r in runs] for side, runs in by.items() if runs}
+        compared = compare_to_baseline(scores, "transformers")
+        for side, row in compared.items():
+            seconds = statistics.median(r["seconds"] for r in by[side])
+            n, mean, std = row["summary"]["n"], row["summary"]["mean"], row["summary"]["std"]
+            delta = row.get("vs_baseline")
+            interval = (
+                f"{delta['difference']:+.2f} [{delta['low']:+.2f}, {delta['high']:+.2f}]"
+                if delta
+                else "—"
+            )
+            spread = f" ± {std:.2f}" if n > 1 else ""
+            print(
+                f"| {task_name} | {side} | {seconds:.0f} | {reference / seconds:.2f}× | "
+                f"{mean:.2f}{spread} ({n} seed{'s' if n > 1 else ''}) | {interval} |"
+            )
 
 
 if __name__ == "__main__":
