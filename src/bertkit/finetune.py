@@ -389,9 +389,8 @@ def _results_of_finished_run(out: Path, task: Task, config: FinetuneConfig, trai
         return None
     same = (
         results.get("task") == task.name
-        # runs written before `bucket_batches` was a setting used its default
-        and {"bucket_batches": FinetuneConfig.bucket_batches} | results.get("hyperparameters", {})
-        == _hyperparameters(config)
+        # runs written before `bucket_batches` was a setting sorted 50 batches' worth together
+        and {"bucket_batches": 50} | results.get("hyperparameters", {}) == _hyperparameters(config)
         and results.get("train_examples") == train_examples
         and info.get("head") == head_class(task, config.bilstm)
     )
