@@ -190,7 +190,12 @@ def test_phases_share_a_budget(setup, tmp_path):
     assert main(["pretrain", *map(str, args), "--phases", "32:0.5,64:0.5"]) == 0
     for directory in (tmp_path / "run" / "phase1-seq32", tmp_path / "run"):
         state = torch.load(directory / "trainer_state.pt", weights_only=True)
-        assert 2.0 <= state["train_seconds"] < 3.5  # half of the budget each
+        # half of the budget each: a phase stops after the step that reaches its share, so it
+        # overshoots by less than its longest step (seconds on a loaded machine, not a constant)
+        logged = [json.loads(line) for line in (directory / "log.jsonl").read_text().splitlines()]
+        clock = [0.0] + [e["seconds"] for e in logged if e["split"] == "train"]
+        longest = max(b - a for a, b in zip(clock, clock[1:], strict=False))
+        assert 2.0 <= state["train_seconds"] < 2.0 + longest + 0.25
     assert main(["pretrain", *map(str, args), "--phases", "32:0.5,64:0.6"]) == 2
 
 
