@@ -199,7 +199,7 @@ def main() -> None:
     parser.add_argument("--max-train-examples", type=int, help="the first N (quick checks)")
     parser.add_argument(
         "--sides", nargs="+", choices=SIDES, default=["bertkit", "transformers"],
-        help="what runs (default: both in fp32; -bf16: bf16 autocast)",
+        help="what runs (default: both in fp32; -bf16: bf16 autocast; -random: random batches)",
     )  # fmt: skip
     args = parser.parse_args()
     model = args.model
