@@ -237,7 +237,7 @@ def test_finetune_resumes_after_a_kill(tiny_checkpoint, tmp_path, monkeypatch):
         "qnli", tiny_checkpoint, data, tmp_path / "run", FinetuneConfig(**QUICK, resume=True)
     )
     assert again == resumed
-    # a results.json written before bucket_batches was a setting counts as the default's
+    # a results.json written before bucket_batches was a setting counts as 50 (what it used)
     results_file = tmp_path / "run" / "results.json"
     saved = json.loads(results_file.read_text())
     assert saved["hyperparameters"]["bucket_batches"] == 50

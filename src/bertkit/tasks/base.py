@@ -170,7 +170,7 @@ class FinetuneData:
         collate_fn: Callable[[Sequence[Any]], dict[str, torch.Tensor]],
         *,
         seed: int = 0,
-        bucket_batches: int = 50,
+        bucket_batches: int,
         lengths: Sequence[int] | None = None,
     ) -> None:
         """`bucket_batches`: how many batches' worth of features are sorted by length together
