@@ -24,7 +24,8 @@ ratios are against the plain fp32 transformers loop; the sides' order rotates by
 `bertkit-bf16-random` is `bertkit-bf16` with random batches (`--bucket-batches 1`) instead of
 length-bucketed ones: what bucketing does to the dev scores. The dev score column is the mean ±
 the standard deviation over seeds of the task's main score; Δ: Welch's 95% interval of the
-difference of the means to the fp32 transformers loop (with two seeds or more on both sides).
+difference of the means to the fp32 transformers loop, or to `--baseline` (with two seeds or more
+on both sides).
 """
 
 from __future__ import annotations
@@ -201,6 +202,10 @@ def main() -> None:
         "--sides", nargs="+", choices=SIDES, default=["bertkit", "transformers"],
         help="what runs (default: both in fp32; -bf16: bf16 autocast; -random: random batches)",
     )  # fmt: skip
+    parser.add_argument(
+        "--baseline", choices=SIDES, default="transformers",
+        help="the side the Δ column compares with (speed-ups are always against transformers)",
+    )  # fmt: skip
     args = parser.parse_args()
     model = args.model
     if model is None:
@@ -258,7 +263,7 @@ def main() -> None:
                 results_file.write_text(json.dumps(results, indent=1) + "\n")
     print(
         "| task | side | seconds (median) | speed-up vs transformers fp32 | dev score | "
-        "Δ vs transformers fp32 (95% interval) |"
+        f"Δ vs {args.baseline} (95% interval) |"
     )
     print("|---|---|---|---|---|---|")
     for task_name, entry in results.items():
@@ -267,7 +272,9 @@ def main() -> None:
             continue
         reference = statistics.median(r["seconds"] for r in by["transformers"])
         scores = {side: [100 * r["score"] for r in runs] for side, runs in by.items() if runs}
-        compared = compare_to_baseline(scores, "transformers")
+        if args.baseline not in scores:
+            continue
+        compared = compare_to_baseline(scores, args.baseline)
         for side, row in compared.items():
             seconds = statistics.median(r["seconds"] for r in by[side])
             n, mean, std = row["summary"]["n"], row["summary"]["mean"], row["summary"]["std"]
