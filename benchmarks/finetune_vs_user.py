@@ -43,7 +43,7 @@ import torch
 from task_data import task_data
 
 from bertkit.finetune import FinetuneConfig, finetune, main_score
-from bertkit.stats import compare_to_baseline
+from bertkit.stats import compare_to_baseline, summary
 from bertkit.tasks import get_task
 from bertkit.tasks.ner import ConllTask, to_iob2
 
@@ -261,22 +261,36 @@ def main() -> None:
                 print(f"{task_name} seed {seed} {side}: {seconds:.0f} s, dev {figures}", flush=True)
                 args.out.mkdir(parents=True, exist_ok=True)
                 results_file.write_text(json.dumps(results, indent=1) + "\n")
+    print_table(results, args.baseline)
+
+
+def print_table(results: dict, baseline: str) -> None:
+    """The markdown table: per task and side, median seconds, speed-up against the fp32
+    transformers loop (— without one), mean ± std of the main score, and Welch's interval
+    against `baseline` (— where it has no runs, or fewer than two seeds on a side)."""
     print(
         "| task | side | seconds (median) | speed-up vs transformers fp32 | dev score | "
-        f"Δ vs {args.baseline} (95% interval) |"
+        f"Δ vs {baseline} (95% interval) |"
     )
     print("|---|---|---|---|---|---|")
     for task_name, entry in results.items():
         by = {side: [r for r in entry["runs"] if r["side"] == side] for side in SIDES}
-        if not by["transformers"]:
-            continue
-        reference = statistics.median(r["seconds"] for r in by["transformers"])
+        reference = (
+            statistics.median(r["seconds"] for r in by["transformers"])
+            if by["transformers"]
+            else None
+        )
         scores = {side: [100 * r["score"] for r in runs] for side, runs in by.items() if runs}
-        if args.baseline not in scores:
+        if not scores:
             continue
-        compared = compare_to_baseline(scores, args.baseline)
+        compared = (
+            compare_to_baseline(scores, baseline)
+            if baseline in scores  # else no Δ column
+            else {side: {"summary": summary(values)} for side, values in scores.items()}
+        )
         for side, row in compared.items():
             seconds = statistics.median(r["seconds"] for r in by[side])
+            speedup = f"{reference / seconds:.2f}×" if reference else "—"
             n, mean, std = row["summary"]["n"], row["summary"]["mean"], row["summary"]["std"]
             delta = row.get("vs_baseline")
             interval = (
@@ -286,7 +300,7 @@ def main() -> None:
             )
             spread = f" ± {std:.2f}" if n > 1 else ""
             print(
-                f"| {task_name} | {side} | {seconds:.0f} | {reference / seconds:.2f}× | "
+                f"| {task_name} | {side} | {seconds:.0f} | {speedup} | "
                 f"{mean:.2f}{spread} ({n} seed{'s' if n > 1 else ''}) | {interval} |"
             )
 
