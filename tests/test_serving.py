@@ -99,7 +99,7 @@ def test_predictor_onnx_backend_and_int8(tokenizer, tmp_path, capsys):
     onnx_answers = Predictor(tmp_path / "fp32", backend="onnx")(pairs)
     for a, b in zip(torch_answers, onnx_answers, strict=True):
         assert a["label"] == b["label"]
-        assert a["probability"] == pytest.approx(b["probability"], abs=1e-5)
+        assert a["score"] == pytest.approx(b["score"], abs=1e-5)
     assert (
         main(["export", "--onnx", str(source), str(tmp_path / "int8"), "--quantize", "int8"]) == 0
     )
@@ -108,7 +108,7 @@ def test_predictor_onnx_backend_and_int8(tokenizer, tmp_path, capsys):
     assert int8 < 0.6 * (tmp_path / "fp32" / "model.onnx").stat().st_size
     quantized = Predictor(tmp_path / "int8", backend="onnx")(pairs)
     for a, b in zip(torch_answers, quantized, strict=True):  # int8: close, not equal
-        assert a["probability"] == pytest.approx(b["probability"], abs=0.05)
+        assert a["score"] == pytest.approx(b["score"], abs=0.05)
     capsys.readouterr()
     args = ["predict", "--model", str(tmp_path / "fp32"), "--backend", "onnx", *pairs[0]]
     assert main(args) == 0

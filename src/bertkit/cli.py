@@ -111,7 +111,30 @@ def _finetune(args: argparse.Namespace) -> None:
         finetune_seeds,
         random_init_dir,
     )
+    from bertkit.tasks import OWN_TASKS
+    from bertkit.tasks.own import DataConfig
 
+    data_config = _settings(args, DataConfig)
+    if args.task in OWN_TASKS:
+        if args.data is not None:
+            raise ValueError(
+                f"{args.task} reads your files: --train FILE --validation FILE [--test FILE], "
+                "not --data DIR"
+            )
+        if data_config.train is None or data_config.validation is None:
+            raise ValueError(f"{args.task} needs --train FILE and --validation FILE")
+        data: Any = data_config
+    else:
+        given = data_config.given()
+        if given:
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise ValueError(
+                f"{flags}: for your own data ({', '.join(OWN_TASKS)}); {args.task} reads its "
+                "official files from --data DIR"
+            )
+        if args.data is None:
+            raise ValueError(f"{args.task} needs --data DIR (the folder of its official files)")
+        data = args.data
     if (args.model is None) == (args.config is None):
         raise ValueError(
             "give --model DIR (a pre-trained checkpoint) or --config SIZE --vocab DIR (a "
@@ -125,12 +148,15 @@ def _finetune(args: argparse.Namespace) -> None:
         raise ValueError("--vocab goes with --config (a checkpoint brings its own vocab.txt)")
     config = _settings(args, FinetuneConfig, random_init=args.config is not None)
     if args.grid:
-        results = finetune_grid(args.task, args.model, args.data, args.out, config, args.seeds)
+        results = finetune_grid(args.task, args.model, data, args.out, config, args.seeds)
     elif args.seeds > 1:
-        results = finetune_seeds(args.task, args.model, args.data, args.out, config, args.seeds)
+        results = finetune_seeds(args.task, args.model, data, args.out, config, args.seeds)
     else:
-        results = finetune(args.task, args.model, args.data, args.out, config)
-    print(json.dumps({"task": args.task, "dev": results["dev"]} | _spread(results), indent=1))
+        results = finetune(args.task, args.model, data, args.out, config)
+    shown = {"task": args.task, "dev": results["dev"]} | _spread(results)
+    if "test" in results:
+        shown["test"] = results["test"]
+    print(json.dumps(shown, indent=1))
     print(f"wrote {args.out}/results.json")
 
 
@@ -159,12 +185,31 @@ def _evaluate(args: argparse.Namespace) -> None:
 def _predict(args: argparse.Namespace) -> None:
     import json
 
-    from bertkit.predict import Predictor
+    from bertkit.predict import Predictor, predict_file
+    from bertkit.tasks.files import FileOptions
 
     predictor = Predictor(
         args.model, device=args.device, batch_size=args.batch_size, backend=args.backend
     )
-    items = predictor.items_from(args.input, args.text, args.question, args.context)
+    if args.input is not None:
+        if args.text or args.question or args.context:
+            raise ValueError("give texts on the command line or --input FILE, not both")
+        columns = tuple(c.strip() for c in args.columns.split(",")) if args.columns else None
+        options = FileOptions(args.format, columns, args.encoding, args.delimiter,
+                              args.escape_char)  # fmt: skip
+        count = predict_file(
+            predictor,
+            args.input,
+            args.output,
+            text_column=args.text_column,
+            text_pair_column=args.text_pair_column,
+            options=options,
+            progress=not args.quiet,
+        )
+        if args.output not in (None, "-"):
+            print(f"wrote {args.output} ({count:,} rows)", file=sys.stderr)
+        return
+    items = predictor.items_from(None, args.text, args.question, args.context)
     for result in predictor(items):
         print(json.dumps(result, ensure_ascii=False))
 
@@ -403,6 +448,8 @@ def _task_name(text: str) -> str:
         return name.lower().replace("-", "").replace("_", "").replace(".", "")
 
     names = {key(name): name for name in TASK_NAMES}
+    names.update({"classification": "text-classification", "tagging": "token-classification",
+                  "qa": "question-answering", "choice": "multiple-choice"})  # fmt: skip
     names.update({"squad11": "squad1", "squad20": "squad2", "squadv1": "squad1",
                   "squadv2": "squad2", "conll": "conll2003", "ner": "conll2003"})  # fmt: skip
     if key(text) in names:
@@ -542,14 +589,22 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.set_defaults(func=_pretrain)
 
     from bertkit.finetune import FinetuneConfig
-    from bertkit.tasks import TASK_NAMES
+    from bertkit.tasks import OWN_TASKS, PAPER_TASKS
+    from bertkit.tasks.own import DataConfig
 
     finetune = commands.add_parser(
         "finetune",
-        help="fine-tune on a task of the paper (GLUE, SQuAD, CoNLL-2003, SWAG)",
+        help="fine-tune on a task of the paper (GLUE, SQuAD, CoNLL-2003, SWAG) or your own files",
         formatter_class=_Formatter,
+        description="The paper's tasks read their official files from --data DIR; "
+        f"{', '.join(OWN_TASKS)} read your own files (--train, --validation, --test and the "
+        "flags of 'your own data').",
     )
-    finetune.add_argument("task", type=_task_name, help=f"one of {', '.join(TASK_NAMES)}")
+    finetune.add_argument(
+        "task",
+        type=_task_name,
+        help=f"the paper's: {', '.join(PAPER_TASKS)}; your own data: {', '.join(OWN_TASKS)}",
+    )
     finetune.add_argument("--model", help="checkpoint directory (ours, HF, Google)")
     finetune.add_argument(
         "--config",
@@ -557,7 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a config JSON), each seed its own init: the 'no pre-training' row",
     )
     finetune.add_argument("--vocab", help="with --config: directory with vocab.txt (or the file)")
-    finetune.add_argument("--data", required=True, help="folder with the task's official files")
+    finetune.add_argument("--data", help="the paper's tasks: folder with the official files")
     finetune.add_argument("--out", required=True, help="output directory")
     finetune.add_argument("--seeds", type=int, default=1, help="repeat with K seeds: mean/std")
     finetune.add_argument(
@@ -566,11 +621,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="the paper's grid: batch 16/32 x lr 5e-5/3e-5/2e-5 x 2/3/4 epochs",
     )
     _add_settings(finetune, FinetuneConfig, skip=("progress", "random_init"))
+    own = finetune.add_argument_group(
+        "your own data", f"files and columns for {', '.join(OWN_TASKS)} (see docs/usage.md)"
+    )
+    _add_settings(own, DataConfig)  # type: ignore[arg-type]
     finetune.set_defaults(func=_finetune)
 
     evaluate = commands.add_parser("evaluate", help="score a fine-tuned model on a split")
     evaluate.add_argument("--model", required=True, help="a directory `bertkit finetune` wrote")
-    evaluate.add_argument("--data", required=True, help="folder with the task's official files")
+    evaluate.add_argument(
+        "--data",
+        required=True,
+        help="the paper's tasks: folder with the official files; your own data: a file, read "
+        "as the training files were (its labels scored when it has them)",
+    )
     evaluate.add_argument("--task", type=_task_name, help="default: the model's own task")
     evaluate.add_argument(
         "--split", default="dev", type=_split_name, help="dev (or validation), test, dev_mismatched"
@@ -587,9 +651,28 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument("--context", help="SQuAD: the paragraph")
     predict.add_argument(
         "--input",
-        help='JSON lines: {"text": ..., "text_pair": ...}, {"question": ..., "context": ...}, '
-        'a list of words (NER) or {"context": ..., "endings": [...]} (SWAG)',
+        help="a file to predict row by row, streaming: CSV, TSV, JSON Lines, JSON, Parquet, a "
+        "datasets folder; - reads stdin, one text a line. JSON lines may be "
+        '{"text": ..., "text_pair": ...}, {"question": ..., "context": ...}, a list of words '
+        '(tagging) or {"context": ..., "choices": [...]}',
     )
+    predict.add_argument(
+        "--output",
+        help="with --input: .jsonl or .csv/.tsv to write (input columns, then the answer); "
+        "default: JSON lines on stdout",
+    )
+    predict.add_argument(
+        "--text-column", help="with --input: the column the model reads (default: as trained)"
+    )
+    predict.add_argument("--text-pair-column", help="with --input: a second text column")
+    from bertkit.tasks.files import FORMATS as FILE_FORMATS
+
+    predict.add_argument("--format", default="auto", choices=FILE_FORMATS, help="of --input")
+    predict.add_argument("--columns", help="names of a header-less --input file's columns")
+    predict.add_argument("--encoding", default="utf-8", help="of --input")
+    predict.add_argument("--delimiter", help="CSV field separator of --input")
+    predict.add_argument("--escape-char", help="CSV: a character escaping quotes in --input")
+    predict.add_argument("--quiet", action="store_true", help="no progress bar")
     predict.add_argument("--batch-size", type=int, default=32)
     predict.add_argument("--device")
     predict.add_argument(
@@ -716,7 +799,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainingInterrupted as err:
         print(f"bertkit {args.command}: {err}", file=sys.stderr)
         return err.exit_code
-    except (ValueError, OSError, TrainingDiverged) as err:  # OSError: missing files, full disk
+    except (ValueError, OSError, ImportError, TrainingDiverged) as err:
+        # OSError: missing files, full disk; ImportError: an optional extra not installed
         print(f"bertkit {args.command}: error: {err}", file=sys.stderr)
         return 2
     return 0

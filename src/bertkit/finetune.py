@@ -10,6 +10,11 @@ scored with the task's official metric; the best epoch's model is kept in OUT (c
 model.safetensors, vocab.txt, `bertkit_task.json`) with its dev predictions, and OUT holds
 `results.json` (`"dev"`: metric -> value), `log.jsonl` and `curves.png`.
 
+Your own files go through the same loop with the generic tasks (`text-classification`,
+`token-classification`, `question-answering`, `multiple-choice`) and a `DataConfig` naming the
+files and columns; their OUT also holds `predictions.jsonl` (and `predictions_test.jsonl`), the
+per-class `report` in results.json and `confusion.png`.
+
 `finetune_seeds` repeats a run with K seeds and reports mean, std, min and max (fine-tuning
 small tasks is unstable, and one seed hides it); `finetune_grid` runs the paper's grid (batch
 16/32 x lr 5e-5/3e-5/2e-5 x epochs 2/3/4) and selects on dev.
@@ -25,6 +30,7 @@ import logging
 import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,11 +44,18 @@ from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
 from bertkit.settings import device_setting, precision_setting, setting
 from bertkit.tasks import Task, get_task
-from bertkit.tasks.base import TASK_FILE, FinetuneData, collate, read_task_info, run_outputs
+from bertkit.tasks.base import (
+    TASK_FILE,
+    FinetuneData,
+    collate,
+    run_outputs,
+    task_of_checkpoint,
+)
+from bertkit.tasks.own import DataConfig, OwnTask, describe
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
 from bertkit.training.loop import DIGEST_FILE, LOG_FILE, STATE_FILE, Trainer, TrainingConfig
-from bertkit.viz import plot_log, read_log
+from bertkit.viz import plot_confusion, plot_log, read_log
 
 logger = logging.getLogger("bertkit")
 RESULTS_FILE = "results.json"
@@ -155,16 +168,40 @@ def main_score(task: Task, figures: dict[str, float]) -> float:
     return statistics.fmean(figures[m] for m in task.metrics)
 
 
-def load_task_data(task: Task, data: str | os.PathLike, tokenizer, config: FinetuneConfig):
-    """(train examples, train features, {dev split: (examples, features)})"""
+class TaskData(NamedTuple):
+    """A task's examples and features, read once (seeds and grid points share them); `task`
+    is the task fitted on its training file (a user's label set)."""
+
+    task: Task
+    train: list
+    train_features: list
+    devs: dict[str, tuple[list, list]]  # split -> (examples, features)
+    summaries: dict[str, dict]  # split -> what reading found (Task.data_summary)
+
+
+def load_task_data(
+    task: Task, data: str | os.PathLike | None, tokenizer, config: FinetuneConfig
+) -> TaskData:
+    """Read and featurise the training and dev splits; the summary of each is printed (on
+    stderr) when `config.progress`."""
     max_seq_length = config.sizes().max_seq_length
     train = task.read(data, "train")[: config.max_train_examples]
+    task = task.fitted(train)
     train_features = task.featurize(train, tokenizer, max_seq_length)
+    summaries = {}
+    if (summary := task.data_summary("train", train, train_features)) is not None:
+        summaries["train"] = summary
     devs = {}
     for split in task.dev_splits():
         examples = task.read(data, split)[: config.max_eval_examples]
-        devs[split] = (examples, task.featurize(examples, tokenizer, max_seq_length))
-    return train, train_features, devs
+        features = task.featurize(examples, tokenizer, max_seq_length)
+        devs[split] = (examples, features)
+        if (summary := task.data_summary(split, examples, features)) is not None:
+            summaries[split] = summary
+    if config.progress:
+        for split, summary in summaries.items():
+            print(describe(task.name, split, summary, max_seq_length), file=sys.stderr)
+    return TaskData(task, train, train_features, devs, summaries)
 
 
 def head_class(task: Task, bilstm: bool = False) -> str:
@@ -191,6 +228,8 @@ def build_model(
     labels = task.labels()
     if labels is not None:
         config = config.with_labels(labels)
+    if task.problem_type is not None:  # so transformers' pipeline reads the outputs right
+        config = dataclasses.replace(config, problem_type=task.problem_type)
     torch.manual_seed(seed)
     if random_init:
         return MODEL_CLASSES[head_class(task, bilstm)](config)
@@ -199,49 +238,83 @@ def build_model(
     )
 
 
-def evaluate_split(task, model, examples, features, batch_size, device) -> tuple[dict, Any]:
+def evaluate_split(
+    task: Task, model, examples, features, batch_size, device
+) -> tuple[dict, Any, Task, dict]:
+    """(figures, predictions, the task with its dev-tuned settings, those settings) of one
+    labelled split: settings a task tunes (thresholds) are chosen here and the figures are
+    those at the chosen settings."""
     outputs = run_outputs(task, model, features, batch_size, device)
     predictions = task.predictions(examples, features, outputs)
-    return task.score(examples, predictions), predictions
+    figures = task.score(examples, predictions)
+    settings = task.dev_settings(examples, predictions, figures)
+    tuned = task.with_settings(settings) if settings else task
+    if settings:
+        figures = tuned.score(examples, predictions)
+    return figures, predictions, tuned, settings
 
 
 def _resolve(
-    task: str | Task, config: FinetuneConfig | None, out: str | os.PathLike
+    task: str | Task,
+    config: FinetuneConfig | None,
+    out: str | os.PathLike,
+    data: str | os.PathLike | DataConfig | None = None,
 ) -> tuple[Task, FinetuneConfig, Path]:
-    """The arguments every entry point takes, as objects: the task, the settings with the
-    task's defaults filled in, the output folder."""
-    task = get_task(task) if isinstance(task, str) else task
+    """The arguments every entry point takes, as objects: the task (the generic ones with the
+    DataConfig given as `data`), the settings with the task's defaults filled in, the output
+    folder."""
+    if isinstance(task, str):
+        task = get_task(task, data if isinstance(data, DataConfig) else None)
+    elif isinstance(data, DataConfig):
+        raise ValueError("give the DataConfig to the task or as data, not both")
+    if isinstance(task, OwnTask) and data is not None and not isinstance(data, DataConfig):
+        raise ValueError(
+            f"{task.name} reads the files --train/--validation name (a DataConfig), not a "
+            f"--data folder ({data})"
+        )
     return task, (config or FinetuneConfig()).resolved(task), Path(out)
+
+
+def _source(data: str | os.PathLike | DataConfig | None) -> str | os.PathLike | None:
+    """What `Task.read` takes: the paper's folder, or None (the task has its DataConfig)."""
+    return None if isinstance(data, DataConfig) else data
 
 
 def finetune(
     task: str | Task,
     model: str | os.PathLike,
-    data: str | os.PathLike,
+    data: str | os.PathLike | DataConfig | None,
     out: str | os.PathLike,
     config: FinetuneConfig | None = None,
     *,
-    loaded: tuple | None = None,
+    loaded: TaskData | None = None,
     build: Callable[[Task, str | os.PathLike, int], torch.nn.Module] | None = None,
 ) -> dict[str, Any]:
-    """Fine-tune `model` (a checkpoint directory: ours, Hugging Face or Google) on `task` with
-    the official files in `data`; write the best epoch's model and results to `out`. Returns
+    """Fine-tune `model` (a checkpoint directory: ours, Hugging Face or Google) on `task`: a
+    task of the paper with its official files in the folder `data`, or a generic task on your
+    own files (`data` a DataConfig); write the best epoch's model and results to `out`. Returns
     the results dict (also `out/results.json`). `loaded` reuses data read by an earlier run;
-    `build(task, model, seed)` replaces `build_model` (another implementation, for benchmarks)."""
-    task, config, out = _resolve(task, config, out)
+    `build(task, model, seed)` replaces `build_model` (another implementation, for
+    benchmarks)."""
+    task, config, out = _resolve(task, config, out, data)
     head_class(task, config.bilstm)  # a head this task cannot have fails before any work
-    _claim(out, config)
+    _check_out(out, config)
     started = time.perf_counter()
     sizes = config.sizes()
     tokenizer = BertTokenizer.from_pretrained(model)
     tokenizer.model_max_length = sizes.max_seq_length
-    train, train_features, devs = loaded or load_task_data(task, data, tokenizer, config)
+    source = _source(data)
+    # every file is read and checked before OUT is touched: bad input leaves nothing behind
+    task, train, train_features, devs, summaries = loaded or load_task_data(
+        task, source, tokenizer, config
+    )
     if (
         config.resume
         and (finished := _results_of_finished_run(out, task, config, len(train))) is not None
     ):
         logger.info("%s: finished already (results.json), not run again", out)
         return finished
+    _claim(out, config)
     if build is None:
         net = build_model(task, model, config.seed, config.bilstm, config.random_init)
     else:
@@ -270,27 +343,29 @@ def finetune(
         """Score every dev split; keep the best epoch's model and predictions."""
         model_ = distributed.unwrap(wrapped)
         if not best:
-            best.update(_best_so_far(out, task))
+            best.update(_best_so_far(out))
         epoch = round(step / steps_per_epoch, 3)
-        figures, predictions, settings = {}, {}, {}
+        figures, predictions, tuned_tasks, settings = {}, {}, {}, {}
         for split, (examples, features) in devs.items():
-            scores, predictions[split] = evaluate_split(
+            scores, predictions[split], tuned_tasks[split], tuned = evaluate_split(
                 task, model_, examples, features, config.eval_batch_size, dist.device
             )
             if split == "dev":
-                settings = task.dev_settings(scores)
+                settings = tuned
             suffix = "" if split == "dev" else "_" + split.removeprefix("dev_")
             figures.update({f"{k}{suffix}": v for k, v in scores.items()})
         score = main_score(task, figures)
         entry = {"split": "eval", "epoch": epoch, **figures, "score": score}
         if score > best.get("score", -math.inf):
-            best.update(score=score, epoch=epoch, dev=figures)
+            best.update(score=score, epoch=epoch, dev=figures, report={})
             save_finetuned(model_, tokenizer, out, task, config, settings)
-            tuned = task.with_settings(settings)
+            tuned_task = task.with_settings(settings)
             for split, (examples, _) in devs.items():
-                tuned.write_predictions(
-                    examples, predictions[split], out / _prediction_name(task, split)
+                tuned_task.write_predictions(
+                    examples, predictions[split], out / task.prediction_file(split)
                 )
+                if (report := tuned_task.report(examples, predictions[split])) is not None:
+                    best["report"][split] = report
             logger.info("epoch %s: dev %s (best so far)", epoch, _brief(figures))
         else:
             logger.info("epoch %s: dev %s", epoch, _brief(figures))
@@ -321,11 +396,11 @@ def finetune(
     )
     trainer.train()
     if not best:
-        best.update(_best_so_far(out, task))
+        best.update(_best_so_far(out))
     results = {
         "task": task.name,
         "model": str(model),
-        "data": str(data),
+        "data": _data_description(task, data),
         "dev": best.get("dev", {}),
         "best_epoch": best.get("epoch"),
         "epochs": [e for e in read_log(out / LOG_FILE) if e.get("split") == "eval"],
@@ -333,15 +408,69 @@ def finetune(
         "train_examples": len(train),
         "train_features": len(train_features),
         "steps": max_steps,
-        # a resumed run also counts the time its checkpoint holds
-        "seconds": round(time.perf_counter() - started + trainer.seconds_before, 1),
     }
+    if summaries:
+        results["read"] = summaries
+    report = best.get("report")
+    tests = task.test_splits()
+    if tests or (report is None and task.reports):
+        # the best epoch's model (a resumed run kept it in OUT) on the test files, and on dev
+        # again where a resumed run lost the best epoch's report
+        _final_evaluation(out, source, tokenizer, config, dist.device, results, report)
+    elif report:
+        results["report"] = report
+    # a resumed run also counts the time its checkpoint holds
+    results["seconds"] = round(time.perf_counter() - started + trainer.seconds_before, 1)
     _write_json(out / RESULTS_FILE, results)
+    _draw_reports(out, task, results.get("report", {}))
     plot_log(out / LOG_FILE, out / "curves.png", title=f"{task.name}: {Path(model).name}")
     if not config.keep_state:
         (out / STATE_FILE).unlink(missing_ok=True)
         (out / DIGEST_FILE).unlink(missing_ok=True)
     return results
+
+
+def _final_evaluation(out: Path, source, tokenizer, config, device, results, report) -> None:
+    """Evaluate OUT's model (the best epoch's) on the task's test files, and on the dev files
+    when the best epoch's report is not at hand (a resumed run): figures, report, predictions."""
+    task, info = task_of_checkpoint(out)
+    net = MODEL_CLASSES[info["head"]].from_pretrained(out).to(device).eval()
+    max_seq_length = config.sizes().max_seq_length
+    splits = list(task.test_splits())
+    if report is None:
+        splits = [*task.dev_splits(), *splits]
+    results["report"] = dict(report or {})
+    for split in splits:
+        examples = task.read(source, split)
+        features = task.featurize(examples, tokenizer, max_seq_length)
+        outputs = run_outputs(task, net, features, config.eval_batch_size, device)
+        predictions = task.predictions(examples, features, outputs)
+        if task.labelled(examples, split):
+            if split in task.test_splits():
+                results[split] = task.score(examples, predictions)
+            if (found := task.report(examples, predictions)) is not None:
+                results["report"][split] = found
+        task.write_predictions(examples, predictions, out / task.prediction_file(split))
+    if not results["report"]:
+        del results["report"]
+
+
+def _draw_reports(out: Path, task: Task, reports: dict[str, Any]) -> None:
+    """confusion.png (and confusion_test.png) from the reports' confusion matrices."""
+    for split, report in reports.items():
+        confusion = report.get("confusion") if isinstance(report, dict) else None
+        if confusion:
+            name = "confusion.png" if split == "dev" else f"confusion_{split}.png"
+            title = f"{task.name}: {'validation' if split == 'dev' else split}"
+            plot_confusion(confusion, out / name, title=title)
+
+
+def _data_description(task: Task, data) -> Any:
+    """What results.json says was read: the folder, or the DataConfig fields given."""
+    config = data if isinstance(data, DataConfig) else getattr(task, "data", None)
+    if isinstance(config, DataConfig):
+        return config.given()
+    return None if data is None else str(data)
 
 
 def _hyperparameters(config: FinetuneConfig) -> dict[str, Any]:
@@ -361,9 +490,9 @@ def _hyperparameters(config: FinetuneConfig) -> dict[str, Any]:
     }
 
 
-def _claim(out: Path, config: FinetuneConfig) -> None:
-    """Make `out` this run's: refuse a folder that holds something else unless resuming (the
-    same run) or overwriting; with overwrite, drop the old run's state so nothing resumes it."""
+def _check_out(out: Path, config: FinetuneConfig) -> None:
+    """Refuse an output folder that holds something else unless resuming (the same run) or
+    overwriting; nothing is created yet."""
     own = {LOCK_FILE} | ({"init"} if config.random_init else set())  # random_init_dir's folder
     held = sorted(p.name for p in out.iterdir() if p.name not in own) if out.is_dir() else []
     if held and not (config.resume or config.overwrite):
@@ -372,6 +501,12 @@ def _claim(out: Path, config: FinetuneConfig) -> None:
             "holds another run or checkpoint. Pass --overwrite to replace it, --resume to "
             "continue the run it holds, or pick another --out"
         )
+
+
+def _claim(out: Path, config: FinetuneConfig) -> None:
+    """Make `out` this run's (checked by `_check_out`); with overwrite, drop the old run's
+    state so nothing resumes it."""
+    _check_out(out, config)
     out.mkdir(parents=True, exist_ok=True)
     if config.overwrite and not config.resume:
         for name in (STATE_FILE, DIGEST_FILE, RESULTS_FILE):
@@ -417,25 +552,17 @@ def random_init_dir(
 def save_finetuned(
     model, tokenizer, out: Path, task: Task, config: FinetuneConfig, settings: dict | None = None
 ) -> None:
-    """The model, its vocabulary and task_info.json (with the task's dev-tuned `settings`)."""
+    """The model, its vocabulary and bertkit_task.json: the task, its head, what it learnt
+    from the training file (`Task.settings`) and tuned on dev (`settings`)."""
     model.save_pretrained(out, tokenizer=tokenizer)
     info = {
         "task": task.name,
         "head": head_class(task, config.bilstm),
         "max_seq_length": config.max_seq_length,
+        **task.settings(),
         **(settings or {}),
     }
     _write_json(out / TASK_FILE, info)
-
-
-def _prediction_name(task: Task, split: str) -> str:
-    if task.name.startswith("squad"):
-        return "predictions.json" if split == "dev" else f"predictions_{split}.json"
-    if task.name.startswith("conll2003"):
-        return f"predictions_{split}.conll"
-    if task.name == "swag":
-        return f"predictions_{split}.csv"
-    return f"predictions_{split}.tsv"
 
 
 def _brief(figures: dict[str, float]) -> str:
@@ -446,7 +573,7 @@ def _brief(figures: dict[str, float]) -> str:
 _NOT_FIGURES = ("step", "split", "epoch", "score", "tokens", "seconds")
 
 
-def _best_so_far(out: Path, task: Task) -> dict[str, Any]:
+def _best_so_far(out: Path) -> dict[str, Any]:
     """The best evaluation already in log.jsonl (a resumed run keeps its best epoch)."""
     best: dict[str, Any] = {}
     for entry in read_log(out / LOG_FILE) if (out / LOG_FILE).exists() else []:
@@ -476,26 +603,27 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     }
 
 
-def _load_once(task: Task, model, data, config: FinetuneConfig) -> tuple:
+def _load_once(task: Task, model, data, config: FinetuneConfig) -> TaskData:
     tokenizer = BertTokenizer.from_pretrained(model)
     tokenizer.model_max_length = config.sizes().max_seq_length
-    return load_task_data(task, data, tokenizer, config)
+    return load_task_data(task, _source(data), tokenizer, config)
 
 
 def finetune_seeds(
     task: str | Task,
     model: str | os.PathLike,
-    data: str | os.PathLike,
+    data: str | os.PathLike | DataConfig | None,
     out: str | os.PathLike,
     config: FinetuneConfig | None = None,
     seeds: int = 3,
     build: Callable[[Task, str | os.PathLike, int], torch.nn.Module] | None = None,
     *,
-    loaded: tuple | None = None,
+    loaded: TaskData | None = None,
 ) -> dict[str, Any]:
     """K runs with seeds seed, seed+1, ... in OUT/seed_<s>; OUT/results.json has the mean in
     `"dev"` and `dev_std`, `dev_min`, `dev_max`, every run's figures under `runs`."""
-    task, config, out = _resolve(task, config, out)
+    task, config, out = _resolve(task, config, out, data)
+    data = _source(data)
     loaded = loaded or _load_once(task, model, data, config)  # read and featurised once
     runs = []
     for seed in range(config.seed, config.seed + seeds):
@@ -523,7 +651,7 @@ def finetune_seeds(
 def finetune_grid(
     task: str | Task,
     model: str | os.PathLike,
-    data: str | os.PathLike,
+    data: str | os.PathLike | DataConfig | None,
     out: str | os.PathLike,
     config: FinetuneConfig | None = None,
     seeds: int = 1,
@@ -531,7 +659,8 @@ def finetune_grid(
 ) -> dict[str, Any]:
     """The paper's grid, each point in OUT/b<batch>_lr<lr>_e<epochs> (with `seeds` seeds
     each); the point with the best mean dev score is selected, OUT/results.json reports it."""
-    task, config, out = _resolve(task, config, out)
+    task, config, out = _resolve(task, config, out, data)
+    data = _source(data)
     grid = grid or GRID
     # features depend on max_seq_length only, not on batch, lr or epochs: read them once
     loaded = _load_once(task, model, data, config)
@@ -554,7 +683,7 @@ def finetune_grid(
                 "epochs": epochs,
                 "dir": where.name,
                 "dev": result["dev"],
-                "score": main_score(task, result["dev"]),
+                "score": main_score(loaded.task, result["dev"]),
             }
         )
     selected = max(points, key=lambda p: p["score"])
@@ -581,12 +710,13 @@ def evaluate(
     device: str | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
-    """Score a fine-tuned checkpoint on a split of the task's files; with `out`, write the
-    predictions there (test splits: predictions only, in the official submission layout).
-    `progress`: a progress bar over the batches."""
-    info = read_task_info(model)
-    # SQuAD 2.0: predictions keep the checkpoint's threshold (scoring changes nothing)
-    task_obj = get_task(task or info["task"]).with_settings(info)
+    """Score a fine-tuned checkpoint on a split of the task's files (`data`: the paper's
+    folder, or for your own data a file read as the training files were); with `out`, write
+    the predictions there (GLUE test splits: the official submission layout) and, for your own
+    data, the confusion picture. Unlabelled files get predictions only. `progress`: a progress
+    bar over the batches."""
+    # the checkpoint's settings: SQuAD 2.0's threshold, a user's labels and columns
+    task_obj, info = task_of_checkpoint(model, task)
     tokenizer = BertTokenizer.from_pretrained(model)
     max_seq_length = info.get("max_seq_length", task_obj.default_max_seq_length)
     net = MODEL_CLASSES[info.get("head", task_obj.head)].from_pretrained(model)
@@ -596,17 +726,18 @@ def evaluate(
     features = task_obj.featurize(examples, tokenizer, max_seq_length)
     outputs = run_outputs(task_obj, net, features, batch_size, target, progress=progress)
     predictions = task_obj.predictions(examples, features, outputs)
-    labelled = not split.startswith("test")
+    labelled = task_obj.labelled(examples, split)
     figures = task_obj.score(examples, predictions) if labelled else {}
     result = {"task": task_obj.name, "model": str(model), "split": split, split: figures}
+    report = task_obj.report(examples, predictions) if labelled else None
+    if report is not None:
+        result["report"] = report
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        name = (
-            task_obj.submission_name(split)
-            if split.startswith("test") and hasattr(task_obj, "submission_name")
-            else _prediction_name(task_obj, split)
-        )
-        result["predictions"] = str(task_obj.write_predictions(examples, predictions, out / name))
+        path = out / task_obj.prediction_file(split)
+        result["predictions"] = str(task_obj.write_predictions(examples, predictions, path))
         _write_json(out / f"eval_{split}.json", result)
+        if report is not None:
+            _draw_reports(out, task_obj, {split: report})
     return result

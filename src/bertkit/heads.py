@@ -119,9 +119,16 @@ def _reduce(total: torch.Tensor, count: torch.Tensor | int, reduction: str) -> t
     raise ValueError(f"reduction must be 'mean' or 'sum', not {reduction!r}")
 
 
-def token_loss(logits: torch.Tensor, labels: torch.Tensor, *, reduction: str = "mean"):
+def token_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    reduction: str = "mean",
+    weight: torch.Tensor | None = None,
+):
     """Cross-entropy of every labelled token (masked LM, tagging): labels IGNORE_INDEX (-100)
-    take no part; the mean is over labelled tokens (0, not NaN, when there are none)."""
+    take no part; the mean is over labelled tokens (0, not NaN, when there are none).
+    `weight` (C,): each class's weight (skewed tag sets)."""
     if labels.shape != logits.shape[:-1]:
         raise ValueError(
             f"labels {tuple(labels.shape)} must match logits {tuple(logits.shape[:-1])}"
@@ -130,6 +137,7 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor, *, reduction: str = "
     total = F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]).float(),
         flat_labels,
+        weight=weight,
         ignore_index=IGNORE_INDEX,
         reduction="sum",
     )
@@ -137,19 +145,25 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor, *, reduction: str = "
 
 
 def sequence_loss(
-    logits: torch.Tensor, labels: torch.Tensor, problem: str, *, reduction: str = "mean"
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    problem: str,
+    *,
+    reduction: str = "mean",
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One value per sequence (B, C) against its label: `problem` is "regression" (MSE on
     C = 1), "single_label_classification" (cross-entropy: GLUE, NSP, multiple choice over
     the choices) or "multi_label_classification" (binary cross-entropy per label; its mean is
-    over every (example, label), as in transformers)."""
+    over every (example, label), as in transformers). `weight` (C,): each class's weight in
+    the cross-entropy, or each label's positive weight (`pos_weight`) in the binary one."""
     if problem == "regression":
         return F.mse_loss(logits.float().view(-1), labels.float().view(-1), reduction=reduction)
     if problem == "single_label_classification":
-        return F.cross_entropy(logits.float(), labels.view(-1), reduction=reduction)
+        return F.cross_entropy(logits.float(), labels.view(-1), weight=weight, reduction=reduction)
     if problem == "multi_label_classification":
         return F.binary_cross_entropy_with_logits(
-            logits.float(), labels.float(), reduction=reduction
+            logits.float(), labels.float(), pos_weight=weight, reduction=reduction
         )
     raise ValueError(f"unknown problem type {problem!r}")
 

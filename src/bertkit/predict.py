@@ -1,42 +1,42 @@
 """Raw text in, labels / spans / tags out, from a checkpoint `bertkit finetune` wrote.
 
     predictor = Predictor("runs/mrpc")
-    predictor(["The cat sat.", "A cat was sitting."])           # one pair (a pair task)
+    predictor([("The cat sat.", "A cat was sitting.")])          # one pair (a pair task)
     Predictor("runs/sst2")(["a gripping, funny film"])          # single sentences
     Predictor("runs/squad1")([{"question": "Who?", "context": "Ann did."}])
-    Predictor("runs/conll")(["EU rejects German call"])         # words split on whitespace
+    Predictor("runs/conll")(["EU rejects German call"])         # entities with offsets
     Predictor("runs/swag")([{"context": "She opens the door.", "endings": ["...", ...]}])
+    Predictor("runs/topics")(["Stocks rally on rate cut"])     # your own labels, by name
 
-Each item gets a dict (JSON-ready). The task, its label names, `max_seq_length` and, for SQuAD
-2.0, the dev-chosen null threshold come from the checkpoint (`bertkit_task.json`, config.json).
+Each item gets a dict (JSON-ready), as the task answers (`Task.answer`): a classifier its
+`label`, `score` (the label's probability) and `probabilities`; multi-label every `labels` over
+its threshold; a tagger per word its tag and score, and `entities` with type, character
+offsets and score; SQuAD the answer span. The task, its label names, `max_seq_length` and
+what was tuned on validation (SQuAD 2.0's null threshold, multi-label thresholds) come from
+the checkpoint (`bertkit_task.json`, config.json).
+
+`predict_file` streams a whole file (CSV, TSV, JSON Lines, JSON, Parquet, or stdin one text a
+line) to JSON Lines or CSV, a chunk at a time, with a progress bar.
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from tokenizers.pre_tokenizers import BertPreTokenizer
 
-from bertkit._io import read_jsonl
+from bertkit._io import atomic_path, read_jsonl
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
-from bertkit.tasks import get_task
-from bertkit.tasks.base import read_task_info, run_outputs
-from bertkit.tasks.glue import SentenceExample
-from bertkit.tasks.metrics import entities
-from bertkit.tasks.ner import ConllTask, TaggedSentence
-from bertkit.tasks.squad import SquadExample, SquadTask
-from bertkit.tasks.swag import ChoiceExample
+from bertkit.tasks.base import DataError, run_outputs, task_of_checkpoint
+from bertkit.tasks.files import FileOptions, file_format, open_text, read_rows
 from bertkit.tokenizer import BertTokenizer
-
-_BASIC_SPLIT = BertPreTokenizer()  # whitespace, then punctuation: BERT's basic split
-
-PAIR_TASKS = ("mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 
 
 class Predictor:
@@ -52,8 +52,7 @@ class Predictor:
         ONNX Runtime on the CPU instead of PyTorch; everything else is the same."""
         if backend not in ("torch", "onnx"):
             raise ValueError(f"backend must be torch or onnx, not {backend!r}")
-        info = read_task_info(model)
-        self.task = get_task(info["task"]).with_settings(info)
+        self.task, info = task_of_checkpoint(model)
         self.max_seq_length = int(info.get("max_seq_length", self.task.default_max_seq_length))
         self.tokenizer = BertTokenizer.from_pretrained(model)
         if backend == "onnx":
@@ -81,146 +80,170 @@ class Predictor:
     ) -> list[Any]:
         """What `bertkit predict` reads, as items for this model's task: a JSON-lines file, or
         a question and its context (SQuAD), or two texts (a pair task), or texts."""
-        name = self.task.name
         if path is not None:
             return read_jsonl(path)
-        if name.startswith("squad"):
-            if not (question and context):
-                raise ValueError(f"{name} takes --question and --context (or --input FILE.jsonl)")
-            return [{"question": question, "context": context}]
-        if name in PAIR_TASKS:
-            if len(texts) != 2:
-                raise ValueError(f"{name} takes two texts: bertkit predict --model DIR 'A' 'B'")
-            return [tuple(texts)]
-        return list(texts)
+        return self.task.items_of(texts, question, context)
 
     def __call__(self, items: Sequence[Any]) -> list[dict[str, Any]]:
         items = [_plain(item) for item in items]
         if not items:
             return []
-        # raw text to tag is split as BERT's basic tokenizer does ("Paris." -> "Paris", "."),
-        # keeping each word's character offsets; pre-split words are taken as they are
-        tagging = self.task.name.startswith("conll2003")
-        splits = [
-            _BASIC_SPLIT.pre_tokenize_str(item) if tagging and isinstance(item, str) else None
-            for item in items
-        ]
-        examples = [self._example(item, n, splits[n]) for n, item in enumerate(items)]
+        examples = [self.task.example_of(item, n) for n, item in enumerate(items)]
         features = self.task.featurize(examples, self.tokenizer, self.max_seq_length)
         outputs = run_outputs(self.task, self.model, features, self.batch_size, self.device)
-        name = self.task.name
-        if name.startswith("squad"):
-            return self._spans(examples, features, outputs)
-        if name.startswith("conll2003"):
-            return self._tags(items, splits, examples, features, outputs)
-        logits = outputs["logits"]
-        if name == "stsb":
-            return [{"score": float(v)} for v in logits[:, 0]]
-        probs = _softmax(logits)
-        if name == "swag":
-            return [
-                {"choice": int(p.argmax()), "probabilities": [float(x) for x in p]} for p in probs
-            ]
-        assert self.labels is not None  # a classifier's config names its labels
-        return [
-            {
-                "label": self.labels[int(p.argmax())],
-                "probability": float(p.max()),
-                "probabilities": {k: float(x) for k, x in zip(self.labels, p, strict=True)},
-            }
-            for p in probs
-        ]
-
-    def _example(self, item: Any, n: int, split: list | None = None):
-        name = self.task.name
-        if name.startswith("squad"):
-            question, context = (
-                (item["question"], item["context"]) if isinstance(item, dict) else item
-            )
-            return SquadExample(str(n), question, context, ())
-        if name.startswith("conll2003"):
-            words = [w for w, _ in split] if split is not None else list(item)
-            if not words:
-                raise ValueError(f"item {n}: no words to tag")
-            assert isinstance(self.task, ConllTask)
-            filler = self.task.labels()[0] if self.task.tagset else "O"
-            return TaggedSentence(str(n), tuple(words), (filler,) * len(words))
-        if name == "swag":
-            endings = tuple(item["endings"])
-            return ChoiceExample(str(n), item["context"], item.get("start", ""), endings, None)
-        if name in PAIR_TASKS:
-            if isinstance(item, str) or len(item) != 2:
-                raise ValueError(f"item {n}: {name} takes sentence pairs (a, b)")
-            return SentenceExample(str(n), item[0], item[1], None)
-        if not isinstance(item, str):
-            raise ValueError(f"item {n}: {name} takes single sentences")
-        return SentenceExample(str(n), item, None, None)
-
-    def _tags(self, items, splits, examples, features, outputs) -> list[dict[str, Any]]:
-        """Per word: its tag and the tag's probability (and, for raw text, its character
-        `offsets`); NER and chunks also as entities with the words they span, their text,
-        character `start`/`end` in a raw-text item, and a `score` (the mean probability of their
-        words' tags, as transformers' "simple" aggregation)."""
-        tags = self.task.predictions(examples, features, outputs)
-        probs = _softmax(outputs["logits"])  # (features, S, C)
-        word_probs = [[0.0] * len(e.words) for e in examples]
-        for f, feature in enumerate(features):
-            row = word_probs[feature["_example"]]
-            for k, position in enumerate(feature["_word_positions"]):
-                row[feature["_first_word"] + k] = float(probs[f, position].max())
-        results = []
-        for item, split, example, row_tags, row_probs in zip(
-            items, splits, examples, tags, word_probs, strict=True
-        ):
-            spans = [offsets for _, offsets in split] if split is not None else None
-            result = {"words": list(example.words), "tags": row_tags, "scores": row_probs}
-            if spans is not None:
-                result["offsets"] = [list(span) for span in spans]
-            if self.task.name != "conll2003-pos":
-                found = []
-                for kind, first, last in entities(row_tags):
-                    entity = {
-                        "type": kind,
-                        "text": " ".join(example.words[first : last + 1]),
-                        "words": [first, last],
-                        "score": float(np.mean(row_probs[first : last + 1])),
-                    }
-                    if spans is not None:
-                        entity["start"], entity["end"] = spans[first][0], spans[last][1]
-                        entity["text"] = item[entity["start"] : entity["end"]]
-                    found.append(entity)
-                result["entities"] = found
-            results.append(result)
-        return results
-
-    def _spans(self, examples, features, outputs) -> list[dict[str, Any]]:
-        assert isinstance(self.task, SquadTask)
-        found = self.task.predictions(examples, features, outputs)
-        answers = self.task.answers(found)
-        results = []
-        for example, candidates in zip(examples, found["candidates"], strict=True):
-            top = candidates["n_best"][0] if candidates["n_best"] else None
-            answer = answers[example.qid]
-            results.append(
-                {
-                    "answer": answer,
-                    "start": top["start"] if top and answer else None,
-                    "end": top["start"] + len(answer) if top and answer else None,
-                    "score": top["score"] if top else None,
-                    "no_answer": answer == "",
-                    "null_odds": found["null_odds"][example.qid],
-                }
-            )
-        return results
+        return self.task.answer(examples, features, outputs)
 
 
 def _plain(item: Any) -> Any:
     """The JSONL shape of `predict --input` ({"text": a[, "text_pair": b]}) as a text or pair."""
-    if isinstance(item, dict) and "text" in item:
+    if isinstance(item, dict) and "text" in item and set(item) <= {"text", "text_pair"}:
         return (item["text"], item["text_pair"]) if "text_pair" in item else item["text"]
     return item
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max(-1, keepdims=True))
-    return shifted / shifted.sum(-1, keepdims=True)
+# --------------------------------------------------------------------------- files at scale
+def predict_file(
+    predictor: Predictor,
+    source: str | os.PathLike,
+    output: str | os.PathLike | None = None,
+    *,
+    text_column: str | None = None,
+    text_pair_column: str | None = None,
+    options: FileOptions | None = None,
+    chunk: int = 2048,
+    progress: bool = True,
+) -> int:
+    """Predict every row of `source` (CSV, TSV, JSON Lines, JSON, Parquet, a `datasets` folder;
+    "-": stdin, one text a line) into `output` (.jsonl or .csv/.tsv; None or "-": JSON Lines on
+    stdout), streaming `chunk` rows at a time. Each output row is the input row's columns
+    followed by the answer's fields (an answer field named like an input column is written as
+    `predicted_<name>`); in CSV, lists and objects are JSON. `text_column` (and
+    `text_pair_column`) name the input of the model; by default the model reads the columns it
+    was trained on (`text`, `text_pair` for the paper's tasks). Returns the rows written."""
+    rows = _input_rows(source, options or FileOptions())
+    target = None if output is None or str(output) == "-" else Path(output)
+    kind = "jsonl" if target is None else file_format(target, "auto", default="jsonl")
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(desc="predict", unit=" rows", file=sys.stderr)
+    written = 0
+    with _Writer(target, kind) as writer:
+        batch: list[tuple[int, dict[str, Any]]] = []
+        for line, values in rows:
+            batch.append((line, values))
+            if len(batch) == chunk:
+                written += _predict_chunk(predictor, source, batch, writer, text_column,
+                                          text_pair_column)  # fmt: skip
+                batch = []
+                if bar is not None:
+                    bar.update(chunk)
+        if batch:
+            written += _predict_chunk(predictor, source, batch, writer, text_column,
+                                      text_pair_column)  # fmt: skip
+            if bar is not None:
+                bar.update(len(batch))
+    if bar is not None:
+        bar.close()
+    return written
+
+
+def _input_rows(source, options: FileOptions) -> Iterator[tuple[int, dict[str, Any]]]:
+    if str(source) == "-":
+        for number, line in enumerate(sys.stdin, start=1):
+            text = line.rstrip("\r\n")
+            if text.strip():
+                yield number, {"text": text}
+        return
+    path = Path(source)
+    kind = file_format(path, options.format, default="csv")
+    if kind == "jsonl":  # a line may be a bare text or a list of words, as `predict --input`
+        with open_text(path, options.encoding) as handle:
+            for number, text in enumerate(handle, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    value = json.loads(text)
+                except json.JSONDecodeError as err:
+                    raise DataError(path, number, f"not JSON ({err.msg})") from None
+                yield number, value if isinstance(value, dict) else {"input": value}
+        return
+    for row in read_rows(path, (), options, every_column=True, format=kind):
+        yield row.line, row.values
+
+
+def _item(values: dict[str, Any], text_column: str | None, pair_column: str | None) -> Any:
+    """What the task reads of an input row: the named text column(s), else the row itself."""
+    if "input" in values and len(values) == 1:
+        return values["input"]
+    for column in (text_column, pair_column):
+        if column is not None and column not in values:
+            from bertkit.tasks.files import missing_column
+
+            raise ValueError(missing_column(column, list(values), "row's columns are"))
+    if text_column is not None:
+        return (values[text_column], values[pair_column]) if pair_column else values[text_column]
+    return _plain(values)
+
+
+def _predict_chunk(predictor, source, batch, writer, text_column, pair_column) -> int:
+    examples = []
+    for line, values in batch:
+        try:
+            item = _item(values, text_column, pair_column)
+            examples.append(predictor.task.example_of(item, line - 1))
+        except (ValueError, KeyError, TypeError) as err:
+            message = str(err).removeprefix(f"item {line - 1}: ")
+            raise DataError(source, line, message) from None
+    task = predictor.task
+    features = task.featurize(examples, predictor.tokenizer, predictor.max_seq_length)
+    outputs = run_outputs(task, predictor.model, features, predictor.batch_size, predictor.device)
+    for (_, values), answer in zip(batch, task.answer(examples, features, outputs), strict=True):
+        row = dict(values) if "input" not in values or len(values) > 1 else {}
+        for key, value in answer.items():
+            row[f"predicted_{key}" if key in values else key] = value
+        writer.write(row)
+    return len(batch)
+
+
+class _Writer:
+    """JSON Lines or CSV/TSV rows to a file (written under a temporary name and renamed into
+    place when all went well: a failed run leaves no half file) or to stdout."""
+
+    def __init__(self, target: Path | None, kind: str) -> None:
+        self.target, self.kind = target, kind
+        self.header: list[str] | None = None
+
+    def __enter__(self) -> _Writer:
+        if self.target is None:
+            self.handle: Any = sys.stdout
+            return self
+        self._atomic = atomic_path(self.target)
+        self.tmp = self._atomic.__enter__()
+        self.handle = open(self.tmp, "w", encoding="utf-8", newline="")
+        if self.kind in ("csv", "tsv"):
+            self.csv = csv.writer(self.handle, delimiter="\t" if self.kind == "tsv" else ",")
+        return self
+
+    def write(self, row: dict[str, Any]) -> None:
+        if self.kind not in ("csv", "tsv"):
+            self.handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            return
+        if self.header is None:
+            self.header = list(row)
+            self.csv.writerow(self.header)
+        self.csv.writerow([_cell(row.get(k)) for k in self.header])
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if self.target is None:
+            sys.stdout.flush()
+            return
+        self.handle.close()
+        self._atomic.__exit__(kind, error, traceback)
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, ensure_ascii=False)
+    return "" if value is None else value

@@ -131,3 +131,56 @@ def _zoom(ax, values: list[float]) -> None:
     low, high = min(rest), max(rest)
     margin = 0.1 * (high - low) or 0.05
     ax.set_ylim(low - margin, high + margin)
+
+
+def plot_confusion(
+    confusion: dict, png: str | os.PathLike, title: str = "", max_classes: int = 40
+) -> Path:
+    """The confusion matrix of a report (`{"labels": [...], "matrix": [[...]], "rows": ...,
+    "columns": ...}`) as a heat map: each row coloured by its share of the row (so a rare
+    class's errors show as clearly as a common one's), each cell with its count. Beyond
+    `max_classes` labels, the most frequent gold labels are shown and the others summed as
+    "(other)"."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    labels = list(confusion["labels"])
+    matrix = np.asarray(confusion["matrix"], dtype=np.int64)
+    if len(labels) > max_classes:
+        keep = np.sort(np.argsort(-matrix.sum(1), kind="stable")[: max_classes - 1])
+        rest = np.setdiff1d(np.arange(len(labels)), keep)
+        index = np.append(keep, len(labels))
+        grown = np.zeros((len(labels) + 1, len(labels) + 1), dtype=np.int64)
+        grown[: len(labels), : len(labels)] = matrix
+        grown[len(labels)] = grown[rest].sum(0)
+        grown[:, len(labels)] = grown[:, rest].sum(1)
+        matrix = grown[np.ix_(index, index)]
+        labels = [labels[i] for i in keep] + ["(other)"]
+    n = len(labels)
+    totals = matrix.sum(1, keepdims=True)
+    shares = np.divide(matrix, totals, out=np.zeros(matrix.shape), where=totals > 0)
+    size = min(3.2 + 0.45 * n, 20)
+    fig, ax = plt.subplots(figsize=(size + 1.2, size))
+    image = ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="share of the row")
+    ax.set_xticks(range(n), labels, rotation=45 if n > 4 else 0, ha="right" if n > 4 else "center")
+    ax.set_yticks(range(n), labels)
+    ax.set_xlabel(confusion.get("columns", "predicted"))
+    ax.set_ylabel(confusion.get("rows", "gold"))
+    if n <= 25:
+        for i in range(n):
+            for j in range(n):
+                colour = "white" if shares[i, j] > 0.55 else "black"
+                ax.text(j, i, f"{matrix[i, j]:,}", ha="center", va="center", color=colour,
+                        fontsize=9 if n <= 10 else 7)  # fmt: skip
+    correct = np.trace(matrix) / max(matrix.sum(), 1)
+    ax.set_title(f"{title}\n{matrix.sum():,} rows, diagonal {correct:.1%}" if title else "")
+    fig.tight_layout()
+    png = Path(png)
+    with atomic_path(png) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
+    plt.close(fig)
+    return png

@@ -1,11 +1,17 @@
-"""The paper's fine-tuning tasks: GLUE (nine), SQuAD v1.1/v2.0, CoNLL-2003 NER, SWAG; and
-CoNLL-2003's POS tagging and chunking."""
+"""Fine-tuning tasks: the paper's — GLUE (nine), SQuAD v1.1/v2.0, CoNLL-2003 NER (and its POS
+tagging and chunking), SWAG — and four generic ones on your own files: `text-classification`,
+`token-classification`, `question-answering`, `multiple-choice` (`bertkit.tasks.own`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bertkit.tasks.base import DataError, Task
 
-TASK_NAMES = (
+if TYPE_CHECKING:
+    from bertkit.tasks.own import DataConfig
+
+PAPER_TASKS = (
     "cola",
     "sst2",
     "mrpc",
@@ -22,10 +28,31 @@ TASK_NAMES = (
     "conll2003-chunk",
     "swag",
 )
+OWN_TASKS = ("text-classification", "token-classification", "question-answering", "multiple-choice")
+TASK_NAMES = PAPER_TASKS + OWN_TASKS
 
 
-def get_task(name: str) -> Task:
-    """A fresh task object by its command-line name (`mrpc`, `squad1`, `conll2003`, ...)."""
+def get_task(name: str, data: DataConfig | None = None) -> Task:
+    """A fresh task object by its command-line name (`mrpc`, `squad1`, `conll2003`, ...); the
+    generic tasks read the files `data` names (`bertkit.tasks.own.DataConfig`)."""
+    if name in OWN_TASKS:
+        from bertkit.tasks.multiple_choice import MultipleChoiceTask
+        from bertkit.tasks.question_answering import QuestionAnsweringTask
+        from bertkit.tasks.text_classification import TextClassificationTask
+        from bertkit.tasks.token_classification import TokenClassificationTask
+
+        classes = {
+            "text-classification": TextClassificationTask,
+            "token-classification": TokenClassificationTask,
+            "question-answering": QuestionAnsweringTask,
+            "multiple-choice": MultipleChoiceTask,
+        }
+        return classes[name](data)
+    if data is not None:
+        raise ValueError(
+            f"{name} reads its official files from a folder (--data DIR); --train/--validation "
+            f"are for your own data: {', '.join(OWN_TASKS)}"
+        )
     from bertkit.tasks.glue import GLUE, GlueTask
     from bertkit.tasks.ner import ConllTask
     from bertkit.tasks.squad import SquadTask
@@ -44,4 +71,4 @@ def get_task(name: str) -> Task:
     raise ValueError(f"unknown task {name!r}; one of {', '.join(TASK_NAMES)}")
 
 
-__all__ = ["TASK_NAMES", "DataError", "Task", "get_task"]
+__all__ = ["OWN_TASKS", "PAPER_TASKS", "TASK_NAMES", "DataError", "Task", "get_task"]

@@ -48,12 +48,16 @@ def require_file(path: Path, what: str) -> Path:
 
 
 class Task:
-    """One task of the paper. Subclasses set the class attributes and implement the methods."""
+    """One fine-tuning task. Subclasses set the class attributes and implement the methods;
+    everything `finetune`, `evaluate` and `Predictor` need of a task goes through them, so
+    those stay free of task names."""
 
     # (class defaults; a task family sets some per instance: GLUE's name, SQuAD 2.0's epochs)
     name: str
     head: str  # a name in bertkit.heads.MODEL_CLASSES
     metrics: tuple[str, ...]  # the dev figures; their mean selects checkpoints
+    problem_type: str | None = None  # config.json's, where the label count does not say it
+    reports: ClassVar[bool] = False  # whether `report` has per-class figures to give
     default_max_seq_length: int = 128
     default_learning_rate: float = 5e-5
     default_epochs: int = 3
@@ -69,15 +73,34 @@ class Task:
         """The label names, in the order of the classifier's outputs; None: not a classifier."""
         return None
 
-    def read(self, data_dir: str | os.PathLike, split: str) -> list:
+    # ----------------------------------------------------------------- data
+    def read(self, data: str | os.PathLike | None, split: str) -> list:
+        """The examples of a split: `data` is the folder of the task's official files, or
+        (your own data) a file, or None for the files the task was given."""
         raise NotImplementedError
 
     def dev_splits(self) -> tuple[str, ...]:
         return ("dev",)
 
+    def test_splits(self) -> tuple[str, ...]:
+        """Splits scored (when labelled) and predicted once, by the final model, after
+        training: your own data's --test file."""
+        return ()
+
+    def fitted(self, train: Sequence) -> Task:
+        """The task with what it learns from the training examples (the label set of a user's
+        file); the paper's tasks know theirs and return themselves."""
+        return self
+
+    def data_summary(self, split: str, examples: Sequence, features: list) -> dict | None:
+        """What the reading found, for results.json and the console (labels with counts, texts
+        cut or windowed); None: nothing to say."""
+        return None
+
     def featurize(self, examples: Sequence, tokenizer, max_seq_length: int) -> list[Feature]:
         raise NotImplementedError
 
+    # ----------------------------------------------------------------- training
     def loss(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss summed over the batch's units, number of units) — units are examples, or
         labelled tokens for tagging."""
@@ -90,25 +113,58 @@ class Task:
         """Raw outputs of an evaluation batch, on the CPU."""
         raise NotImplementedError
 
+    # ----------------------------------------------------------------- evaluation
     def predictions(self, examples: Sequence, features: list[Feature], outputs: dict) -> Any:
         """Model outputs of every feature (stacked in feature order) -> one prediction per
         example (label, score, span text, tag sequence)."""
         raise NotImplementedError
 
+    def labelled(self, examples: Sequence, split: str) -> bool:
+        """Whether these examples carry gold labels to score against."""
+        return not split.startswith("test")
+
     def score(self, examples: Sequence, predictions: Any) -> dict[str, float]:
         raise NotImplementedError
+
+    def report(self, examples: Sequence, predictions: Any) -> dict[str, Any] | None:
+        """Figures beyond the headline ones (per class, the confusion matrix as
+        {"labels": [...], "matrix": [[...]]}); None: none."""
+        return None
+
+    def prediction_file(self, split: str) -> str:
+        """The name `write_predictions` gives a split's predictions."""
+        return f"predictions_{split}.txt"
 
     def write_predictions(self, examples: Sequence, predictions: Any, path: Path) -> Path:
         raise NotImplementedError
 
-    # Settings a task tunes on the dev set and a fine-tuned checkpoint keeps in task_info.json
-    # (SQuAD 2.0's no-answer threshold); most tasks have none. Values, not hidden state:
-    # `score` changes nothing, `with_settings` returns a new task.
-    def dev_settings(self, figures: dict[str, float]) -> dict[str, float]:
+    # What a fine-tuned checkpoint keeps of its task in bertkit_task.json: the `settings` it
+    # learnt from the training file or was given (a label set, how files are read) and those it
+    # tunes on the dev set (SQuAD 2.0's no-answer threshold, multi-label thresholds). Values,
+    # not hidden state: `score` changes nothing, `with_settings` returns a new task.
+    def dev_settings(self, examples: Sequence, predictions: Any, figures: dict) -> dict[str, Any]:
+        return {}
+
+    def settings(self) -> dict[str, Any]:
         return {}
 
     def with_settings(self, settings: dict[str, Any]) -> Task:
         return self
+
+    # ----------------------------------------------------------------- raw inputs (Predictor)
+    def example_of(self, item: Any, n: int) -> Any:
+        """An unlabelled example of one input `Predictor` is given (a text, a pair, a dict)."""
+        raise NotImplementedError(f"{self.name}: no raw-input prediction")
+
+    def answer(self, examples: Sequence, features: list[Feature], outputs: dict) -> list[dict]:
+        """One JSON-ready answer per example (label and score, tags and entities, a span)."""
+        raise NotImplementedError(f"{self.name}: no raw-input prediction")
+
+    def items_of(self, texts: Sequence[str], question: str | None, context: str | None) -> list:
+        """The inputs `bertkit predict` takes on its command line, as items for `answer`."""
+        if question or context:
+            raise ValueError(f"{self.name} takes texts, not --question/--context")
+        return list(texts)
 
 
 def head_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -155,7 +211,7 @@ def _round_up(n: int, multiple: int = 8) -> int:
 
 def feature_length(feature: Feature) -> int:
     ids = feature["input_ids"]
-    return max(len(r) for r in ids) if ids and isinstance(ids[0], list) else len(ids)
+    return max(len(r) for r in ids) if len(ids) and isinstance(ids[0], list) else len(ids)
 
 
 class FinetuneData:
@@ -282,3 +338,12 @@ def read_task_info(model: str | os.PathLike) -> dict:
             f"{path}: not a fine-tuned bertkit checkpoint (no {TASK_FILE}); pass the task"
         )
     return json.loads(path.read_text())
+
+
+def task_of_checkpoint(model: str | os.PathLike, name: str | None = None) -> tuple[Task, dict]:
+    """The task a fine-tuned checkpoint answers (its own, or `name`), with what it learnt and
+    tuned (labels, thresholds), and the checkpoint's task info."""
+    from bertkit.tasks import get_task
+
+    info = read_task_info(model)
+    return get_task(name or info["task"]).with_settings(info), info

@@ -34,6 +34,7 @@ import torch
 from bertkit.heads import sequence_loss
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, head_logits, read_text, require_file
+from bertkit.tasks.text_classification import classification_answers
 
 logger = logging.getLogger("bertkit")
 
@@ -331,6 +332,41 @@ class GlueTask(Task):
         if self.spec.submission and split in self.spec.submission:
             return self.spec.submission[split]
         return f"{_SUBMISSION.get(self.name, self.spec.folder)}.tsv"
+
+    def prediction_file(self, split: str) -> str:
+        """Test splits: the file name the GLUE server expects; dev: predictions_<split>.tsv."""
+        return (
+            self.submission_name(split) if split.startswith("test") else f"predictions_{split}.tsv"
+        )
+
+    # ----------------------------------------------------------------- raw inputs
+    def example_of(self, item, n: int) -> SentenceExample:
+        pair = self.spec.train.text_b is not None
+        if isinstance(item, dict):
+            item = (item["text"], item["text_pair"]) if "text_pair" in item else item.get("text")
+        if pair and (
+            isinstance(item, str) or not isinstance(item, (list, tuple)) or len(item) != 2
+        ):
+            raise ValueError(f"item {n}: {self.name} takes sentence pairs (a, b)")
+        if not pair and not isinstance(item, str):
+            raise ValueError(f"item {n}: {self.name} takes single sentences")
+        text_a, text_b = item if pair else (item, None)
+        return SentenceExample(str(n), text_a, text_b, None)
+
+    def answer(self, examples, features, outputs) -> list[dict]:
+        problem = "regression" if self.regression else "single-label"
+        return classification_answers(outputs["logits"], self.labels(), problem)
+
+    def items_of(self, texts, question, context) -> list:
+        if question or context:
+            raise ValueError(f"{self.name} takes texts, not --question/--context")
+        if self.spec.train.text_b is not None:
+            if len(texts) != 2:
+                raise ValueError(
+                    f"{self.name} takes two texts: bertkit predict --model DIR 'A' 'B'"
+                )
+            return [tuple(texts)]
+        return list(texts)
 
     def write_predictions(self, examples, predictions, path: Path) -> Path:
         """`index<TAB>prediction`, the GLUE submission layout (the dev rows get their line

@@ -19,12 +19,12 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from bertkit.heads import IGNORE_INDEX, token_loss
-from bertkit.tasks import metrics
-from bertkit.tasks.base import DataError, Feature, Task, head_logits, read_text, require_file
+from bertkit.tasks.base import DataError, read_text, require_file
+from bertkit.tasks.tagging import TaggedSentence, WordTagger, iob_labels, to_iob2
+
+__all__ = ["ConllTask", "TaggedSentence", "read_conll", "to_iob2"]
 
 ENTITY_TYPES = ("LOC", "MISC", "ORG", "PER")
 CHUNK_TYPES = ("ADJP", "ADVP", "CONJP", "INTJ", "LST", "NP", "PP", "PRT", "SBAR", "UCP", "VP")
@@ -35,25 +35,6 @@ POS_TAGS = (
     "WP$", "WRB", "``",
 )  # fmt: skip
 SPLIT_FILES = {"train": "train.txt", "dev": "valid.txt", "test": "test.txt"}
-
-
-@dataclass(frozen=True)
-class TaggedSentence:
-    guid: str  # "file:first line"
-    words: tuple[str, ...]
-    tags: tuple[str, ...]  # as in the file (IOB1 or IOB2); "O" on unlabelled input
-    columns: tuple[tuple[str, ...], ...] = ()  # the middle columns (POS, chunk), for writing back
-
-
-def to_iob2(tags: Sequence[str]) -> list[str]:
-    """Any of IOB1/IOB2/IOBES to IOB2, by conlleval's chunks:
-    to_iob2(["I-PER", "I-PER", "B-PER", "O"]) -> ["B-PER", "I-PER", "B-PER", "O"]"""
-    out = ["O"] * len(tags)
-    for kind, start, end in metrics.entities(tags):
-        out[start] = f"B-{kind}"
-        for i in range(start + 1, end + 1):
-            out[i] = f"I-{kind}"
-    return out
 
 
 def read_conll(
@@ -119,11 +100,10 @@ def read_conll(
     return sentences
 
 
-class ConllTask(Task):
+class ConllTask(WordTagger):
     """NER by default; `ConllTask("pos")` / `ConllTask("chunk")` tag the other columns."""
 
     name = "conll2003"
-    head = "BertForTokenClassification"
     metrics: tuple[str, ...] = ("f1", "precision", "recall")
     column: int = -1
     kinds: tuple[str, ...] = ENTITY_TYPES
@@ -133,25 +113,14 @@ class ConllTask(Task):
         if column == "pos":
             self.name, self.metrics = "conll2003-pos", ("accuracy",)
             self.column, self.kinds, self.tagset = 1, (), POS_TAGS
+            self.scheme = "plain"
         elif column == "chunk":
             self.name, self.column, self.kinds = "conll2003-chunk", 2, CHUNK_TYPES
         elif column != "ner":
             raise ValueError(f"CoNLL-2003 columns are ner, pos and chunk, not {column!r}")
 
-    padded_inputs = {
-        "input_ids": 0,
-        "token_type_ids": 0,
-        "attention_mask": 0,
-        "labels": IGNORE_INDEX,
-    }
-
     def labels(self) -> list[str]:
-        if self.tagset:
-            return list(self.tagset)
-        return ["O"] + [f"{p}-{t}" for t in self.kinds for p in "BI"]
-
-    def _gold(self, tags):
-        return list(tags) if self.tagset else to_iob2(tags)
+        return list(self.tagset) if self.tagset else iob_labels(self.kinds)
 
     def read(self, data_dir, split: str) -> list[TaggedSentence]:
         if split not in SPLIT_FILES:
@@ -163,78 +132,11 @@ class ConllTask(Task):
             self.tagset,
         )
 
-    def featurize(self, examples, tokenizer, max_seq_length: int) -> list[Feature]:
-        all_words = [w for e in examples for w in e.words]
-        pieces = tokenizer.encode_ids(all_words) if all_words else []
-        unk = tokenizer.unk_token_id
-        cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
-        label_ids = {name: i for i, name in enumerate(self.labels())}
-        budget = max_seq_length - 2
-        features = []
-        at = 0
-        for n, example in enumerate(examples):
-            word_pieces = [p[:budget] or [unk] for p in pieces[at : at + len(example.words)]]
-            at += len(example.words)
-            tags = self._gold(example.tags)
-            start = 0
-            while start < len(word_pieces):  # windows of whole words
-                end, used = start, 0
-                while end < len(word_pieces) and used + len(word_pieces[end]) <= budget:
-                    used += len(word_pieces[end])
-                    end += 1
-                ids, labels, firsts = [cls_id], [IGNORE_INDEX], []
-                for w in range(start, end):
-                    firsts.append(len(ids))
-                    labels += [label_ids[tags[w]]] + [IGNORE_INDEX] * (len(word_pieces[w]) - 1)
-                    ids += word_pieces[w]
-                ids.append(sep_id)
-                labels.append(IGNORE_INDEX)
-                features.append(
-                    {
-                        "input_ids": ids,
-                        "token_type_ids": [0] * len(ids),
-                        "attention_mask": [1] * len(ids),
-                        "labels": labels,
-                        "_example": n,
-                        "_first_word": start,
-                        "_word_positions": firsts,
-                    }
-                )
-                start = end
-        return features
-
-    def loss(self, model, batch):
-        logits = head_logits(model, batch)
-        labels = batch["labels"]
-        total = token_loss(logits, labels, reduction="sum")
-        return total, (labels != IGNORE_INDEX).sum()
-
-    def units(self, batch) -> int:
-        return int((batch["labels"] != IGNORE_INDEX).sum())
-
-    def outputs(self, model, batch):
-        return {"logits": head_logits(model, batch)}
-
-    def predictions(self, examples, features, outputs) -> list[list[str]]:
-        names = self.labels()
-        best = outputs["logits"].argmax(-1)  # (features, S)
-        tags = [["O"] * len(e.words) for e in examples]
-        for f, feature in enumerate(features):
-            row = tags[feature["_example"]]
-            for k, position in enumerate(feature["_word_positions"]):
-                row[feature["_first_word"] + k] = names[int(best[f, position])]
-        return tags
-
     def score(self, examples, predictions) -> dict[str, float]:
-        if self.tagset:  # POS: token accuracy
-            return {"accuracy": metrics.accuracy(
-                [t for p in predictions for t in p], [t for e in examples for t in e.tags]
-            )}  # fmt: skip
-        # Both sides in IOB2, so token accuracy compares like with like when the file is IOB1
-        # (the entity figures do not depend on the scheme).
-        return metrics.entity_scores(
-            [to_iob2(p) for p in predictions], [to_iob2(e.tags) for e in examples]
-        )
+        return self.tag_figures(examples, predictions)
+
+    def prediction_file(self, split: str) -> str:
+        return f"predictions_{split}.conll"
 
     def write_predictions(self, examples, predictions, path: Path) -> Path:
         """conlleval's input: `token [POS chunk] gold predicted`, a blank line between
@@ -242,9 +144,10 @@ class ConllTask(Task):
         with open(path, "w", encoding="utf-8") as out:
             for example, tags in zip(examples, predictions, strict=True):
                 columns = example.columns or [()] * len(example.words)
-                for word, middle, gold, predicted in zip(
-                    example.words, columns, example.tags, tags, strict=False
+                gold = example.tags or ["O"] * len(example.words)
+                for word, middle, gold_tag, predicted in zip(
+                    example.words, columns, gold, tags, strict=False
                 ):
-                    out.write(" ".join([word, *middle, gold, predicted]) + "\n")
+                    out.write(" ".join([word, *middle, gold_tag, predicted]) + "\n")
                 out.write("\n")
         return path

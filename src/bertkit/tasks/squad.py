@@ -50,8 +50,9 @@ class SquadExample:
     title: str = ""
 
 
-def read_squad(path: str | os.PathLike) -> list[SquadExample]:
-    """Questions of an official SQuAD JSON file (v1.1 or v2.0)."""
+def read_squad(path: str | os.PathLike, require_answers: bool = True) -> list[SquadExample]:
+    """Questions of an official SQuAD JSON file (v1.1 or v2.0); with `require_answers=False`
+    a question without answers (and not marked impossible) is taken unlabelled."""
     path = Path(path)
     try:
         data = json.loads(read_text(path))
@@ -83,7 +84,7 @@ def read_squad(path: str | os.PathLike) -> list[SquadExample]:
                     raise DataError(
                         path, None, f"{where}.qas[{q}]: missing or bad field {err}"
                     ) from None
-                if not impossible and not answers:
+                if not impossible and not answers and require_answers:
                     raise DataError(path, None, f"{where}.qas[{q}] ({qid}): no answers")
                 for text, start in answers:
                     if start < 0 or context[start : start + len(text)] != text:
@@ -378,7 +379,7 @@ class SquadTask(Task):
         )
         return {"exact_match": official.pop("exact"), **official}
 
-    def dev_settings(self, figures):
+    def dev_settings(self, examples, predictions, figures):
         # predictions answer "no answer" where null beats the best span by more than this
         return {"null_threshold": figures["best_f1_thresh"]} if self.version == 2 else {}
 
@@ -386,6 +387,48 @@ class SquadTask(Task):
         task = copy.copy(self)
         task.null_threshold = float(settings.get("null_threshold", self.null_threshold))
         return task
+
+    def prediction_file(self, split: str) -> str:
+        return "predictions.json" if split == "dev" else f"predictions_{split}.json"
+
+    # ----------------------------------------------------------------- raw inputs
+    def example_of(self, item: Any, n: int) -> SquadExample:
+        """{"question": ..., "context": ...} or (question, context)."""
+        if isinstance(item, dict):
+            question, context = item.get("question"), item.get("context")
+        elif isinstance(item, (list, tuple)) and len(item) == 2:
+            question, context = item
+        else:
+            raise ValueError(f'item {n}: {{"question": ..., "context": ...}} expected')
+        if not isinstance(question, str) or not isinstance(context, str) or not context.strip():
+            raise ValueError(f"item {n}: a question and a non-empty context expected")
+        return SquadExample(str(n), question, context, ())
+
+    def answer(self, examples, features, outputs) -> list[dict[str, Any]]:
+        """The answer text with its character `start`/`end` in the context and `score` (the
+        span's start+end logits); `no_answer` when the model abstains (SQuAD 2.0)."""
+        found = self.predictions(examples, features, outputs)
+        answers = self.answers(found)
+        results = []
+        for example, candidates in zip(examples, found["candidates"], strict=True):
+            top = candidates["n_best"][0] if candidates["n_best"] else None
+            answer = answers[example.qid]
+            results.append(
+                {
+                    "answer": answer,
+                    "start": top["start"] if top and answer else None,
+                    "end": top["start"] + len(answer) if top and answer else None,
+                    "score": top["score"] if top else None,
+                    "no_answer": answer == "",
+                    "null_odds": found["null_odds"][example.qid],
+                }
+            )
+        return results
+
+    def items_of(self, texts, question, context) -> list:
+        if not (question and context) or texts:
+            raise ValueError(f"{self.name} takes --question and --context (or --input FILE.jsonl)")
+        return [{"question": question, "context": context}]
 
     def write_predictions(self, examples, predictions, path: Path) -> Path:
         with atomic_path(path) as tmp:

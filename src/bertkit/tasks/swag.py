@@ -12,27 +12,14 @@ from __future__ import annotations
 import csv
 import io
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from bertkit.heads import sequence_loss
-from bertkit.tasks import metrics
-from bertkit.tasks.base import DataError, Feature, Task, head_logits, read_text, require_file
+from bertkit.tasks.base import DataError, read_text, require_file
+from bertkit.tasks.multiple_choice import ChoiceExample, ChoiceTask
 
 SPLIT_FILES = {"train": "train.csv", "dev": "val.csv", "test": "test.csv"}
 CHOICES = 4
 REQUIRED = ("sent1", "sent2", *(f"ending{i}" for i in range(CHOICES)))
-
-
-@dataclass(frozen=True)
-class ChoiceExample:
-    guid: str  # "file:line"
-    context: str
-    start: str  # the start of the ending sentence (sent2)
-    endings: tuple[str, ...]
-    label: int | None
 
 
 def read_swag(path: str | os.PathLike) -> list[ChoiceExample]:
@@ -78,10 +65,8 @@ def read_swag(path: str | os.PathLike) -> list[ChoiceExample]:
     return examples
 
 
-class SwagTask(Task):
+class SwagTask(ChoiceTask):
     name = "swag"
-    head = "BertForMultipleChoice"
-    metrics = ("accuracy",)
     default_learning_rate = 2e-5
     default_batch_size = 16
 
@@ -90,34 +75,8 @@ class SwagTask(Task):
             raise ValueError(f"swag has no split {split!r}; it has {sorted(SPLIT_FILES)}")
         return read_swag(require_file(Path(data_dir) / SPLIT_FILES[split], "SWAG"))
 
-    def featurize(self, examples, tokenizer, max_seq_length: int) -> list[Feature]:
-        firsts = [e.context for e in examples for _ in range(CHOICES)]
-        seconds = [f"{e.start} {ending}".strip() for e in examples for ending in e.endings]
-        encoded = tokenizer(firsts, seconds, max_length=max_seq_length)
-        features = []
-        for n, example in enumerate(examples):
-            rows = slice(n * CHOICES, (n + 1) * CHOICES)
-            feature = {key: encoded[key][rows] for key in self.padded_inputs}
-            if example.label is not None:
-                feature["labels"] = example.label
-            features.append(feature)
-        return features
-
-    def loss(self, model, batch):
-        logits = head_logits(model, batch)
-        total = sequence_loss(
-            logits, batch["labels"], "single_label_classification", reduction="sum"
-        )
-        return total, torch.tensor(len(logits))
-
-    def outputs(self, model, batch):
-        return {"logits": head_logits(model, batch)}
-
-    def predictions(self, examples, features, outputs) -> list[int]:
-        return [int(i) for i in outputs["logits"].argmax(-1)]
-
-    def score(self, examples, predictions) -> dict[str, float]:
-        return {"accuracy": metrics.accuracy(predictions, [e.label for e in examples])}
+    def prediction_file(self, split: str) -> str:
+        return f"predictions_{split}.csv"
 
     def write_predictions(self, examples, predictions, path: Path) -> Path:
         lines = ["guid,prediction"] + [

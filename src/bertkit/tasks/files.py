@@ -1,0 +1,548 @@
+"""The user's own files, read as rows of named cells: CSV, TSV, JSON Lines, JSON (a list of
+records, or `{"data": [...]}`), Parquet, a folder written by `datasets.Dataset.save_to_disk`,
+and CoNLL-style column files for tagging. Rows stream (a 1M-row CSV never sits in memory
+whole) and each carries the line it starts on, so every error names the file, the line and the
+column: a missing column (with the columns found), a ragged row, bytes that are not in the
+file's encoding (with the `--encoding` to pass), a cell too large to be text (an unclosed quote).
+
+    for row in read_rows("train.csv", ("text", "label")):
+        row.line, row.values["text"]
+
+CSV is read as users write it: quoted fields holding commas, quotes (`""`) and newlines, a
+byte-order mark, CRLF line ends, backslashes kept as they are (`escape_char="\\\\"` for files
+that escape quotes with them). Parquet and `datasets` folders need pyarrow (the `parquet`
+extra); their integer ClassLabel columns come back as the label names the dataset declares.
+For them a row's "line" is its row number (1-based).
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import difflib
+import io
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from bertkit.tasks.base import DataError
+
+FORMATS = ("auto", "csv", "tsv", "jsonl", "json", "parquet", "arrow", "conll")
+MAX_CELL_CHARS = 1_000_000  # a text cell larger than this is an unclosed quote, not a text
+_EXTENSIONS = {
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".tab": "tsv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".arrow": "arrow",
+    ".conll": "conll",
+    ".conllu": "conll",
+    ".iob": "conll",
+    ".iob2": "conll",
+    ".bio": "conll",
+}
+
+
+@dataclass(frozen=True)
+class FileOptions:
+    """How to read a file (the `bertkit finetune`/`predict` flags of the same names)."""
+
+    format: str = "auto"
+    columns: tuple[str, ...] | None = None  # names of a header-less file's columns
+    encoding: str = "utf-8"
+    delimiter: str | None = None  # CSV/TSV: default "," / tab
+    escape_char: str | None = None  # CSV: a character that escapes quotes (often "\\")
+    max_cell_chars: int = MAX_CELL_CHARS
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"format {self.format!r} is not one of {', '.join(FORMATS)}")
+        if self.delimiter is not None and len(self.delimiter) != 1:
+            raise ValueError(f"delimiter must be one character, got {self.delimiter!r}")
+        if self.escape_char is not None and len(self.escape_char) != 1:
+            raise ValueError(f"escape_char must be one character, got {self.escape_char!r}")
+        try:
+            codecs.lookup(self.encoding)
+        except LookupError:
+            raise ValueError(f"unknown encoding {self.encoding!r}") from None
+
+
+class _Every(tuple):
+    """`optional` meaning every column the file has."""
+
+
+_EVERY = _Every()
+
+
+class Row(NamedTuple):
+    line: int  # where the row starts (Parquet, arrow: the row number), 1-based
+    values: dict[str, Any]
+
+
+def file_format(path: str | os.PathLike, format: str = "auto", default: str = "csv") -> str:
+    """The format of `path`: the one given, else by extension (a folder: a `datasets` folder),
+    else `default`: file_format("news.tsv") -> "tsv"."""
+    if format != "auto":
+        return format
+    path = Path(path)
+    if path.is_dir():
+        return "arrow"
+    return _EXTENSIONS.get(path.suffix.lower(), default)
+
+
+def read_rows(
+    path: str | os.PathLike,
+    needed: Sequence[str],
+    options: FileOptions = FileOptions(),
+    *,
+    optional: Sequence[str] = (),
+    format: str | None = None,
+    every_column: bool = False,
+) -> Iterator[Row]:
+    """The rows of a table-like file with the `needed` columns (a missing one is a DataError
+    listing the columns found) and the `optional` ones where the file has them; with
+    `every_column`, all the file's columns."""
+    path = Path(path)
+    kind = format or file_format(path, options.format)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    if every_column:
+        optional = _EVERY
+    if kind in ("csv", "tsv"):
+        yield from _delimited_rows(path, needed, optional, options, kind)
+    elif kind == "jsonl":
+        yield from _jsonl_rows(path, needed, optional, options)
+    elif kind == "json":
+        yield from _json_rows(path, needed, optional, options)
+    elif kind in ("parquet", "arrow"):
+        yield from _arrow_rows(path, needed, optional, options, kind)
+    else:
+        raise ValueError(f"{path}: a {kind} file holds no table of rows")
+
+
+# --------------------------------------------------------------------------- checks
+def missing_column(name: str, found: Sequence[str], what: str = "columns are") -> str:
+    """missing_column("txt", ["text", "label"]) -> "no column 'txt' (did you mean 'text'?);
+    the columns are: 'text', 'label'" """
+    close = difflib.get_close_matches(name, list(found), n=1, cutoff=0.6)
+    stripped = [f for f in found if f.strip().lower() == name.strip().lower()]
+    hint = f" (did you mean {(stripped or close)[0]!r}?)" if stripped or close else ""
+    listed = ", ".join(repr(f) for f in found[:20]) + (", ..." if len(found) > 20 else "")
+    return f"no column {name!r}{hint}; the {what}: {listed or 'none'}"
+
+
+def _missing(path: Path, line: int | None, name: str, found: Sequence[str], what: str) -> DataError:
+    return DataError(path, line, missing_column(name, found, what))
+
+
+def _check_cell(path: Path, line: int, name: str, value: Any, limit: int) -> None:
+    if isinstance(value, str) and len(value) > limit:
+        raise DataError(
+            path,
+            line,
+            f"column {name!r}: a cell of {len(value):,} characters, over the {limit:,} limit "
+            "(an unclosed quote swallowing the lines after it? else raise --max-cell-chars)",
+        )
+
+
+# --------------------------------------------------------------------------- CSV and TSV
+def open_text(path: Path, encoding: str) -> io.TextIOWrapper:
+    """A text handle for reading; UTF-8 drops a byte-order mark, newlines are kept for csv."""
+    name = "utf-8-sig" if codecs.lookup(encoding).name == "utf-8" else encoding
+    return open(path, encoding=name, newline="")
+
+
+def decode_error(path: Path, encoding: str) -> DataError:
+    """Where `path` stops being `encoding`, and which `--encoding` would read it."""
+    decoder = codecs.getincrementaldecoder(encoding)()
+    offset, bad = 0, None
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            pending = len(decoder.getstate()[0])
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as err:
+                bad = offset - pending + err.start
+                break
+            offset += len(chunk)
+    if bad is None:  # (the error came from the csv layer after all)
+        return DataError(path, None, f"cannot be read as {encoding}")
+    with open(path, "rb") as handle:
+        head = handle.read(bad + 1)
+        line = head.count(b"\n") + 1
+        line_start = head.rfind(b"\n") + 1
+        rest = head[line_start:] + handle.read(200)
+    text = rest.split(b"\n", 1)[0]
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        advice = "--encoding utf-16"
+    else:
+        try:
+            text.decode("cp1252")
+            advice = "--encoding cp1252 (Excel and older Windows tools), or latin-1"
+        except UnicodeDecodeError:
+            advice = "--encoding latin-1 (or the encoding the file was saved in)"
+    column = bad - line_start + 1
+    return DataError(
+        path,
+        line,
+        f"not {encoding} (byte 0x{head[bad]:02X} at column {column} of {text[:80]!r}); "
+        f"pass {advice}",
+    )
+
+
+def _delimited_rows(path, needed, optional, options: FileOptions, kind: str) -> Iterator[Row]:
+    delimiter = options.delimiter or ("\t" if kind == "tsv" else ",")
+    # csv's own cap is process-wide; it guards memory, and the check below names the column
+    csv.field_size_limit(max(csv.field_size_limit(), min(sys.maxsize, 4 * options.max_cell_chars)))
+    with open_text(path, options.encoding) as handle:
+        reader = csv.reader(
+            handle,
+            delimiter=delimiter,
+            quotechar='"',
+            doublequote=True,
+            escapechar=options.escape_char,
+            strict=False,
+        )
+        start = 1
+        try:
+            if options.columns is not None:
+                header = list(options.columns)
+            else:
+                first = next(reader, None)
+                if first is None:
+                    raise DataError(path, None, "empty file (no header line)")
+                header = first
+                start = reader.line_num + 1
+            _check_header(path, header, needed, options, delimiter)
+            wanted = [(name, header.index(name)) for name in needed]
+            extra = header if isinstance(optional, _Every) else optional
+            wanted += [(name, header.index(name)) for name in extra if name in header and name
+                       not in needed]  # fmt: skip
+            for fields in reader:
+                line, start = start, reader.line_num + 1
+                if not fields or not any(f.strip() for f in fields):
+                    continue  # a blank line
+                if len(fields) != len(header):
+                    raise _ragged(path, line, fields, header, delimiter, reader.line_num > line)
+                values = {}
+                for name, index in wanted:
+                    _check_cell(path, line, name, fields[index], options.max_cell_chars)
+                    values[name] = fields[index]
+                yield Row(line, values)
+        except UnicodeDecodeError:
+            raise decode_error(path, options.encoding) from None
+        except csv.Error as err:
+            if "field larger than field limit" in str(err):
+                raise DataError(
+                    path,
+                    start,
+                    f"a cell of more than {4 * options.max_cell_chars:,} characters starts in "
+                    "the row here: an unclosed quote?",
+                ) from None
+            raise DataError(path, reader.line_num, f"malformed {kind.upper()}: {err}") from None
+
+
+def _check_header(path, header: list[str], needed, options: FileOptions, delimiter: str) -> None:
+    duplicates = sorted({h for h in header if header.count(h) > 1 and h})
+    if duplicates:
+        raise DataError(path, 1, f"the header names {duplicates} twice")
+    for name in needed:
+        if name in header:
+            continue
+        message = missing_column(name, header, "header's columns are")
+        hints = []
+        if options.columns is None:
+            hints.append("a file without a header line: name its columns with --columns a,b,c")
+        others = [d for d in ",;\t|" if d != delimiter and len(header) == 1 and d in header[0]]
+        if others:
+            hints.append(f"{others[0]!r}-separated? pass --delimiter {others[0]!r}")
+        raise DataError(path, 1, f"{message} ({'; '.join(hints)})")
+
+
+def _ragged(path, line, fields, header, delimiter, spans_lines: bool) -> DataError:
+    message = f"{len(fields)} fields, the header has {len(header)} ({', '.join(header)})"
+    if len(fields) > len(header):
+        message += f": a {delimiter!r} inside an unquoted text? quote that field"
+        if any('\\"' in f or f.endswith("\\") for f in fields):
+            message += ", or pass --escape-char '\\' if quotes are escaped with backslashes"
+    elif spans_lines:
+        message += ": the row runs over several lines, an unclosed quote?"
+    return DataError(path, line, message)
+
+
+# --------------------------------------------------------------------------- JSON
+def _record(path, line, item, needed, optional, limit) -> Row:
+    if not isinstance(item, dict):
+        raise DataError(
+            path, line, f"a JSON {type(item).__name__}, expected an object (a record of columns)"
+        )
+    values = {}
+    for name in needed:
+        if name not in item:
+            raise _missing(path, line, name, list(item), "record's keys are")
+        values[name] = item[name]
+        _check_cell(path, line, name, item[name], limit)
+    if isinstance(optional, _Every):
+        return Row(line, {**item, **values})
+    for name in optional:
+        if name in item:
+            values[name] = item[name]
+    return Row(line, values)
+
+
+def _jsonl_rows(path, needed, optional, options: FileOptions) -> Iterator[Row]:
+    with open_text(path, options.encoding) as handle:
+        number = 0
+        try:
+            for number, text in enumerate(handle, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    item = json.loads(text)
+                except json.JSONDecodeError as err:
+                    raise DataError(
+                        path, number, f"not JSON ({err.msg} at column {err.colno})"
+                    ) from None
+                yield _record(path, number, item, needed, optional, options.max_cell_chars)
+        except UnicodeDecodeError:
+            raise decode_error(path, options.encoding) from None
+
+
+def json_records(path: Path, encoding: str = "utf-8") -> Iterator[tuple[int, Any]]:
+    """(line, record) of a JSON file: a list of records, an object with a `data` list, or
+    (what `datasets`' to_json writes under a .json name) JSON Lines."""
+    with open_text(path, encoding) as handle:
+        try:
+            text = handle.read()
+        except UnicodeDecodeError:
+            raise decode_error(path, encoding) from None
+    decoder = json.JSONDecoder()
+    lines = _LineCounter(text)
+    at = _skip_space(text, 0)
+    if at == len(text):
+        raise DataError(path, None, "empty file")
+    if text[at] == "[":
+        at = _skip_space(text, at + 1)
+        if text[at : at + 1] == "]":
+            return
+        while True:
+            try:
+                item, end = decoder.raw_decode(text, at)
+            except json.JSONDecodeError as err:
+                raise DataError(
+                    path, err.lineno, f"not JSON ({err.msg}, column {err.colno})"
+                ) from None
+            yield lines.line(at), item
+            at = _skip_space(text, end)
+            if text[at : at + 1] == ",":
+                at = _skip_space(text, at + 1)
+                continue
+            if text[at : at + 1] == "]":
+                return
+            raise DataError(path, lines.line(at), "expected ',' or ']' between records")
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError as err:
+        if err.msg != "Extra data":
+            raise DataError(path, err.lineno, f"not JSON ({err.msg}, column {err.colno})") from None
+        for number, line in enumerate(text.splitlines(), start=1):  # JSON Lines
+            if line.strip():
+                try:
+                    yield number, json.loads(line)
+                except json.JSONDecodeError as bad:
+                    raise DataError(path, number, f"not JSON ({bad.msg})") from None
+        return
+    if isinstance(whole, dict) and isinstance(whole.get("data"), list):
+        for item in whole["data"]:  # positions are lost inside one object; name the index
+            yield None, item  # type: ignore[misc]
+        return
+    raise DataError(path, 1, 'expected a list of records (or an object with a "data" list)')
+
+
+def _json_rows(path, needed, optional, options: FileOptions) -> Iterator[Row]:
+    for index, (line, item) in enumerate(json_records(path, options.encoding), start=1):
+        yield _record(path, line if line is not None else index, item, needed, optional,
+                      options.max_cell_chars)  # fmt: skip
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \t\r\n":
+        at += 1
+    return at
+
+
+class _LineCounter:
+    """Line numbers of increasing positions in a text, counting each newline once."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self.at, self.count = text, 0, 1
+
+    def line(self, position: int) -> int:
+        self.count += self.text.count("\n", self.at, position)
+        self.at = position
+        return self.count
+
+
+# --------------------------------------------------------------------------- Parquet, arrow
+def _pyarrow(kind: str):
+    try:
+        import pyarrow
+    except ImportError:
+        raise ImportError(
+            f"reading {kind} files needs pyarrow: pip install 'bertkit[parquet]'"
+        ) from None
+    return pyarrow
+
+
+def _arrow_files(path: Path) -> list[Path]:
+    """The arrow files of a `save_to_disk` folder, in order."""
+    if (path / "dataset_dict.json").exists():
+        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        raise DataError(
+            path, None, "a DatasetDict folder; pass one of its splits: "
+            + ", ".join(str(path / s) for s in splits)
+        )  # fmt: skip
+    state = path / "state.json"
+    if path.is_dir():
+        if not state.exists():
+            raise DataError(path, None, "a folder without state.json: not a datasets folder")
+        files = [path / f["filename"] for f in json.loads(state.read_text())["_data_files"]]
+        return files
+    return [path]
+
+
+def _arrow_tables(path: Path, kind: str):
+    pa = _pyarrow(kind)
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            source = pq.ParquetFile(path)
+        except pa.ArrowInvalid as err:
+            raise DataError(path, None, f"not a Parquet file ({err})") from None
+        yield source.schema_arrow, lambda columns: source.iter_batches(65536, columns=columns)
+        return
+    for file in _arrow_files(path):
+        try:
+            reader = pa.ipc.open_stream(pa.memory_map(str(file)))
+        except pa.ArrowInvalid:
+            try:
+                reader = pa.ipc.open_file(pa.memory_map(str(file)))
+            except pa.ArrowInvalid as err:
+                raise DataError(file, None, f"not an arrow file ({err})") from None
+        table = reader.read_all()
+        yield table.schema, lambda columns, t=table: t.select(columns).to_batches(65536)
+
+
+def _class_labels(schema) -> dict[str, list[str]]:
+    """Names of `datasets` ClassLabel columns (ints on disk), from the schema's metadata."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    if not raw:
+        return {}
+    features = json.loads(raw).get("info", {}).get("features", {})
+    names = {}
+    for column, feature in features.items():
+        inner = feature.get("feature", feature) if isinstance(feature, dict) else {}
+        if isinstance(inner, dict) and inner.get("_type") == "ClassLabel" and "names" in inner:
+            names[column] = list(inner["names"])
+    return names
+
+
+def _arrow_rows(path, needed, optional, options: FileOptions, kind: str) -> Iterator[Row]:
+    number = 0
+    for schema, batches in _arrow_tables(path, kind):
+        found = list(schema.names)
+        for name in needed:
+            if name not in found:
+                raise _missing(path, None, name, found, "columns are")
+        extra = found if isinstance(optional, _Every) else optional
+        columns = list(needed) + [n for n in extra if n in found and n not in needed]
+        labels = _class_labels(schema)
+        for batch in batches(columns):
+            for item in batch.to_pylist():
+                number += 1
+                for name, names in labels.items():
+                    if name in item:
+                        item[name] = _named(item[name], names)
+                for name in needed:
+                    _check_cell(path, number, name, item[name], options.max_cell_chars)
+                yield Row(number, item)
+
+
+def _named(value: Any, names: list[str]) -> Any:
+    if isinstance(value, list):
+        return [_named(v, names) for v in value]
+    if isinstance(value, int) and 0 <= value < len(names):
+        return names[value]
+    return value  # -1 (no label) and None stay as they are
+
+
+# --------------------------------------------------------------------------- CoNLL columns
+class ColumnSentence(NamedTuple):
+    line: int  # of its first token
+    rows: list[list[str]]  # one list of fields per token
+    lines: list[int]  # each token's line
+
+
+def read_conll_columns(
+    path: str | os.PathLike, options: FileOptions = FileOptions(), min_fields: int = 2
+) -> tuple[list[ColumnSentence], int]:
+    """(sentences, fields per line) of a CoNLL-style file: one token a line with its fields
+    separated by tabs (if the line has any) or spaces, a blank line between sentences,
+    `-DOCSTART-` lines and `#` comment lines (CoNLL-U) skipped. Every token line has as many
+    fields as the first, and at least `min_fields` (a token and its tag)."""
+    path = Path(path)
+    sentences: list[ColumnSentence] = []
+    rows: list[list[str]] = []
+    lines: list[int] = []
+    width = None
+
+    def close() -> None:
+        if rows:
+            sentences.append(ColumnSentence(lines[0], list(rows), list(lines)))
+            rows.clear()
+            lines.clear()
+
+    with open_text(path, options.encoding) as handle:
+        try:
+            for number, text in enumerate(handle, start=1):
+                text = text.rstrip("\r\n")
+                fields = text.split("\t") if "\t" in text else text.split()
+                fields = [f.strip() for f in fields]
+                if not any(fields):
+                    close()
+                    continue
+                if fields[0] == "-DOCSTART-" or (fields[0].startswith("#") and not rows
+                                                  and len(fields) == 1):  # fmt: skip
+                    close()
+                    continue
+                if width is None:
+                    width = len(fields)
+                    if width < min_fields:
+                        raise DataError(
+                            path,
+                            number,
+                            f"1 field ({text[:60]!r}); expected a token and its tag per line "
+                            "(tab- or space-separated)",
+                        )
+                elif len(fields) != width:
+                    raise DataError(
+                        path, number, f"{len(fields)} fields, the file's lines have {width}"
+                    )
+                _check_cell(path, number, "token", fields[0], options.max_cell_chars)
+                rows.append(fields)
+                lines.append(number)
+        except UnicodeDecodeError:
+            raise decode_error(path, options.encoding) from None
+    close()
+    if not sentences:
+        raise DataError(path, None, "no sentences (token lines)")
+    return sentences, width or 0
