@@ -112,3 +112,11 @@ def setup(tmp_path_factory):
         config, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
     ).to_json_file(root / "nodrop.json")
     return root
+
+
+@pytest.fixture(scope="session")
+def words_model(tmp_path_factory) -> Path:
+    """A random 2-layer BERT with the toy data's words as whole tokens (helpers.WORDS)."""
+    from helpers import word_checkpoint
+
+    return word_checkpoint(tmp_path_factory.mktemp("words"))

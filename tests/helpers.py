@@ -180,3 +180,68 @@ def tiny_settings(setup, **changes):
         log_every=1, progress=False,
     ) | changes  # fmt: skip
     return PretrainConfig(**values)
+
+
+# --------------------------------------------------------------------------- your own data
+TOPICS = {
+    "sports": ["goal", "match", "team", "coach", "league", "score"],
+    "business": ["stocks", "market", "profit", "bank", "shares", "trade"],
+    "tech": ["chip", "software", "startup", "phone", "cloud", "robot"],
+}
+FILLER = ["the", "a", "on", "in", "today", "after", "new", "big"]
+ENTITY_WORDS = {"city": ["paris", "lima", "oslo"], "food": ["pizza", "sushi", "tacos"]}
+WORDS = sorted({w for ws in TOPICS.values() for w in ws} | set(FILLER)
+               | {w for ws in ENTITY_WORDS.values() for w in ws} | {"loves", "visits", "eats"})  # fmt: skip
+
+
+def topic_rows(count: int, seed: int = 0, topics: int = 1, length: tuple[int, int] = (4, 10)):
+    """Headlines whose words give their topic away (`topics` > 1: several topics each, the
+    multi-label case), with filler words; as dicts {"id", "headline", "topic"}."""
+    rng = np.random.default_rng(seed)
+    names = sorted(TOPICS)
+    rows = []
+    for i in range(count):
+        chosen = sorted(rng.choice(names, size=topics, replace=False))
+        words = [str(rng.choice(TOPICS[t])) for t in chosen for _ in range(rng.integers(2, 4))]
+        words += [str(rng.choice(FILLER)) for _ in range(rng.integers(*length) - len(words) + 2)]
+        rng.shuffle(words)
+        rows.append({"id": i, "headline": " ".join(words),
+                     "topic": chosen[0] if topics == 1 else chosen})  # fmt: skip
+    return rows
+
+
+def tagged_sentences(count: int, seed: int = 0):
+    """Sentences with entities of two types of their own (city, food) of one or two words,
+    each followed by a plain word (so a span's extent is never ambiguous), as (words, IOB2
+    tags)."""
+    rng = np.random.default_rng(seed)
+    plain = FILLER + ["loves", "visits", "eats"]
+    sentences = []
+    for _ in range(count):
+        words, tags = [], []
+        for _ in range(rng.integers(2, 5)):
+            if rng.random() < 0.5:
+                kind = str(rng.choice(sorted(ENTITY_WORDS)))
+                span = [str(rng.choice(ENTITY_WORDS[kind])) for _ in range(rng.integers(1, 3))]
+                words += span
+                tags += [f"B-{kind}"] + [f"I-{kind}"] * (len(span) - 1)
+            words.append(str(rng.choice(plain)))
+            tags.append("O")
+        sentences.append((words, tags))
+    return sentences
+
+
+def word_checkpoint(directory: Path, head=None) -> Path:
+    """A random tiny BERT whose vocabulary holds every word of the toy data whole."""
+    from bertkit import BertModel
+
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pieces = [c for c in letters if c not in WORDS] + [f"##{c}" for c in letters]
+    tokenizer = BertTokenizer(vocab=SPECIALS + ["[unused0]", ",", ".", "-", '"'] + WORDS + pieces)
+    config = tiny_bert_config(tokenizer.vocab_size, max_position_embeddings=128)
+    torch.manual_seed(0)
+    (head or BertModel)(config).save_pretrained(directory, tokenizer=tokenizer)
+    return directory
+
+
+OWN_QUICK = dict(epochs=5, batch_size=8, max_seq_length=64, progress=False, learning_rate=5e-3)

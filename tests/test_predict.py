@@ -1,12 +1,23 @@
-"""`bertkit predict` and the Predictor on a fine-tuned checkpoint (bertkit.predict)."""
+"""`bertkit predict` and the Predictor on a fine-tuned checkpoint (bertkit.predict), and whole
+files (predict_file, `bertkit predict --input --output`): streamed in chunks, CSV/JSONL in and
+out, stdin, entities with offsets, bad rows by line."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 
-from bertkit import cli
+import pytest
 
-from helpers import FIXTURES, grow_copies
+from bertkit import cli
+from bertkit.cli import main
+from bertkit.finetune import FinetuneConfig, finetune
+from bertkit.predict import Predictor, predict_file
+from bertkit.tasks.base import DataError
+from bertkit.tasks.own import DataConfig
+
+from helpers import FIXTURES, OWN_QUICK, grow_copies, tagged_sentences, topic_rows
 
 
 def test_predict_command_line(tiny_checkpoint, tmp_path, capsys):
@@ -27,3 +38,93 @@ def test_predict_command_line(tiny_checkpoint, tmp_path, capsys):
     assert cli.main(["predict", "--model", str(out), "--input", str(bad)]) == 2
     assert "in.jsonl:2: not JSON" in capsys.readouterr().err
     assert cli.main(["evaluate", "--model", str(out), "--data", str(data), "--split", "dev"]) == 0
+
+
+@pytest.fixture(scope="module")
+def topics_model(words_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("topics")
+    for name, rows in (("train", topic_rows(160)), ("dev", topic_rows(32, 1))):
+        with open(root / f"{name}.csv", "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["headline", "topic"])
+            writer.writerows([[r["headline"], r["topic"]] for r in rows])
+    data = DataConfig(train=str(root / "train.csv"), validation=str(root / "dev.csv"),
+                      text_column="headline", label_column="topic")  # fmt: skip
+    finetune("text-classification", words_model, data, root / "run", FinetuneConfig(**OWN_QUICK))
+    return root / "run"
+
+
+def test_a_csv_streams_to_jsonl_and_csv(topics_model, tmp_path):
+    rows = topic_rows(50, seed=5)
+    source = tmp_path / "in.csv"
+    with open(source, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["id", "headline", "label"])  # "label": a column the answer also has
+        writer.writerows([[r["id"], r["headline"], r["topic"]] for r in rows])
+    predictor = Predictor(topics_model)
+    expected = predictor([r["headline"] for r in rows])
+    assert predict_file(predictor, source, tmp_path / "out.jsonl", chunk=16, progress=False) == 50
+    written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [w["id"] for w in written] == [str(r["id"]) for r in rows]  # input order, all columns
+    assert [w["predicted_label"] for w in written] == [e["label"] for e in expected]
+    assert [w["label"] for w in written] == [r["topic"] for r in rows]  # the input's, untouched
+    assert written[0]["score"] == pytest.approx(expected[0]["score"], abs=1e-6)
+    predict_file(predictor, source, tmp_path / "out.csv", chunk=7, progress=False)
+    with open(tmp_path / "out.csv", newline="") as handle:
+        table = list(csv.DictReader(handle))
+    assert list(table[0]) == [
+        "id",
+        "headline",
+        "label",
+        "predicted_label",
+        "score",
+        "probabilities",
+    ]
+    assert [t["predicted_label"] for t in table] == [e["label"] for e in expected]
+    assert json.loads(table[0]["probabilities"]).keys() == {"business", "sports", "tech"}
+
+
+def test_stdin_one_text_a_line(topics_model, monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO("goal match team\n\nstocks bank shares\n"))
+    assert main(["predict", "--model", str(topics_model), "--input", "-", "--quiet"]) == 0
+    answers = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [a["text"] for a in answers] == ["goal match team", "stocks bank shares"]
+    assert [a["label"] for a in answers] == ["sports", "business"]
+
+
+def test_a_bad_row_names_its_line_and_leaves_no_file(topics_model, tmp_path, capsys):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"headline": "goal match"}\n{"title": "no headline here"}\n')
+    out = tmp_path / "out.jsonl"
+    assert main(["predict", "--model", str(topics_model), "--input", str(source),
+                 "--output", str(out), "--quiet"]) == 2  # fmt: skip
+    assert "in.jsonl:2: no column 'headline'" in capsys.readouterr().err
+    assert not out.exists() and list(tmp_path.iterdir()) == [source]
+    # --text-column names another column
+    assert main(["predict", "--model", str(topics_model), "--input", str(source), "--output",
+                 str(out), "--text-column", "title", "--quiet"]) == 2  # fmt: skip
+    assert "in.jsonl:1: no column 'title'" in capsys.readouterr().err
+
+
+def test_entities_with_offsets_from_a_file(words_model, tmp_path):
+    lines = []
+    for words, tags in tagged_sentences(200):
+        lines += [f"{w} {t}" for w, t in zip(words, tags, strict=True)] + [""]
+    (tmp_path / "train.txt").write_text("\n".join(lines))
+    data = DataConfig(train=str(tmp_path / "train.txt"), validation=str(tmp_path / "train.txt"))
+    finetune(
+        "token-classification", words_model, data, tmp_path / "run", FinetuneConfig(**OWN_QUICK)
+    )
+    source = tmp_path / "tweets.csv"
+    source.write_text('id,text\n1,"ann visits paris, eats sushi"\n2,nothing here\n')
+    predict_file(Predictor(tmp_path / "run"), source, tmp_path / "out.jsonl", progress=False)
+    written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    text = "ann visits paris, eats sushi"
+    assert written[0]["words"] == ["ann", "visits", "paris", ",", "eats", "sushi"]
+    for entity in written[0]["entities"]:
+        assert entity["text"] == text[entity["start"] : entity["end"]]
+        assert set(entity) == {"type", "text", "words", "score", "start", "end"}
+    with pytest.raises(DataError, match=r"tweets.csv:2: no column 'tokens'"):
+        predict_file(
+            Predictor(tmp_path / "run"), source, None, text_column="tokens", progress=False
+        )

@@ -48,6 +48,7 @@ from bertkit.tasks.base import (
     TASK_FILE,
     FinetuneData,
     collate,
+    read_task_info,
     run_outputs,
     task_of_checkpoint,
 )
@@ -416,7 +417,7 @@ def finetune(
     if tests or (report is None and task.reports):
         # the best epoch's model (a resumed run kept it in OUT) on the test files, and on dev
         # again where a resumed run lost the best epoch's report
-        _final_evaluation(out, source, tokenizer, config, dist.device, results, report)
+        _final_evaluation(task, out, source, tokenizer, config, dist.device, results, report)
     elif report:
         results["report"] = report
     # a resumed run also counts the time its checkpoint holds
@@ -430,10 +431,14 @@ def finetune(
     return results
 
 
-def _final_evaluation(out: Path, source, tokenizer, config, device, results, report) -> None:
-    """Evaluate OUT's model (the best epoch's) on the task's test files, and on the dev files
-    when the best epoch's report is not at hand (a resumed run): figures, report, predictions."""
-    task, info = task_of_checkpoint(out)
+def _final_evaluation(
+    task: Task, out: Path, source, tokenizer, config, device, results, report
+) -> None:
+    """Evaluate OUT's model (the best epoch's, with the settings it tuned on dev) on the task's
+    test files, and on the dev files when the best epoch's report is not at hand (a resumed
+    run): figures, report, predictions."""
+    info = read_task_info(out)
+    task = task.with_settings(info)
     net = MODEL_CLASSES[info["head"]].from_pretrained(out).to(device).eval()
     max_seq_length = config.sizes().max_seq_length
     splits = list(task.test_splits())

@@ -179,7 +179,9 @@ def head_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 def collate(features: Sequence[Feature], padded: dict[str, int]) -> dict[str, torch.Tensor]:
     """Pad the per-token inputs to the longest feature (to a multiple of 8) and stack every
     other numeric field: collate([{"input_ids": [2, 5, 3], "y": 1}], {"input_ids": 0})
-    -> {"input_ids": tensor([[2, 5, 3, 0, 0, 0, 0, 0]]), "y": tensor([1])}"""
+    -> {"input_ids": tensor([[2, 5, 3, 0, 0, 0, 0, 0]]), "y": tensor([1])}. Multiple choice
+    ((choices, tokens) per feature): features with fewer choices repeat their last one, and
+    `choice_mask` (B, choices) marks the real ones."""
     batch: dict[str, torch.Tensor] = {}
     first = features[0]
     for key in first:
@@ -190,10 +192,17 @@ def collate(features: Sequence[Feature], padded: dict[str, int]) -> dict[str, to
             rows = [f[key] for f in features]
             if rows and isinstance(rows[0][0], list):  # (choices, tokens): multiple choice
                 width = _round_up(max(len(r) for row in rows for r in row))
-                array = np.full((len(rows), len(rows[0]), width), fill, dtype=np.int64)
+                choices = max(len(row) for row in rows)
+                array = np.full((len(rows), choices, width), fill, dtype=np.int64)
                 for i, row in enumerate(rows):
-                    for j, r in enumerate(row):
+                    for j in range(choices):
+                        r = row[min(j, len(row) - 1)]
                         array[i, j, : len(r)] = r
+                if "choice_mask" not in batch:
+                    mask = np.zeros((len(rows), choices), dtype=bool)
+                    for i, row in enumerate(rows):
+                        mask[i, : len(row)] = True
+                    batch["choice_mask"] = torch.from_numpy(mask)
             else:
                 width = _round_up(max(len(r) for r in rows))
                 array = np.full((len(rows), width), fill, dtype=np.int64)

@@ -33,6 +33,7 @@ from bertkit.tasks.base import DataError
 
 FORMATS = ("auto", "csv", "tsv", "jsonl", "json", "parquet", "arrow", "conll")
 MAX_CELL_CHARS = 1_000_000  # a text cell larger than this is an unclosed quote, not a text
+_CSV_CAP = 32 * 2**20
 _EXTENSIONS = {
     ".csv": "csv",
     ".tsv": "tsv",
@@ -176,12 +177,14 @@ def decode_error(path: Path, encoding: str) -> DataError:
     if bad is None:  # (the error came from the csv layer after all)
         return DataError(path, None, f"cannot be read as {encoding}")
     with open(path, "rb") as handle:
+        wide = handle.read(2) in (b"\xff\xfe", b"\xfe\xff")  # UTF-16's byte-order marks
+        handle.seek(0)
         head = handle.read(bad + 1)
         line = head.count(b"\n") + 1
         line_start = head.rfind(b"\n") + 1
         rest = head[line_start:] + handle.read(200)
     text = rest.split(b"\n", 1)[0]
-    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+    if wide:
         advice = "--encoding utf-16"
     else:
         try:
@@ -200,8 +203,10 @@ def decode_error(path: Path, encoding: str) -> DataError:
 
 def _delimited_rows(path, needed, optional, options: FileOptions, kind: str) -> Iterator[Row]:
     delimiter = options.delimiter or ("\t" if kind == "tsv" else ",")
-    # csv's own cap is process-wide; it guards memory, and the check below names the column
-    csv.field_size_limit(max(csv.field_size_limit(), min(sys.maxsize, 4 * options.max_cell_chars)))
+    # csv's own cap (process-wide) only guards memory against a quote never closed in a huge
+    # file; the check below, well under it, names the column
+    cap = min(sys.maxsize, max(_CSV_CAP, 4 * options.max_cell_chars))
+    csv.field_size_limit(max(csv.field_size_limit(), cap))
     with open_text(path, options.encoding) as handle:
         reader = csv.reader(
             handle,
@@ -244,7 +249,7 @@ def _delimited_rows(path, needed, optional, options: FileOptions, kind: str) -> 
                 raise DataError(
                     path,
                     start,
-                    f"a cell of more than {4 * options.max_cell_chars:,} characters starts in "
+                    f"a cell of more than {csv.field_size_limit():,} characters starts in "
                     "the row here: an unclosed quote?",
                 ) from None
             raise DataError(path, reader.line_num, f"malformed {kind.upper()}: {err}") from None
@@ -259,16 +264,23 @@ def _check_header(path, header: list[str], needed, options: FileOptions, delimit
             continue
         message = missing_column(name, header, "header's columns are")
         hints = []
-        if options.columns is None:
-            hints.append("a file without a header line: name its columns with --columns a,b,c")
+        if options.columns is None and _looks_like_data(header):
+            hints.append("a file without a header line? name its columns with --columns a,b,c")
         others = [d for d in ",;\t|" if d != delimiter and len(header) == 1 and d in header[0]]
         if others:
             hints.append(f"{others[0]!r}-separated? pass --delimiter {others[0]!r}")
-        raise DataError(path, 1, f"{message} ({'; '.join(hints)})")
+        raise DataError(path, 1, message + (f" ({'; '.join(hints)})" if hints else ""))
+
+
+def _looks_like_data(header: list[str]) -> bool:
+    """A header line of numbers, sentences or blanks is a first row of data."""
+    from bertkit.tasks.labels import kind_of
+
+    return any(kind_of(h) in ("int", "float", "empty") or len(h.split()) > 3 for h in header)
 
 
 def _ragged(path, line, fields, header, delimiter, spans_lines: bool) -> DataError:
-    message = f"{len(fields)} fields, the header has {len(header)} ({', '.join(header)})"
+    message = f"{_fields(len(fields))}, the header has {len(header)} ({', '.join(header)})"
     if len(fields) > len(header):
         message += f": a {delimiter!r} inside an unquoted text? quote that field"
         if any('\\"' in f or f.endswith("\\") for f in fields):
@@ -276,6 +288,10 @@ def _ragged(path, line, fields, header, delimiter, spans_lines: bool) -> DataErr
     elif spans_lines:
         message += ": the row runs over several lines, an unclosed quote?"
     return DataError(path, line, message)
+
+
+def _fields(count: int) -> str:
+    return f"{count} field{'' if count == 1 else 's'}"
 
 
 # --------------------------------------------------------------------------- JSON
@@ -535,7 +551,7 @@ def read_conll_columns(
                         )
                 elif len(fields) != width:
                     raise DataError(
-                        path, number, f"{len(fields)} fields, the file's lines have {width}"
+                        path, number, f"{_fields(len(fields))}, the file's lines have {width}"
                     )
                 _check_cell(path, number, "token", fields[0], options.max_cell_chars)
                 rows.append(fields)

@@ -5,7 +5,8 @@ or a question), scored from its pooled [CLS]; a softmax over the choices (the pa
 `multiple-choice` reads records (JSON Lines, JSON, CSV, Parquet, a `datasets` folder) with a
 context column, the choices as one list column or as several columns (`--choices-column
 ending0,ending1,ending2,ending3`), an optional `--question-column` and a label: the index of
-the right choice (from 0) or its text. Every row has the training file's number of choices.
+the right choice (from 0) or its text. Rows may have different numbers of choices: a batch
+pads the shorter ones with choices that get no probability.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertkit.heads import sequence_loss
+from bertkit.heads import PAD_LOGIT, sequence_loss
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, head_logits
 from bertkit.tasks.files import read_rows
@@ -53,15 +54,23 @@ class ChoiceTask(Task):
             features.append(feature)
         return features
 
-    def loss(self, model, batch):
+    def _logits(self, model, batch) -> torch.Tensor:
+        """(B, choices); where a feature has fewer choices than the batch, the padding choices
+        score PAD_LOGIT (no probability)."""
         logits = head_logits(model, batch)
+        if "choice_mask" in batch:
+            logits = logits.masked_fill(~batch["choice_mask"], PAD_LOGIT)
+        return logits
+
+    def loss(self, model, batch):
+        logits = self._logits(model, batch)
         total = sequence_loss(
             logits, batch["labels"], "single_label_classification", reduction="sum"
         )
         return total, torch.tensor(len(logits))
 
     def outputs(self, model, batch):
-        return {"logits": head_logits(model, batch)}
+        return {"logits": self._logits(model, batch)}
 
     def predictions(self, examples, features, outputs) -> list[int]:
         return [int(i) for i in outputs["logits"].argmax(-1)]
@@ -80,12 +89,12 @@ class ChoiceTask(Task):
         return ChoiceExample(str(n), item["context"], start, tuple(endings), None)
 
     def answer(self, examples, features, outputs) -> list[dict[str, Any]]:
-        probs = softmax(outputs["logits"])
-        return [
-            {"choice": int(p.argmax()), "text": e.endings[int(p.argmax())],
-             "probabilities": [float(x) for x in p]}
-            for e, p in zip(examples, probs, strict=True)
-        ]  # fmt: skip
+        answers = []
+        for e, logits in zip(examples, outputs["logits"], strict=True):
+            p = softmax(logits[: len(e.endings)])
+            answers.append({"choice": int(p.argmax()), "text": e.endings[int(p.argmax())],
+                            "probabilities": [float(x) for x in p]})  # fmt: skip
+        return answers
 
     def items_of(self, texts, question, context) -> list:
         raise ValueError(f'{self.name} takes --input FILE.jsonl of {{"context", "choices"}}')
@@ -156,18 +165,11 @@ class MultipleChoiceTask(OwnTask, ChoiceTask):
 
     def fitted(self, train) -> MultipleChoiceTask:
         task = copy.copy(self)
-        task.choices = len(train[0].endings)
+        task.choices = max(len(e.endings) for e in train)
         if any(e.label is None for e in train):
             bad = next(e for e in train if e.label is None)
             raise DataError(*_where(bad), f"column {self.data.label_column!r}: an empty label")
         return task
-
-    def featurize(self, examples, tokenizer, max_seq_length: int) -> list[Feature]:
-        for e in examples:
-            if self.choices is not None and len(e.endings) != self.choices:
-                raise DataError(*_where(e), f"{len(e.endings)} choices, the training file's "
-                                f"rows have {self.choices}")  # fmt: skip
-        return super().featurize(examples, tokenizer, max_seq_length)
 
     def data_summary(self, split, examples, features) -> dict[str, Any]:
         summary: dict[str, Any] = {"file": examples[0].guid.rpartition(":")[0],
@@ -178,7 +180,8 @@ class MultipleChoiceTask(OwnTask, ChoiceTask):
         return summary
 
     def report(self, examples, predictions) -> dict[str, Any]:
-        names = [f"choice {i}" for i in range(self.choices or len(examples[0].endings))]
+        count = max([self.choices or 0] + [len(e.endings) for e in examples])
+        names = [f"choice {i}" for i in range(count)]
         found = per_class(np.array([e.label for e in examples]), np.array(predictions), names)
         found["confusion"] = {"labels": names, "matrix": found["confusion"],
                               "rows": "right choice", "columns": "predicted"}  # fmt: skip

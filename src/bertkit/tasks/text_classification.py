@@ -26,7 +26,7 @@ import torch
 from bertkit.heads import sequence_loss
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, head_logits
-from bertkit.tasks.files import read_rows
+from bertkit.tasks.files import missing_column, read_rows
 from bertkit.tasks.labels import (
     LabelError,
     LabelSet,
@@ -340,6 +340,10 @@ class TextClassificationTask(OwnTask):
     def example_of(self, item: Any, n: int) -> TextExample:
         d = self.data
         if isinstance(item, dict):
+            for column in (d.text_column, d.text_pair_column):
+                if column is not None and column not in item and "text" not in item:
+                    found = missing_column(column, list(item), "item's keys are")
+                    raise ValueError(f"item {n}: {found}")
             text = item.get("text", item.get(d.text_column))
             pair = item.get(
                 "text_pair", item.get(d.text_pair_column) if d.text_pair_column else None

@@ -1,0 +1,203 @@
+"""Reading users' files (bertkit.tasks.files): every format, CSV as people write it, and each
+bad input as an error naming the file, the line and the column."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from bertkit.tasks.base import DataError
+from bertkit.tasks.files import FileOptions, file_format, read_conll_columns, read_rows
+
+RECORDS = [
+    {"text": 'He said "hi", then left.\nNew line here.', "label": "greeting", "n": 1},
+    {"text": "C:\\Users\\ann\\ and a trailing backslash \\", "label": "path", "n": 2},
+    {"text": "plain, with a comma", "label": "plain", "n": 3},
+    {"text": "naïve café — ünïcödé ✓", "label": "unicode", "n": 4},
+]
+
+
+def rows(path, needed=("text", "label"), **options):
+    fmt = options.pop("format", None)
+    return list(read_rows(path, needed, FileOptions(**options), format=fmt))
+
+
+def write_csv(path, records, *, delimiter=",", bom=False, crlf=False, header=True):
+    with open(path, "w", encoding="utf-8-sig" if bom else "utf-8", newline="") as handle:
+        writer = csv.writer(handle, delimiter=delimiter, lineterminator="\r\n" if crlf else "\n")
+        if header:
+            writer.writerow(["text", "label", "n"])
+        for r in records:
+            writer.writerow([r["text"], r["label"], r["n"]])
+    return path
+
+
+@pytest.mark.parametrize("bom", [False, True])
+@pytest.mark.parametrize("crlf", [False, True])
+def test_csv_as_users_write_it(tmp_path, bom, crlf):
+    """Quoted commas, doubled quotes, newlines inside quotes, backslashes, a BOM, CRLF."""
+    path = write_csv(tmp_path / "data.csv", RECORDS, bom=bom, crlf=crlf)
+    found = rows(path)
+    assert [r.values["text"] for r in found] == [r["text"] for r in RECORDS]
+    assert [r.values["label"] for r in found] == [r["label"] for r in RECORDS]
+    assert [r.line for r in found] == [2, 4, 5, 6]  # the first record spans lines 2-3
+
+
+def test_tsv_and_header_less_files(tmp_path):
+    path = write_csv(tmp_path / "data.tsv", RECORDS, delimiter="\t", header=False)
+    found = rows(path, columns=("text", "label", "n"))
+    assert [r.values["label"] for r in found] == [r["label"] for r in RECORDS]
+    assert found[0].line == 1
+    # the same file read as if it had a header: the first row's cells are not columns
+    with pytest.raises(DataError, match=r"data.tsv:1: no column 'text'.*--columns a,b,c"):
+        rows(path)
+
+
+def test_json_lines_json_list_and_data_object(tmp_path):
+    jsonl = tmp_path / "data.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in RECORDS) + "\n\n")
+    listed = tmp_path / "data.json"
+    listed.write_text(json.dumps(RECORDS, indent=2))
+    wrapped = tmp_path / "wrapped.json"
+    wrapped.write_text(json.dumps({"version": 1, "data": RECORDS}))
+    as_lines = tmp_path / "lines.json"  # what datasets' to_json writes under a .json name
+    as_lines.write_text("\n".join(json.dumps(r) for r in RECORDS))
+    for path in (jsonl, listed, wrapped, as_lines):
+        found = rows(path, needed=("text", "label", "n"))
+        assert [r.values for r in found] == RECORDS, path
+    assert [r.line for r in rows(jsonl)] == [1, 2, 3, 4]
+    assert [r.line for r in rows(listed)] == [2, 7, 12, 17]  # where each record starts
+
+
+def test_parquet_and_datasets_folders_with_class_labels(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features(
+        {
+            "text": datasets.Value("string"),
+            "label": datasets.ClassLabel(names=["neg", "pos"]),
+            "tags": datasets.Sequence(datasets.ClassLabel(names=["O", "B-X", "I-X"])),
+        }
+    )
+    data = {"text": ["bad", "good"], "label": [0, 1], "tags": [[0], [1, 2]]}
+    ds = datasets.Dataset.from_dict(data, features=features)
+    ds.to_parquet(str(tmp_path / "data.parquet"))
+    ds.save_to_disk(str(tmp_path / "folder"))
+    datasets.DatasetDict(train=ds).save_to_disk(str(tmp_path / "dict"))
+    for path in (tmp_path / "data.parquet", tmp_path / "folder"):
+        found = rows(path, needed=("text", "label", "tags"))
+        assert [r.values for r in found] == [
+            {"text": "bad", "label": "neg", "tags": ["O"]},
+            {"text": "good", "label": "pos", "tags": ["B-X", "I-X"]},
+        ]
+        assert [r.line for r in found] == [1, 2]
+    assert file_format(tmp_path / "folder") == "arrow"
+    with pytest.raises(
+        DataError, match=r"a DatasetDict folder; pass one of its splits: .*dict/train"
+    ):
+        rows(tmp_path / "dict")
+    with pytest.raises(DataError, match=r"data.parquet: no column 'txt' \(did you mean 'text'\?\)"):
+        rows(tmp_path / "data.parquet", needed=("txt",))
+
+
+def test_missing_column_lists_what_is_there(tmp_path):
+    path = write_csv(tmp_path / "data.csv", RECORDS)
+    with pytest.raises(DataError) as err:
+        rows(path, needed=("headline", "label"))
+    assert str(err.value).startswith("")
+    assert f"{path}:1: no column 'headline'" in str(err.value)
+    assert "'text', 'label', 'n'" in str(err.value)
+    semicolons = tmp_path / "semi.csv"
+    semicolons.write_text("text;label\nhello;greeting\n")
+    with pytest.raises(DataError, match=r"';'-separated\? pass --delimiter ';'"):
+        rows(semicolons)
+    assert rows(semicolons, delimiter=";")[0].values == {"text": "hello", "label": "greeting"}
+    jsonl = tmp_path / "data.jsonl"
+    jsonl.write_text('{"text": "a", "label": "x"}\n{"txt": "b", "label": "y"}\n')
+    with pytest.raises(
+        DataError, match=r"data.jsonl:2: no column 'text'.*keys are: 'txt', 'label'"
+    ):
+        rows(jsonl)
+
+
+def test_ragged_rows_and_unclosed_quotes(tmp_path):
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("text,label\nfine,a\nnot, quoted,b\n")
+    with pytest.raises(DataError, match=r"ragged.csv:3: 3 fields, the header has 2.*quote that"):
+        rows(ragged)
+    escaped = tmp_path / "escaped.csv"
+    escaped.write_text('text,label\n"He said \\"hi, there\\"",a\n')
+    with pytest.raises(DataError, match=r"escaped.csv:2: .*--escape-char"):
+        rows(escaped)
+    assert rows(escaped, escape_char="\\")[0].values["text"] == 'He said "hi, there"'
+    unclosed = tmp_path / "unclosed.csv"
+    unclosed.write_text('text,label\n"never closed,a\nnext,b\nlast,c\n')
+    with pytest.raises(DataError, match=r"unclosed.csv:2: 1 field, .*unclosed quote"):
+        rows(unclosed)
+
+
+def test_a_huge_cell_is_refused_by_line_and_column(tmp_path):
+    path = tmp_path / "big.csv"
+    with open(path, "w") as handle:
+        handle.write("text,label\nshort,a\n")
+        handle.write('"' + "x" * 10_000_000 + '",b\n')
+    with pytest.raises(
+        DataError, match=r"big.csv:3: column 'text': a cell of 10,000,000 characters"
+    ):
+        rows(path)
+    # an unclosed quote that swallows the rest of a file: csv's own limit, still by line
+    with open(path, "w") as handle:
+        handle.write('text,label\nshort,a\n"' + ("y" * 100 + "\n") * 50_000)
+    with pytest.raises(DataError, match=r"big.csv:3: .*unclosed quote"):
+        rows(path, max_cell_chars=100_000)
+
+
+def test_bytes_that_are_not_utf8_name_the_line_and_the_encoding_to_pass(tmp_path):
+    path = tmp_path / "latin.csv"
+    path.write_bytes("text,label\nok,a\ncafé au lait,b\n".encode("cp1252"))
+    with pytest.raises(DataError) as err:
+        rows(path)
+    message = str(err.value)
+    assert f"{path}:3: not utf-8 (byte 0xE9 at column 4" in message
+    assert "--encoding cp1252" in message
+    assert rows(path, encoding="cp1252")[1].values["text"] == "café au lait"
+    utf16 = tmp_path / "wide.csv"
+    utf16.write_bytes("text,label\nhello,a\n".encode("utf-16"))
+    with pytest.raises(DataError, match="--encoding utf-16"):
+        rows(utf16)
+    assert rows(utf16, encoding="utf-16")[0].values == {"text": "hello", "label": "a"}
+
+
+def test_bad_json(tmp_path):
+    jsonl = tmp_path / "bad.jsonl"
+    jsonl.write_text('{"text": "a", "label": "x"}\n{"text": "b", "label": \n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: not JSON"):
+        rows(jsonl)
+    scalar = tmp_path / "scalar.jsonl"
+    scalar.write_text('"just a string"\n')
+    with pytest.raises(DataError, match=r"scalar.jsonl:1: a JSON str, expected an object"):
+        rows(scalar)
+    listed = tmp_path / "list.json"
+    listed.write_text('[\n  {"text": "a", "label": "x"},\n  {"text": "b" "label": "y"}\n]')
+    with pytest.raises(DataError, match=r"list.json:3: not JSON"):
+        rows(listed)
+
+
+def test_conll_columns(tmp_path):
+    path = tmp_path / "tweets.conll"
+    path.write_text(
+        "-DOCSTART- O\n\n@ann\tB-user\nloves\tO\n#pizza\tB-food\n\nNew\tB-city\nYork\tI-city\n\n\n",
+        encoding="utf-8",
+    )
+    sentences, width = read_conll_columns(path)
+    assert width == 2
+    assert [[r[0] for r in s.rows] for s in sentences] == [
+        ["@ann", "loves", "#pizza"],
+        ["New", "York"],
+    ]
+    assert [s.lines for s in sentences] == [[3, 4, 5], [7, 8]]
+    ragged = tmp_path / "ragged.txt"
+    ragged.write_text("a B-X\nb I-X\nc\n")
+    with pytest.raises(DataError, match=r"ragged.txt:3: 1 field, the file's lines have 2"):
+        read_conll_columns(ragged)
