@@ -65,8 +65,6 @@ def transformers_user(
     """The loop a transformers user writes; returns the last epoch's dev figures."""
     import transformers
 
-    autocast = partial(torch.autocast, "cpu", dtype=torch.bfloat16, enabled=bf16)
-
     task = get_task(task_name)
     torch.manual_seed(seed)
     tokenizer = transformers.BertTokenizerFast.from_pretrained(model_dir)
@@ -88,6 +86,19 @@ def transformers_user(
         collator = transformers.DataCollatorWithPadding(tokenizer)
         train_rows = _sentences(tokenizer, train, labels, regression, sizes.max_seq_length)
         dev_rows = _sentences(tokenizer, dev, labels, regression, sizes.max_seq_length)
+    return user_training(
+        model, collator, train_rows, sizes, seed, bf16,
+        lambda: _score(task, model, collator, dev, dev_rows, labels, tagging),
+    )  # fmt: skip
+
+
+def user_training(model, collator, train_rows, sizes, seed: int, bf16: bool, evaluate) -> dict:
+    """The training loop transformers' documentation teaches: AdamW over the decay groups,
+    linear warm-up over 10% of the steps then decay, random batches padded to their longest,
+    gradients clipped at 1; `evaluate()` after every epoch. Returns the last epoch's figures."""
+    import transformers
+
+    autocast = partial(torch.autocast, "cpu", dtype=torch.bfloat16, enabled=bf16)
     groups = [
         {"params": [p for n, p in model.named_parameters() if not n.endswith(NO_DECAY)],
          "weight_decay": 0.01},
@@ -115,8 +126,9 @@ def transformers_user(
             optimizer.step()
             schedule.step()
             optimizer.zero_grad()
-        with autocast():
-            figures = _score(task, model, collator, dev, dev_rows, labels, tagging)
+        with autocast(), torch.no_grad():
+            model.eval()
+            figures = evaluate()
     return figures
 
 

@@ -25,6 +25,7 @@ _EXPORTS = {
     "BertForMultipleChoice": "bertkit.heads",
     "finetune": "bertkit.finetune",
     "FinetuneConfig": "bertkit.finetune",
+    "DataConfig": "bertkit.tasks.own",
     "Predictor": "bertkit.predict",
     "extract": "bertkit.features",
     "FillMask": "bertkit.fill_mask",
@@ -45,6 +46,7 @@ __all__ = [
     "BertForMultipleChoice",
     "finetune",
     "FinetuneConfig",
+    "DataConfig",
     "Predictor",
     "extract",
     "FillMask",
@@ -78,4 +80,5 @@ if TYPE_CHECKING:
     )
     from bertkit.insight import attention, similarity
     from bertkit.model import BertModel, BertModelOutput
+    from bertkit.tasks.own import DataConfig
     from bertkit.tokenizer import BertTokenizer, train_vocab

@@ -157,7 +157,17 @@ def _finetune(args: argparse.Namespace) -> None:
     if "test" in results:
         shown["test"] = results["test"]
     print(json.dumps(shown, indent=1))
+    _print_reports(results.get("report"))
     print(f"wrote {args.out}/results.json")
+
+
+def _print_reports(reports: dict | None) -> None:
+    """Each split's per-class table (the whole report stays in results.json)."""
+    from bertkit.tasks.labels import report_table
+
+    for split, report in (reports or {}).items():
+        if isinstance(report, dict) and report.get("per_class"):
+            print(f"\n{'validation' if split == 'dev' else split}:\n{report_table(report)}")
 
 
 def _spread(results: dict) -> dict:
@@ -179,7 +189,12 @@ def _evaluate(args: argparse.Namespace) -> None:
         device=args.device,
         progress=True,
     )
+    report = result.pop("report", None)
     print(json.dumps(result, indent=1))
+    if report and report.get("per_class"):
+        from bertkit.tasks.labels import report_table
+
+        print(report_table(report))
 
 
 def _predict(args: argparse.Namespace) -> None:

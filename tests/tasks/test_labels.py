@@ -14,6 +14,7 @@ from bertkit.tasks.labels import (
     multi_label_figures,
     parse_label,
     per_class,
+    report_table,
     sorted_names,
 )
 
@@ -95,6 +96,17 @@ def test_per_class_figures_are_scikit_learns():
     assert multi["micro_f1"] == pytest.approx(metrics.f1_score(gold_sets, guessed, average="micro"))
     assert multi["macro_f1"] == pytest.approx(metrics.f1_score(gold_sets, guessed, average="macro"))
     assert multi["subset_accuracy"] == pytest.approx(metrics.accuracy_score(gold_sets, guessed))
+
+
+def test_report_table_lists_classes_by_support_with_their_figures():
+    found = per_class(np.array([0, 0, 0, 1, 2, 2]), np.array([0, 0, 1, 1, 2, 0]), ["a", "bb", "c"])
+    found["per_class"]["c"]["threshold"] = 0.25
+    lines = report_table(found).splitlines()
+    assert lines[0].split() == ["label", "precision", "recall", "f1", "support"]
+    assert [line.split()[0] for line in lines[1:]] == ["a", "c", "bb"]  # 3, 2, 1 gold rows
+    assert lines[1].split()[1:] == ["0.667", "0.667", "0.667", "3"]
+    assert lines[2].endswith("(threshold 0.25)")
+    assert report_table(found, limit=1).splitlines()[-1] == "… 2 more in results.json"
 
 
 def test_thresholds_reach_the_best_f1_of_any_cut():

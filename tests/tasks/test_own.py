@@ -42,6 +42,9 @@ def test_the_command_prints_what_it_read(words_model, tmp_path, capsys):
     assert "3 labels: business " in captured.err
     assert "1 of 40 examples longer than 64 pieces were cut by 38 pieces" in captured.err
     assert '"accuracy"' in captured.out
+    table = captured.out.split("validation:\n", 1)[1].splitlines()
+    assert table[0].split() == ["label", "precision", "recall", "f1", "support"]
+    assert sorted(line.split()[0] for line in table[1:4]) == ["business", "sports", "tech"]
     # the paper's tasks keep --data; the generic ones refuse it, and the other way round
     assert main(["finetune", "mrpc", "--model", str(words_model), "--train", str(train),
                  "--data", str(tmp_path), "--out", str(tmp_path / "x")]) == 2  # fmt: skip

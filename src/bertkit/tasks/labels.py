@@ -225,6 +225,22 @@ def _prf(right, guessed, true, names) -> dict[str, Any]:
     }
 
 
+def report_table(report: dict[str, Any], limit: int = 50) -> str:
+    """A report's per-class figures as aligned text, the rarest classes last (what the
+    commands print; results.json keeps the whole report)."""
+    table = report.get("per_class") or {}
+    rows = sorted(table.items(), key=lambda item: -item[1]["support"])
+    width = max([5, *(len(str(name)) for name, _ in rows[:limit])])
+    lines = [f"{'label':<{width}}  precision  recall     f1  support"]
+    for name, row in rows[:limit]:
+        threshold = f"  (threshold {row['threshold']:.2f})" if "threshold" in row else ""
+        lines.append(f"{str(name):<{width}}  {row['precision']:9.3f}  {row['recall']:6.3f}  "
+                     f"{row['f1']:5.3f}  {row['support']:7,}{threshold}")  # fmt: skip
+    if len(rows) > limit:
+        lines.append(f"… {len(rows) - limit} more in results.json")
+    return "\n".join(lines)
+
+
 def best_thresholds(probabilities: np.ndarray, gold: np.ndarray) -> np.ndarray:
     """Per label, the threshold that maximises that label's F1 on these rows (predict the label
     where its probability is at least the threshold); 0.5 for a label no row carries. Thresholds

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,6 +159,10 @@ class TextClassificationTask(OwnTask):
 
     # ----------------------------------------------------------------- reading
     def read(self, data, split: str) -> list[TextExample]:
+        return list(self.stream(data, split))
+
+    def stream(self, data, split: str) -> Iterator[TextExample]:
+        """The split's examples one by one as the file is read (memory flat in its length)."""
         path = self.split_path(data, split)
         d = self.data
         needed = [d.text_column] + ([d.text_pair_column] if d.text_pair_column else [])
@@ -166,8 +170,7 @@ class TextClassificationTask(OwnTask):
         if labelled:
             needed.append(d.label_column)
         optional = () if labelled else (d.label_column,)
-        source = str(path)
-        examples = []
+        source, empty = str(path), True
         for row in read_rows(path, needed, d.file_options(), optional=optional):
             v = row.values
             text = text_cell(path, row.line, d.text_column, v[d.text_column])
@@ -175,10 +178,10 @@ class TextClassificationTask(OwnTask):
             if d.text_pair_column:  # an empty second text is no second segment
                 pair = text_cell(path, row.line, d.text_pair_column, v[d.text_pair_column],
                                  required=False) or None  # fmt: skip
-            examples.append(TextExample(source, row.line, text, pair, v.get(d.label_column)))
-        if not examples:
+            empty = False
+            yield TextExample(source, row.line, text, pair, v.get(d.label_column))
+        if empty:
             raise DataError(path, None, "no rows")
-        return examples
 
     def labelled(self, examples, split: str) -> bool:
         return bool(examples) and all(e.label is not None for e in examples)
