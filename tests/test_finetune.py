@@ -250,6 +250,15 @@ def test_finetune_resumes_after_a_kill(tiny_checkpoint, tmp_path, monkeypatch):
             finetune("qnli", tiny_checkpoint, data, tmp_path / "run", other)
 
 
+def test_taggers_draw_random_batches_unless_told():
+    """Token tagging averages its loss over a batch's words, so length-sorted batches would
+    weigh short sentences' words up: taggers default to random batches, the rest to buckets."""
+    for name, expected in (("conll2003", 1), ("token-classification", 1), ("mrpc", 50),
+                           ("squad1", 50), ("text-classification", 50)):  # fmt: skip
+        assert FinetuneConfig().resolved(get_task(name)).bucket_batches == expected, name
+    assert FinetuneConfig(bucket_batches=50).resolved(get_task("conll2003")).bucket_batches == 50
+
+
 def test_bilstm_heads_of_table_5(tiny_checkpoint, tmp_path):
     """`+ BiLSTM`: padding never reaches the recurrence, and the head round-trips through
     finetune -> evaluate/predict."""

@@ -91,10 +91,10 @@ class FinetuneConfig:
     weight_decay: float = setting(0.01, "decoupled weight decay (not on biases, LayerNorm)")
     seed: int = setting(42, "seed of the head's init, dropout and batch order")
     eval_batch_size: int = setting(64, "sequences per evaluation batch", check="positive")
-    bucket_batches: int = setting(
-        50,
+    bucket_batches: int | None = setting(
+        None,
         "batches' worth of training examples sorted by length together, so a batch pads little "
-        "(1: random batches, as transformers' Trainer draws them)",
+        "(50; token tagging: 1, random batches, as transformers' Trainer draws them)",
         check="positive",
     )
     precision: str = precision_setting()
@@ -141,6 +141,7 @@ class FinetuneConfig:
             learning_rate=self.learning_rate or task.default_learning_rate,
             batch_size=self.batch_size or task.default_batch_size,
             max_seq_length=self.max_seq_length or task.default_max_seq_length,
+            bucket_batches=self.bucket_batches or task.default_bucket_batches,
         )
 
 
@@ -334,7 +335,7 @@ def finetune(
         sizes.batch_size,
         functools.partial(collate, padded=task.padded_inputs),
         seed=config.seed,
-        bucket_batches=config.bucket_batches,
+        bucket_batches=config.bucket_batches or task.default_bucket_batches,
     )
     steps_per_epoch = batches.batches_per_epoch
     max_steps = steps_per_epoch * sizes.epochs

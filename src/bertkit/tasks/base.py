@@ -62,6 +62,8 @@ class Task:
     default_learning_rate: float = 5e-5
     default_epochs: int = 3
     default_batch_size: int = 32
+    # batches' worth of training features sorted by length together (FinetuneConfig's)
+    default_bucket_batches: int = 50
     # per-example model inputs that collate pads (with the value given) to the batch's longest
     padded_inputs: ClassVar[dict[str, int]] = {
         "input_ids": 0,
