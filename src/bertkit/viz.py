@@ -71,6 +71,8 @@ def plot_log(log: str | os.PathLike, png: str | os.PathLike, title: str = "") ->
         and "loss" not in k
         and "perplexity" not in k
         and not k.endswith(("total", "thresh"))
+        # a tagger's per-type figures (precision_LOC, f1_creative-work, ...) are in the report
+        and not k.startswith(("precision_", "recall_", "f1_"))
     ]
     has_lr = any("lr" in e for e in train)
     count = len(losses) + bool(figures) + has_lr
@@ -177,7 +179,8 @@ def plot_confusion(
                 ax.text(j, i, f"{matrix[i, j]:,}", ha="center", va="center", color=colour,
                         fontsize=9 if n <= 10 else 7)  # fmt: skip
     correct = np.trace(matrix) / max(matrix.sum(), 1)
-    ax.set_title(f"{title}\n{matrix.sum():,} rows, diagonal {correct:.1%}" if title else "")
+    unit = "words" if "word" in confusion.get("rows", "") else "rows"  # taggers count words
+    ax.set_title(f"{title}\n{matrix.sum():,} {unit}, diagonal {correct:.1%}" if title else "")
     fig.tight_layout()
     png = Path(png)
     with atomic_path(png) as tmp:
