@@ -50,7 +50,8 @@ from bertkit.tasks.ner import ConllTask, to_iob2
 NO_DECAY = ("bias", "LayerNorm.weight")
 
 
-SIDES = ("bertkit", "transformers", "bertkit-bf16", "transformers-bf16", "bertkit-bf16-random")
+SIDES = ("bertkit", "transformers", "bertkit-bf16", "transformers-bf16", "bertkit-bf16-random",
+         "bertkit-random")  # fmt: skip
 
 
 def transformers_user(

