@@ -368,21 +368,27 @@ def test_tensors_missing_from_the_checkpoint_get_a_real_initialisation(tiny_conf
     assert torch.all(clf.classifier.bias == 0) and clf.classifier.weight.abs().max() <= 0.04 + 1e-7
 
 
-def test_written_files_honour_the_umask(tmp_path):
+def test_written_files_honour_the_umask(tmp_path, tiny_config):
     import os
     import stat
 
     from bertkit._io import atomic_write_text
 
+    model = BertForSequenceClassification(tiny_config.with_labels(2))
+    modes = {}
     previous = os.umask(0o022)
     try:
-        atomic_write_text(tmp_path / "a.txt", "x")
-        os.umask(0o077)
-        atomic_write_text(tmp_path / "b.txt", "x")
+        for umask in (0o022, 0o077):
+            os.umask(umask)
+            folder = tmp_path / f"{umask:o}"
+            atomic_write_text(folder / "a.txt", "x")
+            model.save_pretrained(folder)  # safetensors' save_file sets 0600 itself
+            modes[umask] = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()}
     finally:
         os.umask(previous)
-    assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == 0o644  # not mkstemp's 0600
-    assert stat.S_IMODE((tmp_path / "b.txt").stat().st_mode) == 0o600
+    assert set(modes[0o022]) >= {"a.txt", "config.json", "model.safetensors"}
+    assert set(modes[0o022].values()) == {0o644}  # not mkstemp's or safetensors' 0600
+    assert set(modes[0o077].values()) == {0o600}
 
 
 def test_a_full_disk_is_named_and_keeps_the_previous_file(tmp_path, monkeypatch):

@@ -32,6 +32,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         with open(tmp, "rb+") as handle:
+            # again: a writer may have replaced the file or set its own mode (safetensors'
+            # save_file makes it 0600 whatever the umask)
+            os.fchmod(handle.fileno(), 0o666 & ~_umask())
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException as err:
