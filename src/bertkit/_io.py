@@ -24,16 +24,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    # mkstemp makes the file 0600; give it the mode a plain open() would (0666 minus the umask,
-    # typically 0644) so that a colleague or a serving container can read models and shards
-    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     tmp = Path(name)
     try:
         yield tmp
         with open(tmp, "rb+") as handle:
-            # again: a writer may have replaced the file or set its own mode (safetensors'
-            # save_file makes it 0600 whatever the umask)
+            # the mode a plain open() gives (0666 minus the umask, typically 0644), so that a
+            # colleague or a serving container can read models and shards: mkstemp makes the
+            # file 0600, and a writer may set its own mode (safetensors' save_file: 0600)
             os.fchmod(handle.fileno(), 0o666 & ~_umask())
             os.fsync(handle.fileno())
         os.replace(tmp, path)

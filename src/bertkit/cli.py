@@ -191,10 +191,7 @@ def _evaluate(args: argparse.Namespace) -> None:
     )
     report = result.pop("report", None)
     print(json.dumps(result, indent=1))
-    if report and report.get("per_class"):
-        from bertkit.tasks.labels import report_table
-
-        print(report_table(report))
+    _print_reports({result.get("split", "dev"): report} if report else None)
 
 
 def _predict(args: argparse.Namespace) -> None:

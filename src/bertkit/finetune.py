@@ -68,6 +68,7 @@ class Sizes(NamedTuple):
     learning_rate: float
     batch_size: int
     max_seq_length: int
+    bucket_batches: int
 
 
 @dataclass
@@ -123,16 +124,12 @@ class FinetuneConfig:
     )
 
     def sizes(self) -> Sizes:
-        """The four settings a task fills in, of a `resolved` config."""
-        epochs, lr, batch, length = (
-            self.epochs,
-            self.learning_rate,
-            self.batch_size,
-            self.max_seq_length,
-        )
-        if epochs is None or lr is None or batch is None or length is None:
+        """The five settings a task fills in, of a `resolved` config."""
+        values = (self.epochs, self.learning_rate, self.batch_size, self.max_seq_length,
+                  self.bucket_batches)  # fmt: skip
+        if any(v is None for v in values):
             raise ValueError("FinetuneConfig.resolved(task) first: the task's defaults are unset")
-        return Sizes(epochs, lr, batch, length)
+        return Sizes(*values)  # type: ignore[arg-type]
 
     def resolved(self, task: Task) -> FinetuneConfig:
         return dataclasses.replace(
@@ -335,7 +332,7 @@ def finetune(
         sizes.batch_size,
         functools.partial(collate, padded=task.padded_inputs),
         seed=config.seed,
-        bucket_batches=config.bucket_batches or task.default_bucket_batches,
+        bucket_batches=sizes.bucket_batches,
     )
     steps_per_epoch = batches.batches_per_epoch
     max_steps = steps_per_epoch * sizes.epochs
