@@ -354,6 +354,9 @@ class TextClassificationTask(OwnTask):
         elif isinstance(item, (list, tuple)):
             if len(item) != 2:
                 raise ValueError(f"item {n}: a pair is two texts, got {len(item)}")
+            if not d.text_pair_column:  # a pair would be read as the model never saw input
+                raise ValueError(f"item {n}: {self.name} takes single texts here (the model "
+                                 f"was trained on {d.text_column!r} alone), not pairs")  # fmt: skip
             text, pair = item
         else:
             text, pair = item, None
