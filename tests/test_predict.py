@@ -40,20 +40,6 @@ def test_predict_command_line(tiny_checkpoint, tmp_path, capsys):
     assert cli.main(["evaluate", "--model", str(out), "--data", str(data), "--split", "dev"]) == 0
 
 
-@pytest.fixture(scope="module")
-def topics_model(words_model, tmp_path_factory):
-    root = tmp_path_factory.mktemp("topics")
-    for name, rows in (("train", topic_rows(160)), ("dev", topic_rows(32, 1))):
-        with open(root / f"{name}.csv", "w", newline="") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(["headline", "topic"])
-            writer.writerows([[r["headline"], r["topic"]] for r in rows])
-    data = DataConfig(train=str(root / "train.csv"), validation=str(root / "dev.csv"),
-                      text_column="headline", label_column="topic")  # fmt: skip
-    finetune("text-classification", words_model, data, root / "run", FinetuneConfig(**OWN_QUICK))
-    return root / "run"
-
-
 def test_a_csv_streams_to_jsonl_and_csv(topics_model, tmp_path):
     rows = topic_rows(50, seed=5)
     source = tmp_path / "in.csv"

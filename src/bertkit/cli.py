@@ -235,6 +235,12 @@ def _export(args: argparse.Namespace) -> None:
     print(f"wrote {path}" + (" (int8)" if args.quantize else ""))
 
 
+def _serve(args: argparse.Namespace) -> None:
+    from bertkit.serve import ServeConfig, serve
+
+    serve(args.model, _settings(args, ServeConfig), access_log=args.verbose)
+
+
 def _fill_mask(args: argparse.Namespace) -> None:
     import json
 
@@ -707,6 +713,15 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--opset", type=int, default=17)
     export.add_argument("--overwrite", action="store_true", help="replace what OUT holds")
     export.set_defaults(func=_export)
+
+    from bertkit.serve.config import ServeConfig
+
+    serve = commands.add_parser(
+        "serve", help="an HTTP API with dynamic batching (/predict, /embed, /fill-mask)"
+    )
+    serve.add_argument("model", help="a fine-tuned model, an encoder, or an ONNX export")
+    _add_settings(serve, ServeConfig)
+    serve.set_defaults(func=_serve)
 
     fill = commands.add_parser(
         "fill-mask", help="the most likely pieces for each [MASK] of a text (MLM head)"

@@ -1,0 +1,313 @@
+"""The HTTP API (FastAPI on uvicorn, the `bertkit[serve]` extra) over a `ServedModel`.
+
+    bertkit serve runs/sst2 --port 8080
+    curl -s localhost:8080/predict -H 'content-type: application/json' \\
+         -d '{"inputs": ["a gripping film", "a dull one"]}'
+
+Routes: POST /predict, /embed, /fill-mask (what the model answers; others 404 with the
+reason); GET /health (200 when loaded and warm, 503 while shutting down), /info, /metrics
+(Prometheus text), /docs and /openapi.json. Bad requests get a JSON `{"error", "error_type"}`:
+400 for a body that is not JSON, 413 for more inputs or longer texts than the limits, 422 for
+JSON that is not what the endpoint takes, 503 with `Retry-After` when the queue is full or the
+server is shutting down. SIGTERM: stop accepting, answer what is queued, exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from bertkit.serve.batcher import BatchStats, DynamicBatcher, QueueFull, Stopped
+from bertkit.serve.config import ServeConfig
+from bertkit.serve.engine import ENDPOINTS, InputError, Limits, ServedModel
+from bertkit.serve.metrics import Metrics
+
+log = logging.getLogger("bertkit.serve")
+
+
+class Service:
+    """A loaded model with its batchers, metrics and state (ready, draining)."""
+
+    def __init__(self, model_path: str, config: ServeConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.limits = Limits(config.max_inputs, config.max_chars)
+        # Every model call, the warm-up included, on the one inference thread: a second thread
+        # running torch ops would keep a second OpenMP team, whose workers spin on the cores
+        # the first needs (measured: a Predictor call 6.0 -> 7.2 ms on 2 cores).
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="bertkit-model")
+        self.model = self.executor.submit(self._load, model_path).result()
+        self.metrics.forward_passes = 0  # the warm-up is not served traffic
+        self.batchers: dict[str, DynamicBatcher] = {}
+        self.draining = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def _load(self, path: str) -> ServedModel:
+        _threads(self.config)  # this thread's OpenMP team (the model's calls run here)
+        model = ServedModel(
+            path,
+            backend=self.config.backend,
+            quantize=self.config.quantize,
+            device=self.config.device,
+            max_batch_size=self.config.max_batch_size,
+            on_forward=self.metrics.forward,
+        )
+        model.warm()
+        return model
+
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        for endpoint, ok in self.model.endpoints.items():
+            if ok:
+                self.batchers[endpoint] = DynamicBatcher(
+                    functools.partial(self.model.run, endpoint),
+                    self.executor,
+                    max_batch_size=self.config.max_batch_size,
+                    max_wait_ms=self.config.max_wait_ms,
+                    max_queue=self.config.max_queue,
+                    on_batch=functools.partial(self._batched, endpoint),
+                )
+                self.batchers[endpoint].start()
+
+    def _batched(self, endpoint: str, stats: BatchStats) -> None:
+        self.metrics.batch(f"/{endpoint}", stats.inputs, stats.seconds)
+
+    def drain(self) -> None:
+        """Shutting down: refuse new work, run what waits at once."""
+        self.draining = True
+        for batcher in self.batchers.values():
+            batcher.flush()
+
+    async def stop(self) -> None:
+        self.draining = True
+        await asyncio.gather(*(b.stop() for b in self.batchers.values()))
+        self.executor.shutdown(wait=True)
+        self.model.close()
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.batchers) and not self.draining
+
+
+def create_app(service: Service) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.start()
+        yield
+        await service.stop()
+
+    app = FastAPI(
+        title="bertkit",
+        summary=f"{service.model.source}: " + ", ".join(service.model.info()["endpoints"]),
+        lifespan=lifespan,
+    )
+    limit = service.limits.max_inputs * service.limits.max_chars * 6 + (1 << 20)
+
+    def error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+        kind = {400: "malformed", 404: "unavailable", 413: "too_large", 422: "validation",
+                503: "overloaded"}.get(status, "internal")  # fmt: skip
+        return JSONResponse({"error": message, "error_type": kind}, status, headers=headers)
+
+    async def read_json(request: Request) -> Any:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise InputError(f"a body of {int(declared):,} bytes; the most is {limit:,}", 413)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise InputError(f"a body over {limit:,} bytes", 413)
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise _Malformed(f"the body is not JSON: {err}") from None
+        except RecursionError:
+            raise _Malformed("the body is not JSON this server reads: nested too deeply") from None
+
+    async def answer(endpoint: str, request: Request) -> Response:
+        started = time.perf_counter()
+        inputs = 0
+        try:
+            if service.draining:
+                response = error(503, "the server is shutting down", {"Retry-After": "5"})
+            elif endpoint not in service.batchers:
+                response = error(404, service.model.missing(endpoint))
+            else:
+                items = service.model.parse(endpoint, await read_json(request), service.limits)
+                inputs = len(items)
+                results = await service.batchers[endpoint].submit(items)
+                response = JSONResponse(results)
+        except _Malformed as err:
+            response = error(400, str(err))
+        except InputError as err:
+            response = error(err.status, str(err))
+        except QueueFull as err:
+            response = error(503, str(err), {"Retry-After": str(err.retry_after)})
+        except Stopped as err:
+            response = error(503, str(err), {"Retry-After": "5"})
+        except ValueError as err:  # what the model refused (e.g. a text over its length)
+            response = error(422, str(err))
+        except RecursionError:
+            response = error(422, '"inputs" nested too deeply')
+        except Exception as err:  # never a traceback to the client, never a dead server
+            log.exception("/%s failed", endpoint)
+            response = error(500, f"internal error ({type(err).__name__}); see the server log")
+        service.metrics.request(
+            f"/{endpoint}", response.status_code, time.perf_counter() - started, inputs
+        )
+        return response
+
+    for endpoint in ENDPOINTS:
+        app.add_api_route(
+            f"/{endpoint}",
+            _route(answer, endpoint),
+            methods=["POST"],
+            summary=_SUMMARIES[endpoint],
+            openapi_extra={"requestBody": _request_schema(endpoint)},
+            responses=_RESPONSES,
+        )
+
+    @app.get("/health", summary="200 when the model is loaded and warm, 503 when shutting down")
+    async def health() -> Response:
+        if service.ready:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "draining" if service.draining else "loading"}, 503)
+
+    @app.get("/info", summary="the model, its task, labels and endpoints, the server's limits")
+    async def info() -> dict[str, Any]:
+        return service.model.info() | {"settings": asdict(service.config)}
+
+    @app.get("/metrics", summary="Prometheus text: requests, latency, batch sizes, queue depth")
+    async def metrics() -> Response:
+        depth = {f"/{e}": b.waiting for e, b in service.batchers.items()}
+        return PlainTextResponse(
+            service.metrics.render(depth, service.ready),
+            media_type="text/plain; version=0.0.4",
+        )
+
+    return app
+
+
+class _Malformed(ValueError):
+    pass
+
+
+def _route(answer, endpoint: str):
+    async def route(request: Request):
+        return await answer(endpoint, request)
+
+    route.__name__ = endpoint.replace("-", "_")
+    return route
+
+
+_SUMMARIES = {
+    "predict": "the fine-tuned task's answer per input (label and score, entities, span, choice)",
+    "embed": "a sentence embedding per input (mean-pooled or [CLS], unit length by default)",
+    "fill-mask": "the likeliest tokens at each [MASK] of each input",
+}
+_ITEM = {
+    "anyOf": [
+        {"type": "string", "description": "a text"},
+        {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2,
+         "description": "a pair of texts (a tagger: a list of words)"},
+        {"type": "object", "description": '{"question", "context"} (QA) or '
+                                          '{"context", "choices"} (multiple choice)'},
+    ]
+}  # fmt: skip
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"description": "the body is not JSON"},
+    404: {"description": "this model does not answer this endpoint"},
+    413: {"description": "more inputs or longer texts than the server takes"},
+    422: {"description": "JSON that is not what the endpoint takes"},
+    503: {"description": "the queue is full (see Retry-After) or the server is shutting down"},
+}
+
+
+def _request_schema(endpoint: str) -> dict[str, Any]:
+    properties: dict[str, Any] = {
+        "inputs": {"anyOf": [_ITEM, {"type": "array", "items": _ITEM}],
+                   "description": "one input, or a list of them (one result each)"}
+    }  # fmt: skip
+    if endpoint == "embed":
+        properties["pooling"] = {"enum": ["mean", "cls"], "default": "mean"}
+        properties["normalize"] = {"type": "boolean", "default": True}
+    if endpoint == "fill-mask":
+        properties["top"] = {"type": "integer", "minimum": 1, "maximum": 100, "default": 5}
+    schema = {"type": "object", "required": ["inputs"], "properties": properties}
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+# --------------------------------------------------------------------------- running it
+_ENV = "BERTKIT_SERVE"  # the settings, for each worker process uvicorn starts
+
+
+def serve(model: str | os.PathLike, config: ServeConfig | None = None, *,
+          access_log: bool = False) -> None:  # fmt: skip
+    """Load `model`, warm it, and serve it until SIGTERM or Ctrl-C."""
+    config = config or ServeConfig()
+    # oneDNN keeps a compiled kernel per matrix shape, up to 1,024 of them; unpadded batches
+    # bring a new row count almost every time, so a busy server's memory grew by 160 MB over
+    # its first 40,000 requests before the cache was full (each kernel holds its own copy of a
+    # weight matrix, so even 64 grew 130 MB). 8 holds it flat, at the same speed
+    # (docs/results/serve). Read when oneDNN first runs, so before the model does; a value
+    # in the environment wins.
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
+    _threads(config)
+    common: dict[str, Any] = dict(host=config.host, port=config.port, log_level="warning",
+                  access_log=access_log, timeout_graceful_shutdown=60)  # fmt: skip
+    if config.workers > 1:  # each process loads the model itself (uvicorn's factory mode)
+        os.environ[_ENV] = json.dumps({"model": str(model), "config": asdict(config)})
+        print(_banner(str(model), config, None), file=sys.stderr, flush=True)
+        uvicorn.run(f"{__name__}:_app_from_env", factory=True, workers=config.workers, **common)
+        return
+    service = Service(str(model), config)
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, which also tells the service it is draining on SIGTERM/SIGINT
+        (from the signal handler: the flag at once, the batchers through the event loop)."""
+
+        def handle_exit(self, sig: int, frame) -> None:
+            service.draining = True
+            if service.loop is not None:
+                service.loop.call_soon_threadsafe(service.drain)
+            super().handle_exit(sig, frame)
+
+    server = Server(uvicorn.Config(create_app(service), **common))
+    print(_banner(str(model), config, service), file=sys.stderr, flush=True)
+    server.run()
+
+
+def _threads(config: ServeConfig) -> None:
+    import torch
+
+    threads = config.threads or max(1, (os.cpu_count() or 1) // config.workers)
+    torch.set_num_threads(threads)
+
+
+def _app_from_env():
+    settings = json.loads(os.environ[_ENV])
+    config = ServeConfig(**settings["config"])
+    _threads(config)
+    return create_app(Service(settings["model"], config))
+
+
+def _banner(model: str, config: ServeConfig, service: Service | None) -> str:
+    what = ", ".join(service.model.info()["endpoints"]) if service else f"{config.workers} workers"
+    return (
+        f"bertkit serve: {model} ({what}; {config.backend}"
+        f"{' ' + config.quantize if config.quantize else ''}) on "
+        f"http://{config.host}:{config.port} (docs: /docs)"
+    )

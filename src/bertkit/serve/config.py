@@ -1,0 +1,36 @@
+"""The settings of `bertkit serve` (its flags are built from these fields)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bertkit.settings import setting
+
+
+@dataclass
+class ServeConfig:
+    host: str = setting("127.0.0.1", "address to listen on (0.0.0.0: every interface)")
+    port: int = setting(8080, "port to listen on", check="non-negative")
+    backend: str = setting(
+        "torch", "torch, or onnx (ONNX Runtime; a checkpoint is exported at start-up)",
+        choices=("torch", "onnx"),
+    )  # fmt: skip
+    quantize: str | None = setting(None, "int8: dynamic int8 weights (with --backend onnx)",
+                                   choices=("int8",))  # fmt: skip
+    max_batch_size: int = setting(32, "most inputs in one model call", check="positive")
+    max_wait_ms: float = setting(
+        0.0,
+        "how long a batch may wait for more inputs when the model is free (0: run at once; "
+        "inputs arriving while a batch runs make the next one)",
+        check="non-negative",
+    )
+    max_queue: int = setting(1024, "most inputs waiting; beyond it 503 with Retry-After",
+                             check="positive")  # fmt: skip
+    max_inputs: int = setting(256, "most inputs in one request (413 beyond)", check="positive")
+    max_chars: int = setting(20_000, "longest text in characters (413 beyond)", check="positive")
+    workers: int = setting(1, "server processes, each with its own copy of the model",
+                           check="positive")  # fmt: skip
+    threads: int | None = setting(
+        None, "torch threads per worker (default: the CPU count / workers)", check="positive"
+    )
+    device: str | None = setting(None, "cpu or cuda (default: cuda when available)")

@@ -1,0 +1,388 @@
+"""What the server computes, free of any web framework: one checkpoint loaded once, its
+endpoints, the checks on a request body, and the batch functions the batcher calls.
+
+    model = ServedModel("runs/sst2")
+    items = model.parse("predict", {"inputs": ["a fine film", "a dull one"]}, Limits())
+    model.run("predict", items)   # [{"label": "positive", "score": 0.97, ...}, ...]
+
+A fine-tuned checkpoint (`bertkit_task.json`) answers `predict` with its task's answers (labels
+by name, entities with character offsets, answer spans, choices) and `embed` with its encoder;
+a plain encoder (e.g. all-MiniLM-L6-v2) answers `embed`; one with a masked-LM head (bertkit
+pre-training's output) `fill-mask` and `embed`. With `backend="onnx"` the model runs on ONNX
+Runtime: an export folder is used as it is, any other checkpoint is exported (int8 with
+`quantize="int8"`) into a temporary folder removed by `close()`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bertkit.tasks.base import TASK_FILE
+
+log = logging.getLogger(__name__)
+
+ENDPOINTS = ("predict", "embed", "fill-mask")
+POOLINGS = ("mean", "cls")
+
+
+class InputError(ValueError):
+    """A request the server refuses: `status` 413 (too large) or 422 (not what it takes)."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_inputs: int = 256  # inputs per request
+    max_chars: int = 20_000  # characters per text
+
+
+class _Counting:
+    """A model that reports each call (ONNX Runtime sessions have no forward hooks)."""
+
+    def __init__(self, model: Any, count: Callable[[], None]) -> None:
+        self._model, self._count = model, count
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._count()
+        return self._model(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+class ServedModel:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        backend: str = "torch",
+        quantize: str | None = None,
+        device: str | None = None,
+        max_batch_size: int = 32,
+        on_forward: Callable[[], None] = lambda: None,
+    ) -> None:
+        from bertkit.predict import Predictor
+        from bertkit.serving import ONNX_FILE, ONNX_INFO, OnnxModel, export_onnx
+        from bertkit.tokenizer import BertTokenizer
+
+        if backend not in ("torch", "onnx"):
+            raise ValueError(f"backend must be torch or onnx, not {backend!r}")
+        if quantize not in (None, "int8"):
+            raise ValueError(f"quantize must be int8, not {quantize!r}")
+        if quantize and backend != "onnx":
+            raise ValueError("int8 serving runs on ONNX Runtime: add --backend onnx")
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path}: no such model folder")
+        self.source, self.backend, self.quantize = path, backend, quantize
+        self._exported: Path | None = None
+        if backend == "onnx":
+            if (path / ONNX_FILE).exists():
+                info = (
+                    json.loads((path / ONNX_INFO).read_text())
+                    if (path / ONNX_INFO).exists()
+                    else {}
+                )
+                if quantize and info.get("quantize") != quantize:
+                    raise ValueError(
+                        f"{path / ONNX_FILE} is not {quantize} (it was exported with quantize="
+                        f"{info.get('quantize')}); serve the checkpoint it came from instead"
+                    )
+            else:  # export once, into a folder of our own
+                self._exported = Path(tempfile.mkdtemp(prefix="bertkit-serve-"))
+                log.warning("exporting %s to ONNX%s", path, f" ({quantize})" if quantize else "")
+                export_onnx(path, self._exported, quantize=quantize, overwrite=True)
+                path = self._exported
+        self.path = path
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.max_batch_size = max_batch_size
+        self.predictor: Predictor | None = None
+        self.fill: Any = None
+        self._encoder: Any = None  # a torch BertModel, or an ONNX encoder export
+        self._count = on_forward
+        self.task_name: str | None = None
+        if (path / TASK_FILE).exists():
+            self.predictor = Predictor(
+                path, device=str(self.device), batch_size=max_batch_size, backend=backend
+            )
+            self.tokenizer = self.predictor.tokenizer
+            self.max_seq_length = self.predictor.max_seq_length
+            self.task_name = self.predictor.task.name
+            if backend == "torch":
+                self._encoder = getattr(self.predictor.model, "bert", None)
+            # counted calls, whichever backend (an ONNX session has no forward hooks)
+            self.predictor.model = _Counting(self.predictor.model, on_forward)  # type: ignore[assignment]
+        else:
+            self.tokenizer = BertTokenizer.from_pretrained(path)
+            if backend == "onnx":
+                session = OnnxModel(path)
+                if "last_hidden_state" not in session.names:
+                    raise ValueError(
+                        f"{path}: an ONNX export of {session.info.get('head')} without a task "
+                        "(no bertkit_task.json): nothing to serve"
+                    )
+                self._encoder = session
+            else:
+                self._encoder = self._load_torch_encoder(path)
+            self.max_seq_length = min(self.tokenizer.model_max_length, self._max_positions())
+
+    def _load_torch_encoder(self, path: Path) -> torch.nn.Module:
+        from bertkit.fill_mask import FillMask
+        from bertkit.model import BertModel
+
+        try:
+            self.fill = FillMask(path, device=str(self.device), batch_size=self.max_batch_size)
+        except ValueError as err:  # no masked-LM head: an encoder alone
+            log.info("no fill-mask: %s", err)
+            return BertModel.from_pretrained(path).to(self.device).eval()
+        self.fill.model.register_forward_pre_hook(lambda *_: self._count())
+        return self.fill.model.bert
+
+    def _max_positions(self) -> int:
+        if isinstance(self._encoder, torch.nn.Module):
+            config: Any = self._encoder.config
+            return int(config.max_position_embeddings)
+        config = json.loads((self.path / "config.json").read_text())
+        return int(config.get("max_position_embeddings", 512))
+
+    # ------------------------------------------------------------------ what it serves
+    @property
+    def endpoints(self) -> dict[str, bool]:
+        return {
+            "predict": self.predictor is not None,
+            "embed": self._encoder is not None,
+            "fill-mask": self.fill is not None,
+        }
+
+    def missing(self, endpoint: str) -> str:
+        """Why this model does not answer `endpoint`."""
+        if endpoint == "predict":
+            return (
+                f"{self.source} is not a fine-tuned model (no {TASK_FILE}): it answers "
+                + ", ".join(f"/{e}" for e, ok in self.endpoints.items() if ok)
+            )
+        if endpoint == "embed":
+            return f"the ONNX export of {self.source} has no hidden states: serve it with --backend torch"
+        if self.backend == "onnx":
+            return "fill-mask runs on the torch backend only"
+        return f"{self.source} has no masked-LM head (a pre-trained BERT saved with it has)"
+
+    def info(self) -> dict[str, Any]:
+        labels = self.predictor.labels if self.predictor is not None else None
+        return {
+            "model": str(self.source),
+            "task": self.task_name,
+            "labels": labels,
+            "backend": self.backend,
+            "quantize": self.quantize,
+            "device": str(self.device),
+            "max_seq_length": self.max_seq_length,
+            "endpoints": [f"/{e}" for e, ok in self.endpoints.items() if ok],
+        }
+
+    def close(self) -> None:
+        if self._exported is not None:
+            shutil.rmtree(self._exported, ignore_errors=True)
+            self._exported = None
+
+    # ------------------------------------------------------------------ requests
+    def parse(self, endpoint: str, body: Any, limits: Limits) -> list[Any]:
+        """The inputs of a request body, checked: InputError (413 or 422) says what is wrong.
+        Each input is what `run(endpoint, ...)` takes."""
+        if not isinstance(body, dict):
+            raise InputError(f"the body must be a JSON object, not {_kind(body)}")
+        allowed = {"inputs"} | {"embed": {"pooling", "normalize"}, "fill-mask": {"top"}}.get(
+            endpoint, set()
+        )
+        unknown = sorted(set(body) - allowed)
+        if unknown:
+            raise InputError(f"unknown field {unknown[0]!r}; {endpoint} takes {sorted(allowed)}")
+        if "inputs" not in body:
+            raise InputError('no "inputs": send {"inputs": "a text"} or {"inputs": [...]}')
+        inputs = body["inputs"]
+        if isinstance(inputs, (str, dict)):
+            inputs = [inputs]
+        if not isinstance(inputs, list):
+            raise InputError(f'"inputs" must be a text, a list or an object, not {_kind(inputs)}')
+        if not inputs:
+            raise InputError('"inputs" is empty')
+        if len(inputs) > limits.max_inputs:
+            raise InputError(
+                f"{len(inputs)} inputs in one request; the server takes at most "
+                f"{limits.max_inputs} (--max-inputs)",
+                413,
+            )
+        for n, item in enumerate(inputs):
+            longest = _longest_text(item)
+            if longest > limits.max_chars:
+                raise InputError(
+                    f"inputs[{n}]: a text of {longest:,} characters; the server takes at most "
+                    f"{limits.max_chars:,} (--max-chars)",
+                    413,
+                )
+        if endpoint == "predict":
+            return [self._predict_item(item, n) for n, item in enumerate(inputs)]
+        texts = [_text_or_pair(item, n) for n, item in enumerate(inputs)]
+        if endpoint == "embed":
+            pooling = body.get("pooling", "mean")
+            if pooling not in POOLINGS:
+                raise InputError(f'"pooling" must be one of {list(POOLINGS)}, not {pooling!r}')
+            normalize = body.get("normalize", True)
+            if not isinstance(normalize, bool):
+                raise InputError(f'"normalize" must be true or false, not {normalize!r}')
+            return [(text, pooling, normalize) for text in texts]
+        top = body.get("top", 5)
+        if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= 100:
+            raise InputError(f'"top" must be a whole number from 1 to 100, not {top!r}')
+        from bertkit.tokenizer import MASK
+
+        for n, text in enumerate(texts):
+            if not any(MASK in t for t in ((text,) if isinstance(text, str) else text)):
+                raise InputError(f"inputs[{n}]: no {MASK} to fill")
+        return [(text, top) for text in texts]
+
+    def _predict_item(self, item: Any, n: int) -> Any:
+        from bertkit.predict import _plain
+
+        assert self.predictor is not None
+        try:
+            self.predictor.task.example_of(_plain(item), n)
+        except (ValueError, KeyError, TypeError) as err:
+            message = str(err).removeprefix(f"item {n}: ")
+            raise InputError(f"inputs[{n}]: {message}") from None
+        return item
+
+    # ------------------------------------------------------------------ batches
+    def run(self, endpoint: str, items: list[Any]) -> list[Any]:
+        """One result per input (inputs as `parse` returns them), in one batch."""
+        if endpoint == "predict":
+            assert self.predictor is not None
+            return self.predictor(items)
+        if endpoint == "embed":
+            return self._embed(items)
+        return self._fill_mask(items)
+
+    @torch.inference_mode()
+    def _embed(self, items: list[tuple[Any, str, bool]]) -> list[list[float]]:
+        texts = [t if isinstance(t, str) else t[0] for t, _, _ in items]
+        pairs = [None if isinstance(t, str) else t[1] for t, _, _ in items]
+        encoded = self.tokenizer(
+            texts,
+            pairs if any(p is not None for p in pairs) else None,
+            max_length=self.max_seq_length,
+            truncation=True,
+            padding=True,
+            return_tensors="pt",
+        )
+        mask = encoded["attention_mask"]
+        self._count()
+        if isinstance(self._encoder, torch.nn.Module):
+            hidden = (
+                self._encoder(
+                    encoded["input_ids"].to(self.device),
+                    encoded["token_type_ids"].to(self.device),
+                    mask.to(self.device),
+                    unpad=True,
+                )
+                .last_hidden_state.float()
+                .cpu()
+            )
+        else:
+            hidden = self._encoder(
+                input_ids=encoded["input_ids"],
+                token_type_ids=encoded["token_type_ids"],
+                attention_mask=mask,
+            ).last_hidden_state.float()
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        mean = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
+        cls = hidden[:, 0]
+        vectors = []
+        for row, (_, pooling, normalize) in enumerate(items):
+            vector = (mean if pooling == "mean" else cls)[row]
+            if normalize:
+                vector = vector / vector.norm().clamp(min=1e-12)
+            vectors.append(vector.tolist())
+        return vectors
+
+    def _fill_mask(self, items: list[tuple[Any, int]]) -> list[list[dict[str, Any]]]:
+        top = max(t for _, t in items)
+        texts = [tuple(t) if isinstance(t, list) else t for t, _ in items]
+        filled = self.fill(texts, top=top)
+        return [
+            [{key: value[:want] if isinstance(value, list) else value for key, value in m.items()}
+             for m in masks]
+            for masks, (_, want) in zip(filled, items, strict=True)
+        ]  # fmt: skip
+
+    def warm(self) -> None:
+        """Each endpoint once on two short inputs (lazy set-up), then on a full batch of the
+        longest inputs: the memory a busy server holds is taken at start-up, not an hour in
+        (measured: RSS then stays within a few percent over 100,000 requests)."""
+        from bertkit.tokenizer import MASK
+
+        # a word that is one piece of this vocabulary, so n words are n pieces
+        word = next((t for t in self.tokenizer.vocab if t.isalpha() and t.islower()), "a")
+        short, long = "Warm up.", " ".join([word] * self.max_seq_length)
+        for endpoint, ok in self.endpoints.items():
+            if not ok:
+                continue
+            if endpoint == "predict":
+                assert self.predictor is not None
+                for size in (short, long):
+                    item = self._predict_example(size)
+                    self.run(endpoint, [item] * (2 if size is short else self.max_batch_size))
+            elif endpoint == "embed":
+                self.run(endpoint, [(short, "mean", True)] * 2)
+                self.run(endpoint, [(long, "mean", True)] * self.max_batch_size)
+            else:
+                filler = " ".join([word] * (self.max_seq_length - 3))
+                self.run(endpoint, [(f"Warm {MASK}.", 1)] * 2)
+                self.run(endpoint, [(f"{MASK} {filler}", 1)] * self.max_batch_size)
+
+    def _predict_example(self, text: str) -> Any:
+        """An input this model's task takes, made of `text`."""
+        assert self.predictor is not None
+        for item in (text, [text, text], {"question": "What?", "context": text},
+                     {"context": text, "choices": ["yes", "no"]}):  # fmt: skip
+            try:
+                self.predictor.task.example_of(item, 0)
+            except (ValueError, KeyError, TypeError):
+                continue
+            return item
+        raise ValueError(f"{self.source}: found no input its task {self.task_name} takes")
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a text", bool: "true/false"}.get(
+        type(value), "a number" if isinstance(value, (int, float)) else "null"
+    )
+
+
+def _longest_text(item: Any) -> int:
+    if isinstance(item, str):
+        return len(item)
+    if isinstance(item, (list, tuple)):
+        return max((_longest_text(x) for x in item), default=0)
+    if isinstance(item, dict):
+        return max((_longest_text(x) for x in item.values()), default=0)
+    return 0
+
+
+def _text_or_pair(item: Any, n: int) -> str | tuple[str, str]:
+    if isinstance(item, str):
+        return item
+    if isinstance(item, list) and len(item) == 2 and all(isinstance(t, str) for t in item):
+        return (item[0], item[1])
+    raise InputError(f"inputs[{n}]: a text or a pair of texts [a, b], not {_kind(item)}")

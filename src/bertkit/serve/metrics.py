@@ -1,0 +1,126 @@
+"""The server's counters in Prometheus' text format (no client library needed for these few).
+
+>>> m = Metrics()
+>>> m.request("/predict", 200, 0.004, inputs=2)
+>>> m.batch("/predict", inputs=2, seconds=0.003)
+>>> text = m.render({"/predict": 0})
+>>> 'bertkit_requests_total{endpoint="/predict",code="200"} 1' in text
+True
+>>> 'bertkit_request_duration_seconds_bucket{endpoint="/predict",le="0.005"} 1' in text
+True
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class _Histogram:
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+        self.sum += value
+        self.count += 1
+
+    def lines(self, name: str, labels: str) -> list[str]:
+        sep = "," if labels else ""
+        out = [
+            f'{name}_bucket{{{labels}{sep}le="{bound:g}"}} {n}'
+            for bound, n in zip(self.buckets, self.counts, strict=True)
+        ]
+        out.append(f'{name}_bucket{{{labels}{sep}le="+Inf"}} {self.count}')
+        out.append(f"{name}_sum{{{labels}}} {self.sum:.6f}")
+        out.append(f"{name}_count{{{labels}}} {self.count}")
+        return out
+
+
+class Metrics:
+    """Requests by endpoint and status, their latency, inputs, batches (size, time) and forward
+    passes. Updated from the event loop and the inference thread, hence the lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: dict[tuple[str, int], int] = defaultdict(int)
+        self.inputs: dict[str, int] = defaultdict(int)
+        self.latency: dict[str, _Histogram] = defaultdict(lambda: _Histogram(LATENCY_BUCKETS))
+        self.batch_size: dict[str, _Histogram] = defaultdict(lambda: _Histogram(BATCH_BUCKETS))
+        self.batch_seconds: dict[str, _Histogram] = defaultdict(lambda: _Histogram(LATENCY_BUCKETS))
+        self.forward_passes = 0
+
+    def request(self, endpoint: str, code: int, seconds: float, inputs: int = 0) -> None:
+        with self._lock:
+            self.requests[endpoint, code] += 1
+            self.inputs[endpoint] += inputs
+            self.latency[endpoint].observe(seconds)
+
+    def batch(self, endpoint: str, inputs: int, seconds: float) -> None:
+        with self._lock:
+            self.batch_size[endpoint].observe(inputs)
+            self.batch_seconds[endpoint].observe(seconds)
+
+    def forward(self) -> None:
+        with self._lock:
+            self.forward_passes += 1
+
+    def render(self, queue_depth: dict[str, int], ready: bool = True) -> str:
+        with self._lock:
+            out = [
+                "# HELP bertkit_requests_total Requests answered, by endpoint and HTTP status.",
+                "# TYPE bertkit_requests_total counter",
+            ]
+            for (endpoint, code), n in sorted(self.requests.items()):
+                out.append(f'bertkit_requests_total{{endpoint="{endpoint}",code="{code}"}} {n}')
+            out += [
+                "# HELP bertkit_inputs_total Inputs (texts, pairs, questions) answered.",
+                "# TYPE bertkit_inputs_total counter",
+            ]
+            for endpoint, n in sorted(self.inputs.items()):
+                out.append(f'bertkit_inputs_total{{endpoint="{endpoint}"}} {n}')
+            out += [
+                "# HELP bertkit_request_duration_seconds Time from request to response.",
+                "# TYPE bertkit_request_duration_seconds histogram",
+            ]
+            for endpoint, histogram in sorted(self.latency.items()):
+                out += histogram.lines("bertkit_request_duration_seconds", _label(endpoint))
+            out += [
+                "# HELP bertkit_batch_size Inputs per model call (dynamic batching).",
+                "# TYPE bertkit_batch_size histogram",
+            ]
+            for endpoint, histogram in sorted(self.batch_size.items()):
+                out += histogram.lines("bertkit_batch_size", _label(endpoint))
+            out += [
+                "# HELP bertkit_batch_duration_seconds Time of one batch on the model.",
+                "# TYPE bertkit_batch_duration_seconds histogram",
+            ]
+            for endpoint, histogram in sorted(self.batch_seconds.items()):
+                out += histogram.lines("bertkit_batch_duration_seconds", _label(endpoint))
+            out += [
+                "# HELP bertkit_forward_passes_total Forward passes of the model.",
+                "# TYPE bertkit_forward_passes_total counter",
+                f"bertkit_forward_passes_total {self.forward_passes}",
+                "# HELP bertkit_queue_depth Inputs waiting for the model, by endpoint.",
+                "# TYPE bertkit_queue_depth gauge",
+            ]
+            for endpoint, n in sorted(queue_depth.items()):
+                out.append(f'bertkit_queue_depth{{endpoint="{endpoint}"}} {n}')
+            out += [
+                "# HELP bertkit_ready 1 when the model is loaded and warm and not shutting down.",
+                "# TYPE bertkit_ready gauge",
+                f"bertkit_ready {int(ready)}",
+            ]
+        return "\n".join(out) + "\n"
+
+
+def _label(endpoint: str) -> str:
+    return f'endpoint="{endpoint}"'

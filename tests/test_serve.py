@@ -1,0 +1,229 @@
+"""What `bertkit serve` computes, without HTTP (issue 26): every head answers a batch gathered
+from many requests as it answers each alone, request bodies are checked with the right status,
+embeddings and fill-mask equal the library's, ONNX serving equals torch; and the dynamic batcher
+gathers, splits, isolates a faulty request and refuses work when full."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from bertkit import Predictor
+from bertkit.fill_mask import FillMask
+from bertkit.finetune import FinetuneConfig, build_model, save_finetuned
+from bertkit.model import BertModel
+from bertkit.serve import DynamicBatcher, InputError, Limits, QueueFull, ServedModel
+from bertkit.tasks import get_task
+from bertkit.tokenizer import BertTokenizer
+
+HEADLINES = ["stocks market profit bank today", "the team goal match coach", "a new chip",
+             "robot startup cloud phone", "coach after the league"]  # fmt: skip
+INPUTS = {
+    "sst2": HEADLINES,
+    "mrpc": [["stocks rally", "the market rallies"], ["a new chip", "the team wins"]],
+    "stsb": [["stocks rally", "the market rallies"], ["a new chip", "a chip"]],
+    "conll2003": ["paris loves pizza today", ["oslo", "eats", "sushi"], "lima"],
+    "squad2": [{"question": "who eats sushi ?", "context": "oslo eats sushi . lima eats tacos ."},
+               {"question": "what ?", "context": "the team wins the match"}],
+    "swag": [{"context": "the team wins", "choices": ["the match", "the chip", "a bank"]},
+             {"context": "stocks rally", "question": "the", "endings": ["market", "team"]}],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def heads(words_model, tmp_path_factory):
+    """A random fine-tuned checkpoint of each kind of head (sequence classification, pairs,
+    regression, tagging, span QA with null answers, multiple choice)."""
+    tokenizer = BertTokenizer.from_pretrained(words_model)
+    made = {}
+    for name in INPUTS:
+        task = get_task(name)
+        out = tmp_path_factory.mktemp(name)
+        save_finetuned(build_model(task, words_model, seed=0), tokenizer, out, task,
+                       FinetuneConfig(max_seq_length=48))  # fmt: skip
+        made[name] = out
+    return made
+
+
+@pytest.mark.parametrize("name", list(INPUTS))
+def test_every_head_answers_a_gathered_batch_as_each_input_alone(name, heads):
+    served = ServedModel(heads[name], max_batch_size=8)
+    alone = Predictor(heads[name])
+    items = served.parse("predict", {"inputs": INPUTS[name]}, Limits())
+    gathered = served.run("predict", items + items[:1])  # two requests in one batch
+    expected = [alone([item])[0] for item in INPUTS[name]]
+    assert _close(gathered[: len(items)], expected)
+    assert _close(gathered[-1:], expected[:1])
+    assert served.endpoints == {"predict": True, "embed": True, "fill-mask": False}
+
+
+def _close(got, expected) -> bool:
+    """Answers equal but for float rounding (batch composition changes the last bits)."""
+    if isinstance(expected, dict):
+        return got.keys() == expected.keys() and all(_close(got[k], expected[k]) for k in got)
+    if isinstance(expected, (list, tuple)):
+        return len(got) == len(expected) and all(
+            _close(g, e) for g, e in zip(got, expected, strict=True)
+        )
+    if isinstance(expected, float):
+        return got == pytest.approx(expected, abs=1e-4)
+    return got == expected
+
+
+def test_label_names_and_entities(topics_model, heads):
+    served = ServedModel(topics_model)
+    answers = served.run("predict", served.parse("predict", {"inputs": HEADLINES[:2]}, Limits()))
+    assert answers[0]["label"] == "business" and answers[1]["label"] == "sports"
+    assert set(answers[0]["probabilities"]) == {"business", "sports", "tech"}
+    assert served.info()["labels"] == ["business", "sports", "tech"]
+    tagger = ServedModel(heads["conll2003"])
+    [answer] = tagger.run("predict", ["paris loves pizza"])
+    assert answer["words"] == ["paris", "loves", "pizza"] and answer["offsets"][2] == [12, 17]
+    assert len(answer["tags"]) == 3 and "entities" in answer
+
+
+@pytest.mark.parametrize(
+    "body, status, words",
+    [
+        ([], 422, "must be a JSON object"),
+        ({"input": "x"}, 422, "unknown field 'input'"),
+        ({}, 422, 'no "inputs"'),
+        ({"inputs": []}, 422, "is empty"),
+        ({"inputs": 3}, 422, "not a number"),
+        ({"inputs": [["a", "b"]]}, 422, "inputs[0]: text-classification takes single texts"),
+        ({"inputs": ["ok", 7]}, 422, "inputs[1]"),
+        ({"inputs": ["x"] * 5}, 413, "5 inputs in one request; the server takes at most 4"),
+        ({"inputs": ["ok", "y" * 41]}, 413, "inputs[1]: a text of 41 characters"),
+    ],
+)
+def test_bad_bodies_are_refused_with_a_status_and_a_reason(topics_model, body, status, words):
+    served = ServedModel(topics_model)
+    with pytest.raises(InputError) as caught:
+        served.parse("predict", body, Limits(max_inputs=4, max_chars=40))
+    assert caught.value.status == status
+    assert words in str(caught.value)
+
+
+def test_embed_is_the_mean_or_cls_of_the_encoder(minilm_dir):
+    served = ServedModel(minilm_dir)
+    assert served.endpoints == {"predict": False, "embed": True, "fill-mask": False}
+    assert "not a fine-tuned model" in served.missing("predict")
+    texts = ["A man is playing a guitar.", "Stocks fell.", ["A question?", "Its answer."]]
+    body = {"inputs": texts, "normalize": False}
+    mean = torch.tensor(served.run("embed", served.parse("embed", body, Limits())))
+    cls = torch.tensor(served.run("embed", served.parse("embed", body | {"pooling": "cls"},
+                                                        Limits())))  # fmt: skip
+    unit = torch.tensor(served.run("embed", served.parse("embed", {"inputs": texts}, Limits())))
+    model = BertModel.from_pretrained(minilm_dir).eval()
+    tokenizer = BertTokenizer.from_pretrained(minilm_dir)
+    for row, text in enumerate(texts):
+        pair = (text, None) if isinstance(text, str) else tuple(text)
+        encoded = tokenizer(*pair, return_tensors="pt")
+        with torch.no_grad():
+            hidden = model(**encoded).last_hidden_state[0]
+        assert torch.allclose(mean[row], hidden.mean(0), atol=1e-5)
+        assert torch.allclose(cls[row], hidden[0], atol=1e-5)
+        assert torch.allclose(unit[row], hidden.mean(0) / hidden.mean(0).norm(), atol=1e-5)
+    with pytest.raises(InputError, match="pooling"):
+        served.parse("embed", {"inputs": "x", "pooling": "max"}, Limits())
+
+
+def test_fill_mask_is_the_library_s(mlm_dir):
+    served = ServedModel(mlm_dir)
+    assert served.endpoints == {"predict": False, "embed": True, "fill-mask": True}
+    texts = ["the capital of [MASK] is [MASK] .", ["a [MASK] sat", "on the mat"]]
+    answers = served.run("fill-mask", served.parse("fill-mask", {"inputs": texts, "top": 3},
+                                                   Limits()))  # fmt: skip
+    expected = FillMask(mlm_dir)([texts[0], tuple(texts[1])], top=3)
+    assert _close(answers, expected)
+    with pytest.raises(InputError, match=r"inputs\[0\]: no \[MASK\]"):
+        served.parse("fill-mask", {"inputs": "no mask here"}, Limits())
+    with pytest.raises(InputError, match="top"):
+        served.parse("fill-mask", {"inputs": "a [MASK]", "top": 0}, Limits())
+
+
+def test_onnx_serving_answers_as_torch_and_cleans_up(topics_model, ort):
+    torch_answers = ServedModel(topics_model).run("predict", HEADLINES)
+    for quantize, tolerance in ((None, 1e-4), ("int8", 0.05)):
+        served = ServedModel(topics_model, backend="onnx", quantize=quantize)
+        exported = served.path
+        assert (exported / "model.onnx").exists() and exported != topics_model
+        assert not served.endpoints["embed"] and "--backend torch" in served.missing("embed")
+        answers = served.run("predict", HEADLINES)
+        for got, want in zip(answers, torch_answers, strict=True):
+            for label, p in want["probabilities"].items():
+                assert got["probabilities"][label] == pytest.approx(p, abs=tolerance)
+        served.close()
+        assert not exported.exists()
+    with pytest.raises(ValueError, match="add --backend onnx"):
+        ServedModel(topics_model, quantize="int8")
+
+
+# --------------------------------------------------------------------------- the batcher
+def _batcher(run, **settings) -> DynamicBatcher:
+    return DynamicBatcher(run, ThreadPoolExecutor(1), **settings)
+
+
+def test_batches_hold_at_most_max_batch_size_and_whole_requests():
+    sizes = []
+
+    def run(items):
+        sizes.append(len(items))
+        time.sleep(0.01)
+        return [x * 10 for x in items]
+
+    async def main():
+        batcher = _batcher(run, max_batch_size=5, max_wait_ms=30)
+        batcher.start()
+        requests = [list(range(n, n + 2)) for n in range(0, 20, 2)] + [list(range(100, 107))]
+        answers = await asyncio.gather(*(batcher.submit(r) for r in requests))
+        await batcher.stop()
+        return requests, answers
+
+    requests, answers = asyncio.run(main())
+    assert answers == [[x * 10 for x in r] for r in requests]
+    assert sum(sizes) == 27 and max(sizes) == 7  # the 7-input request ran alone
+    assert all(s <= 5 for s in sizes if s != 7) and len(sizes) < len(requests)
+
+
+def test_a_faulty_request_fails_alone():
+    def run(items):
+        if "bad" in items:
+            raise ValueError("bad input")
+        return [s.upper() for s in items]
+
+    async def main():
+        batcher = _batcher(run, max_batch_size=8, max_wait_ms=30)
+        batcher.start()
+        results = await asyncio.gather(
+            batcher.submit(["a"]), batcher.submit(["bad"]), batcher.submit(["b", "c"]),
+            return_exceptions=True,
+        )  # fmt: skip
+        await batcher.stop()
+        return results
+
+    first, second, third = asyncio.run(main())
+    assert first == ["A"] and third == ["B", "C"]
+    assert isinstance(second, ValueError) and "bad input" in str(second)
+
+
+def test_a_full_queue_refuses_and_stop_answers_what_waits():
+    async def main():
+        batcher = _batcher(lambda items: list(items), max_batch_size=64, max_wait_ms=10_000,
+                           max_queue=3)  # fmt: skip
+        batcher.start()
+        waiting = asyncio.ensure_future(batcher.submit([1, 2]))
+        await asyncio.sleep(0.05)
+        with pytest.raises(QueueFull) as full:
+            await batcher.submit([3, 4])
+        assert full.value.retry_after >= 1
+        started = time.perf_counter()
+        await batcher.stop()  # does not wait out the 10 s
+        return await waiting, time.perf_counter() - started
+
+    answer, seconds = asyncio.run(main())
+    assert answer == [1, 2] and seconds < 2

@@ -1,0 +1,225 @@
+"""`bertkit serve` as users meet it (issue 26): a server started in a subprocess on a tiny
+fine-tuned model, talked to over real HTTP: every endpoint, label names, concurrent requests
+answered right in fewer forward passes, every bad request with its status and no dead server,
+a full queue, and SIGTERM with requests in flight."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+pytestmark = pytest.mark.slow  # subprocesses
+
+
+class Server:
+    """`bertkit serve MODEL ARGS...` on a free port, up once /health says ready."""
+
+    def __init__(self, model, *args: str) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        command = [sys.executable, "-m", "bertkit.cli", "serve", str(model), "--port", str(port)]
+        self.process = subprocess.Popen([*command, *args], stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"the server exited: {self.process.stdout.read()}")  # type: ignore[union-attr]
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        pytest.fail("the server did not become ready in 120 s")
+
+    def post(self, path: str, body, **kwargs):
+        return httpx.post(self.url + path, json=body, timeout=30, **kwargs)
+
+    def metric(self, name: str) -> float:
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+        assert found, f"{name} not in /metrics"
+        return float(found.group(1))
+
+    def stop(self) -> str:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=60)
+        return self.process.stdout.read()  # type: ignore[union-attr]
+
+
+@pytest.fixture(scope="module")
+def server(topics_model):
+    running = Server(topics_model, "--max-wait-ms", "20", "--max-inputs", "8",
+                     "--max-chars", "200")  # fmt: skip
+    yield running
+    running.stop()
+
+
+def test_predict_embed_and_label_names(server):
+    one = server.post("/predict", {"inputs": "stocks market profit bank"})
+    assert one.status_code == 200 and one.headers["content-type"] == "application/json"
+    [answer] = one.json()
+    assert answer["label"] == "business" and set(answer["probabilities"]) == {
+        "business", "sports", "tech"}  # fmt: skip
+    several = server.post("/predict", {"inputs": ["goal match team coach", "chip cloud phone"]})
+    assert [a["label"] for a in several.json()] == ["sports", "tech"]
+    vectors = server.post("/embed", {"inputs": ["goal match", "chip"]}).json()
+    assert len(vectors) == 2 and len(vectors[0]) == 32
+    assert sum(v * v for v in vectors[0]) == pytest.approx(1, abs=1e-4)
+    missing = server.post("/fill-mask", {"inputs": "a [MASK]"})
+    assert missing.status_code == 404 and "no masked-LM head" in missing.json()["error"]
+
+
+def test_operations_endpoints(server):
+    assert server.post("/predict", {"inputs": "goal"}).status_code == 200  # some traffic
+    assert httpx.get(server.url + "/health").json() == {"status": "ready"}
+    info = httpx.get(server.url + "/info").json()
+    assert info["labels"] == ["business", "sports", "tech"]
+    assert info["endpoints"] == ["/predict", "/embed"] and info["settings"]["max_inputs"] == 8
+    spec = httpx.get(server.url + "/openapi.json").json()
+    assert {"/predict", "/embed", "/fill-mask", "/health", "/metrics"} <= set(spec["paths"])
+    body = spec["paths"]["/predict"]["post"]["requestBody"]["content"]["application/json"]
+    assert body["schema"]["required"] == ["inputs"]
+    assert httpx.get(server.url + "/docs").status_code == 200
+    metrics = httpx.get(server.url + "/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain")
+    for name in ("bertkit_requests_total", "bertkit_request_duration_seconds_bucket",
+                 "bertkit_batch_size_bucket", "bertkit_queue_depth", "bertkit_ready 1"):  # fmt: skip
+        assert name in metrics.text
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server):
+    texts = ["stocks market profit", "goal match team", "chip cloud robot", "bank shares trade"]
+    alone = {t: server.post("/predict", {"inputs": t}).json()[0] for t in texts}
+    requests = [texts[i % len(texts)] for i in range(24)]
+    before = server.metric("bertkit_forward_passes_total")
+    start = threading.Barrier(len(requests))
+
+    def send(text):
+        start.wait()
+        return text, server.post("/predict", {"inputs": text})
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        answered = list(pool.map(send, requests))
+    passes = server.metric("bertkit_forward_passes_total") - before
+    for text, response in answered:
+        assert response.status_code == 200
+        [answer] = response.json()
+        assert answer["label"] == alone[text]["label"]
+        assert answer["score"] == pytest.approx(alone[text]["score"], abs=1e-4)
+    assert passes < len(requests) / 2, f"{passes:.0f} forward passes for {len(requests)} requests"
+
+
+@pytest.mark.parametrize(
+    "send, status, words",
+    [
+        (dict(content=b'{"inputs": "x"'), 400, "not JSON"),
+        (dict(content=b"\xff\xfe"), 400, "not JSON"),
+        (dict(json={"inputs": ["a"] * 9}), 413, "9 inputs in one request"),
+        (dict(json={"inputs": "w" * 201}), 413, "201 characters"),
+        (dict(content=b"x" * (9 << 20)), 413, "bytes"),
+        (dict(json={"text": "x"}), 422, "unknown field 'text'"),
+        (dict(json={"inputs": [["a", "b"]]}), 422, "inputs[0]"),
+        (dict(json={"inputs": None}), 422, '"inputs" must be'),
+        (dict(json=["x"]), 422, "JSON object"),
+        (dict(content=b"[" * 100_000), 400, "nested too deeply"),
+        (dict(content=b'{"inputs": ' + b"[" * 900 + b"]" * 900 + b"}"), 422, "inputs"),
+    ],
+)
+def test_bad_requests_get_a_status_and_a_message(server, send, status, words):
+    response = httpx.post(server.url + "/predict", timeout=30, **send)
+    assert response.status_code == status, response.text
+    assert words in response.json()["error"]
+    assert "Traceback" not in response.text
+
+
+def test_routes_and_methods_it_lacks_and_the_server_lives_on(server):
+    assert httpx.get(server.url + "/predict").status_code == 405
+    assert httpx.post(server.url + "/nothing", json={}).status_code == 404
+    assert server.post("/predict", {"inputs": "goal"}).status_code == 200
+
+
+def test_a_full_queue_answers_503_with_retry_after(topics_model):
+    server = Server(topics_model, "--max-queue", "2", "--max-wait-ms", "1500",
+                    "--max-batch-size", "64")  # fmt: skip
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(server.post, "/predict", {"inputs": ["goal", "bank"]})
+            deadline = time.monotonic() + 10
+            while server.metric('bertkit_queue_depth{endpoint="/predict"}') < 2:
+                assert time.monotonic() < deadline, "the first request never queued"
+                time.sleep(0.02)
+            refused = server.post("/predict", {"inputs": "chip"})
+            assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+            assert "retry later" in refused.json()["error"]
+            assert first.result().status_code == 200
+    finally:
+        server.stop()
+
+
+def test_sigterm_answers_every_request_in_flight_then_exits(topics_model):
+    server = Server(topics_model, "--max-wait-ms", "3000", "--max-batch-size", "64")
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(server.post, "/predict", {"inputs": f"goal {n}"}) for n in range(6)]
+        deadline = time.monotonic() + 10
+        while server.metric('bertkit_queue_depth{endpoint="/predict"}') < 6:
+            assert time.monotonic() < deadline, "the requests never queued"
+            time.sleep(0.02)
+        sent = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        answers = [f.result() for f in futures]
+    assert [a.status_code for a in answers] == [200] * 6
+    assert all(a.json()[0]["label"] in ("business", "sports", "tech") for a in answers)
+    assert time.monotonic() - sent < 2.5, "the queued batch waited out --max-wait-ms"
+    # uvicorn raises the signal again once it has shut down, so the exit status says what
+    # stopped the server (143 in a shell), as for any process SIGTERM ends
+    assert server.process.wait(timeout=30) == -signal.SIGTERM
+    with pytest.raises(httpx.TransportError):
+        httpx.get(server.url + "/health", timeout=2)
+    output = server.stop()
+    assert "Traceback" not in output, output
+
+
+def test_fill_mask_over_http(mlm_dir):
+    server = Server(mlm_dir)
+    try:
+        response = server.post("/fill-mask", {"inputs": ["the [MASK] sat .", "a [MASK]"],
+                                              "top": 2})  # fmt: skip
+        assert response.status_code == 200
+        first, second = response.json()
+        assert len(first) == 1 and len(first[0]["tokens"]) == 2
+        assert first[0]["probabilities"][0] >= first[0]["probabilities"][1]
+        assert server.post("/fill-mask", {"inputs": "no mask"}).status_code == 422
+        assert server.post("/predict", {"inputs": "x"}).status_code == 404
+        assert json.loads(httpx.get(server.url + "/info").text)["endpoints"] == [
+            "/embed", "/fill-mask"]  # fmt: skip
+    finally:
+        server.stop()
+
+
+def test_two_worker_processes_answer_and_stop(topics_model):
+    server = Server(topics_model, "--workers", "2")
+    try:
+        answers = [server.post("/predict", {"inputs": "goal match team"}) for _ in range(4)]
+        assert all(a.status_code == 200 and a.json()[0]["label"] == "sports" for a in answers)
+        assert "2 workers" in server.process.stdout.readline()  # type: ignore[union-attr]
+    finally:
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=60) in (0, -signal.SIGTERM)
