@@ -328,8 +328,8 @@ class ServedModel:
 
     def warm(self) -> None:
         """Each endpoint once on two short inputs (lazy set-up), then on a full batch of the
-        longest inputs: the memory a busy server holds is taken at start-up, not an hour in
-        (measured: RSS then stays within a few percent over 100,000 requests)."""
+        longest inputs, so the largest activations are allocated at start-up: a server that
+        will not fit fails then, not under its first heavy load."""
         from bertkit.tokenizer import MASK
 
         # a word that is one piece of this vocabulary, so n words are n pieces
