@@ -1,5 +1,6 @@
 import pytest
 
+from bertkit import cli
 from bertkit.cli import build_parser, main
 
 
@@ -174,3 +175,17 @@ def test_vocab_reads_wikiextractor_files_as_prepare_does(tmp_path):
     tokens = set((tmp_path / "v" / "vocab.txt").read_text().split())
     assert {"cat", "dog", "river"} <= tokens
     assert not tokens & {"doc", "url", "curid", "title", "https", "wikipedia"}  # markup, not text
+
+
+def test_a_fatal_error_starts_its_own_line_after_a_progress_bar(monkeypatch, capsys):
+    from tqdm import tqdm
+
+    def fails(args):
+        bar = tqdm(total=100, desc="train")
+        bar.update(40)  # a bar cut short: no newline after its figures
+        raise ValueError("the disk is full")
+
+    monkeypatch.setattr(cli, "_viz", fails)
+    assert cli.main(["viz", "log.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert "train" in err and "\nbertkit viz: error: the disk is full\n" in err

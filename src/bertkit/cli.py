@@ -824,13 +824,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args.func(args)
     except TrainingInterrupted as err:
-        print(f"bertkit {args.command}: {err}", file=sys.stderr)
+        _fatal(f"bertkit {args.command}: {err}")
         return err.exit_code
     except (ValueError, OSError, ImportError, TrainingDiverged) as err:
         # OSError: missing files, full disk; ImportError: an optional extra not installed
-        print(f"bertkit {args.command}: error: {err}", file=sys.stderr)
+        _fatal(f"bertkit {args.command}: error: {err}")
         return 2
     return 0
+
+
+def _fatal(message: str) -> None:
+    """The last word on a line of its own: a progress bar an error cut short is closed first
+    (it ends its line), so the message does not start after its figures."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+    print(message, file=sys.stderr)
 
 
 if __name__ == "__main__":

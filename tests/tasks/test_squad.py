@@ -77,3 +77,45 @@ def test_squad_windows_keep_every_answer_reachable():
         for i, is_max in enumerate(f["_max_context"]):
             counts[f["_window_start"] + i] = counts.get(f["_window_start"] + i, 0) + is_max
     assert set(counts.values()) == {1}
+
+
+def _squad(*questions, context="Ann did it."):
+    return {"data": [{"paragraphs": [{"context": context, "qas": list(questions)}]}]}
+
+
+QA = {"id": "q1", "question": "Who?", "answers": [{"text": "Ann", "answer_start": 0}]}
+
+
+@pytest.mark.parametrize(
+    "data, says",
+    [  # doubtful inputs once taken silently, and faults once told in Python's words
+        (_squad(QA, dict(QA, question="What?")), r"qas\[1\]: id 'q1' is also the id of "
+                                                 r"data\[0\]\.paragraphs\[0\]\.qas\[0\]"),
+        (_squad(dict(QA, question="  ")), r"qas\[0\] \(q1\)\.question: empty"),
+        (_squad(dict(QA, answers=[{"text": "", "answer_start": 0}])),
+         r"answers\[0\]\.text: empty"),
+        (_squad(dict(QA, answers=[{"text": "Ann", "answer_start": "0"}])),
+         r"answer_start: '0' \(a string\), not a whole number"),
+        (_squad(dict(QA, answers=[{"text": "Ann", "answer_start": 0.0}])),
+         r"answer_start: 0\.0 \(a number with a decimal point\)"),
+        (_squad("What?"), r"qas\[0\]: not an object \(a string\)"),
+        (_squad(dict(QA, answers="Ann")), r"answers: a string, not a list"),
+        (_squad(dict(QA, answers=["Ann"])), r'answers\[0\]: not an object with "text"'),
+        (_squad({"question": "Who?", "answers": []}), r"qas\[0\]: no 'id'"),
+        (_squad(dict(QA, is_impossible="false")), r"is_impossible: 'false', not true/false"),
+    ],
+)  # fmt: skip
+def test_doubtful_squad_inputs_are_refused_by_json_path(data, says, tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(DataError, match=says) as caught:
+        read_squad(path)
+    assert "train.json" in str(caught.value)
+    assert "indices" not in str(caught.value) and "KeyError" not in str(caught.value)
+
+
+def test_a_numeric_id_is_read_as_text(tmp_path):
+    path = tmp_path / "ok.json"
+    path.write_text(json.dumps(_squad(dict(QA, id=7))))
+    [example] = read_squad(path)
+    assert example.qid == "7" and example.answers == (("Ann", 0),)

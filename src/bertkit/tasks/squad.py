@@ -63,6 +63,7 @@ def read_squad(path: str | os.PathLike, require_answers: bool = True) -> list[Sq
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise DataError(path, None, 'expected an object with a "data" list of articles')
     examples = []
+    seen: dict[str, str] = {}  # question id -> where it is
     for a, article in enumerate(data["data"]):
         if not isinstance(article, dict) or not isinstance(article.get("paragraphs", []), list):
             raise DataError(
@@ -75,25 +76,17 @@ def read_squad(path: str | os.PathLike, require_answers: bool = True) -> list[Sq
             context = paragraph.get("context")
             if not isinstance(context, str) or not context.strip():
                 raise DataError(path, None, f"{where}: no context text")
-            for q, qa in enumerate(paragraph.get("qas", [])):
-                try:
-                    qid, question = qa["id"], qa["question"]
-                    impossible = bool(qa.get("is_impossible", False))
-                    answers = tuple((x["text"], int(x["answer_start"])) for x in qa["answers"])
-                except (KeyError, TypeError, ValueError) as err:
-                    raise DataError(
-                        path, None, f"{where}.qas[{q}]: missing or bad field {err}"
-                    ) from None
+            questions = paragraph.get("qas", [])
+            if not isinstance(questions, list):
+                raise DataError(path, None, f"{where}.qas: not a list of questions")
+            for q, qa in enumerate(questions):
+                at = f"{where}.qas[{q}]"
+                qid, question, impossible, answers = _question(path, at, qa, context)
+                if qid in seen:  # evaluation keys predictions on the id: one would be lost
+                    raise DataError(path, None, f"{at}: id {qid!r} is also the id of {seen[qid]}")
+                seen[qid] = at
                 if not impossible and not answers and require_answers:
-                    raise DataError(path, None, f"{where}.qas[{q}] ({qid}): no answers")
-                for text, start in answers:
-                    if start < 0 or context[start : start + len(text)] != text:
-                        raise DataError(
-                            path,
-                            None,
-                            f"{where}.qas[{q}] ({qid}): answer {text!r} is not at character "
-                            f"{start} of the context",
-                        )
+                    raise DataError(path, None, f"{at} ({qid}): no answers")
                 examples.append(
                     SquadExample(
                         qid,
@@ -107,6 +100,56 @@ def read_squad(path: str | os.PathLike, require_answers: bool = True) -> list[Sq
     if not examples:
         raise DataError(path, None, "no questions")
     return examples
+
+
+def _question(path: Path, at: str, qa: Any, context: str) -> tuple[str, str, bool, tuple]:
+    """(id, question, is_impossible, answers) of one entry of a paragraph's "qas", checked
+    field by field, each fault named by its JSON path."""
+    if not isinstance(qa, dict):
+        raise DataError(path, None, f"{at}: not an object (a {_json_kind(qa)})")
+    for key in ("id", "question", "answers"):
+        if key not in qa:
+            raise DataError(path, None, f"{at}: no {key!r}")
+    qid, question, answers = qa["id"], qa["question"], qa["answers"]
+    if not isinstance(qid, (str, int)) or isinstance(qid, bool) or str(qid) == "":
+        raise DataError(path, None, f"{at}.id: not a text or number ({qid!r})")
+    qid = str(qid)
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(path, None, f"{at} ({qid}).question: empty" if isinstance(question, str)
+                        else f"{at} ({qid}).question: a {_json_kind(question)}, not a text")  # fmt: skip
+    impossible = qa.get("is_impossible", False)
+    if not isinstance(impossible, bool):
+        raise DataError(path, None, f"{at} ({qid}).is_impossible: {impossible!r}, not true/false")
+    if not isinstance(answers, list):
+        raise DataError(path, None, f"{at} ({qid}).answers: a {_json_kind(answers)}, not a list")
+    found = []
+    for n, answer in enumerate(answers):
+        where = f"{at} ({qid}).answers[{n}]"
+        if not isinstance(answer, dict) or "text" not in answer or "answer_start" not in answer:
+            raise DataError(path, None, f'{where}: not an object with "text" and "answer_start"')
+        text, start = answer["text"], answer["answer_start"]
+        if not isinstance(text, str) or not text.strip():
+            raise DataError(path, None, f"{where}.text: empty" if isinstance(text, str)
+                            else f"{where}.text: a {_json_kind(text)}, not a text")  # fmt: skip
+        if isinstance(start, bool) or not isinstance(start, int):
+            raise DataError(path, None, f"{where}.answer_start: {start!r} (a {_json_kind(start)}), "
+                            "not a whole number of characters")  # fmt: skip
+        if start < 0 or context[start : start + len(text)] != text:
+            raise DataError(path, None, f"{where}: {text!r} is not at character {start} of "
+                            "the context")  # fmt: skip
+        found.append((text, start))
+    return qid, question, impossible, tuple(found)
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words."""
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "number with a decimal point" if isinstance(value, float) else "number"
+    return {str: "string", list: "list", dict: "object", type(None): "null"}.get(
+        type(value), "value"
+    )
 
 
 def to_dataset(examples: Sequence[SquadExample]) -> list[dict]:
