@@ -1,7 +1,8 @@
 """`bertkit serve` under load (issue 26): MiniLM fine-tuned on SST-2, behind bertkit's server
-(torch fp32, ONNX fp32, ONNX int8) and behind the server a user writes (one transformers
-`pipeline(...)` call per request in a FastAPI endpoint, as a `def` and as an `async def`), each
-driven by 1, 8 and 64 concurrent clients sending one short SST-2 sentence per request.
+(torch fp32, torch bf16 autocast, ONNX fp32, ONNX int8) and behind the server a user writes
+(one transformers `pipeline(...)` call per request in a FastAPI endpoint, as a `def` and as an
+`async def`), each driven by 1, 8 and 64 concurrent clients sending one short SST-2 sentence
+per request.
 
     BERTKIT_DATA=../shared/data python benchmarks/serve_load.py [--seconds 8] [--rounds 3]
     BERTKIT_DATA=../shared/data python benchmarks/serve_load.py --soak 100000
@@ -204,7 +205,7 @@ def bare_forward(model: Path, texts: list[str], repeats: int = 300) -> dict[str,
 
     from bertkit import Predictor
 
-    predictor = Predictor(model)
+    predictor = Predictor(model, precision="fp32")  # as bertkit-torch (the bare forward: fp32)
     net = predictor.model
     encoded = [predictor.tokenizer(t, return_tensors="pt") for t in texts[:repeats]]
     forward, whole = [], []
@@ -232,8 +233,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--servers", nargs="+",
-                        default=["bertkit-torch", "bertkit-onnx", "bertkit-int8", "naive-def",
-                                 "naive-async"])  # fmt: skip
+                        default=["bertkit-torch", "bertkit-bf16", "bertkit-onnx", "bertkit-int8",
+                                 "naive-def", "naive-async"])  # fmt: skip
     parser.add_argument("--serve-args", default="", help="extra flags for bertkit serve")
     parser.add_argument("--soak", type=int, help="this many requests at 64 clients (torch)")
     parser.add_argument("--json", help="write the figures here")
@@ -268,10 +269,12 @@ def main() -> None:
         if name.startswith("bertkit"):
             command = [sys.executable, "-m", "bertkit.cli", "serve", str(model), "--port",
                        str(port), "--threads", str(args.threads), *args.serve_args.split()]  # fmt: skip
-            if name != "bertkit-torch":
-                command += ["--backend", "onnx"]
-            if name == "bertkit-int8":
-                command += ["--quantize", "int8"]
+            command += {
+                "bertkit-torch": ["--precision", "fp32"],  # the naive servers' numerics
+                "bertkit-bf16": ["--precision", "bf16"],  # auto's choice on AMX/AVX512-BF16
+                "bertkit-onnx": ["--backend", "onnx"],
+                "bertkit-int8": ["--backend", "onnx", "--quantize", "int8"],
+            }[name]
         else:
             app = work / f"{name.replace('-', '_')}.py"
             kind = "def" if name == "naive-def" else "async def"

@@ -5,6 +5,7 @@ missing, so CI can never pass by silently skipping."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,11 @@ from bertkit import BertConfig, BertForPreTraining, BertModel
 from bertkit.tokenizer import BertTokenizer, train_vocab
 
 from helpers import FIXTURES, data_path, synthetic_shards, synthetic_tokenizer, tiny_bert_config
+
+# What `--precision auto` decides from on a CPU (bertkit.precision): a CPU without native bf16,
+# whatever machine runs the tests, so every run at the default precision is fp32 here (and
+# subprocesses inherit it); tests/test_precision.py fakes both kinds.
+os.environ["BERTKIT_CPU_FLAGS"] = "fpu sse4_2 avx avx2 fma"
 
 
 @pytest.fixture

@@ -227,3 +227,20 @@ def test_a_full_queue_refuses_and_stop_answers_what_waits():
 
     answer, seconds = asyncio.run(main())
     assert answer == [1, 2] and seconds < 2
+
+
+def test_precision_follows_the_hardware_for_serving_and_prediction(topics_model, monkeypatch):
+    fp32 = ServedModel(topics_model)
+    assert fp32.precision.name == "fp32" and fp32.info()["precision"]["compute"] == "fp32"
+    monkeypatch.setenv("BERTKIT_CPU_FLAGS", "avx2 avx512_bf16")
+    bf16 = ServedModel(topics_model)
+    assert bf16.info()["precision"] == {"compute": "bf16",
+                                        "why": "bf16 autocast: this CPU has AVX512-BF16"}  # fmt: skip
+    assert Predictor(topics_model).precision.name == "bf16"
+    assert Predictor(topics_model, precision="fp32").precision.name == "fp32"
+    for got, want in zip(bf16.run("predict", HEADLINES), fp32.run("predict", HEADLINES),
+                         strict=True):  # fmt: skip
+        for label, p in want["probabilities"].items():
+            assert got["probabilities"][label] == pytest.approx(p, abs=0.05)
+    with pytest.raises(ValueError, match="fp16 on a CPU"):
+        ServedModel(topics_model, precision="fp16")

@@ -200,9 +200,8 @@ def _predict(args: argparse.Namespace) -> None:
     from bertkit.predict import Predictor, predict_file
     from bertkit.tasks.files import FileOptions
 
-    predictor = Predictor(
-        args.model, device=args.device, batch_size=args.batch_size, backend=args.backend
-    )
+    predictor = Predictor(args.model, device=args.device, batch_size=args.batch_size,
+                          backend=args.backend, precision=args.precision)  # fmt: skip
     if args.input is not None:
         if args.text or args.question or args.context:
             raise ValueError("give texts on the command line or --input FILE, not both")
@@ -698,6 +697,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="torch",
         choices=("torch", "onnx"),
         help="onnx: run MODEL/model.onnx (bertkit export --onnx) with ONNX Runtime",
+    )
+    predict.add_argument(
+        "--precision",
+        default="auto",
+        choices=("auto", "fp32", "bf16", "fp16"),
+        help="auto: bf16 autocast where native (AMX-BF16, AVX512-BF16, a GPU with bf16), else fp32",
     )
     predict.set_defaults(func=_predict)
 

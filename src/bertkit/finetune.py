@@ -404,6 +404,7 @@ def finetune(
         "best_epoch": best.get("epoch"),
         "epochs": [e for e in read_log(out / LOG_FILE) if e.get("split") == "eval"],
         "hyperparameters": _hyperparameters(config),
+        "precision": trainer.precision.as_dict(),  # what auto chose here, and why
         "train_examples": len(train),
         "train_features": len(train_features),
         "steps": max_steps,

@@ -34,6 +34,7 @@ import torch
 from bertkit._io import atomic_path, read_jsonl
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
+from bertkit.precision import Precision, resolve_precision
 from bertkit.tasks.base import DataError, run_outputs, task_of_checkpoint
 from bertkit.tasks.files import FileOptions, file_format, open_text, read_rows
 from bertkit.tokenizer import BertTokenizer
@@ -47,9 +48,12 @@ class Predictor:
         device: str | None = None,
         batch_size: int = 32,
         backend: str = "torch",
+        precision: str = "auto",
     ) -> None:
         """`backend="onnx"`: run `model/model.onnx` (written by `bertkit export --onnx`) with
-        ONNX Runtime on the CPU instead of PyTorch; everything else is the same."""
+        ONNX Runtime on the CPU instead of PyTorch; everything else is the same. `precision`:
+        as for training (bertkit.precision): `auto` is bf16 autocast where the device runs it
+        natively, fp32 elsewhere; an ONNX export runs as it was exported."""
         if backend not in ("torch", "onnx"):
             raise ValueError(f"backend must be torch or onnx, not {backend!r}")
         self.task, info = task_of_checkpoint(model)
@@ -68,6 +72,12 @@ class Predictor:
             self.model = net
             config = net.config
         self.batch_size = batch_size
+        if backend == "onnx":
+            if precision not in ("auto", "fp32"):
+                raise ValueError(f"precision {precision}: an ONNX export runs as exported")
+            self.precision = Precision("fp32", "ONNX Runtime runs the export as exported")
+        else:
+            self.precision = resolve_precision(precision, self.device)
         labels = config.id2label
         self.labels = [labels[i] for i in sorted(labels)] if labels else None
 
@@ -90,8 +100,13 @@ class Predictor:
             return []
         examples = [self.task.example_of(item, n) for n, item in enumerate(items)]
         features = self.task.featurize(examples, self.tokenizer, self.max_seq_length)
-        outputs = run_outputs(self.task, self.model, features, self.batch_size, self.device)
-        return self.task.answer(examples, features, outputs)
+        return self.task.answer(examples, features, self.outputs(features))
+
+    def outputs(self, features: list) -> dict:
+        """The model's raw outputs of `features` (in batches, at this predictor's precision)."""
+        dtype = self.precision.dtype
+        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
+            return run_outputs(self.task, self.model, features, self.batch_size, self.device)
 
 
 def _plain(item: Any) -> Any:
@@ -198,7 +213,7 @@ def _predict_chunk(predictor, source, batch, writer, text_column, pair_column) -
             raise DataError(source, line, message) from None
     task = predictor.task
     features = task.featurize(examples, predictor.tokenizer, predictor.max_seq_length)
-    outputs = run_outputs(task, predictor.model, features, predictor.batch_size, predictor.device)
+    outputs = predictor.outputs(features)
     for (_, values), answer in zip(batch, task.answer(examples, features, outputs), strict=True):
         row = dict(values) if "input" not in values or len(values) > 1 else {}
         for key, value in answer.items():

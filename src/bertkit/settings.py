@@ -30,7 +30,8 @@ def precision_setting() -> Any:
     """The compute precision of a training run (every run takes the same choices)."""
     return setting(
         "auto",
-        "auto: bf16 on GPUs that have it, fp32 on CPU",
+        "auto: bf16 autocast where it is native (a GPU with bf16; a CPU with AMX-BF16 or "
+        "AVX512-BF16), else fp32; bf16 elsewhere warns (emulated: far slower); fp16 is GPU only",
         choices=("auto", "fp32", "bf16", "fp16"),
     )
 

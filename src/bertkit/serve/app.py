@@ -63,6 +63,7 @@ class Service:
             quantize=self.config.quantize,
             device=self.config.device,
             max_batch_size=self.config.max_batch_size,
+            precision=self.config.precision,
             on_forward=self.metrics.forward,
         )
         model.warm()
@@ -308,6 +309,7 @@ def _banner(model: str, config: ServeConfig, service: Service | None) -> str:
     what = ", ".join(service.model.info()["endpoints"]) if service else f"{config.workers} workers"
     return (
         f"bertkit serve: {model} ({what}; {config.backend}"
-        f"{' ' + config.quantize if config.quantize else ''}) on "
+        f"{' ' + config.quantize if config.quantize else ''}"
+        f"{'; ' + service.model.precision.reason if service else ''}) on "
         f"http://{config.host}:{config.port} (docs: /docs)"
     )

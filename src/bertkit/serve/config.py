@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bertkit.settings import setting
+from bertkit.settings import precision_setting, setting
 
 
 @dataclass
@@ -34,3 +34,4 @@ class ServeConfig:
         None, "torch threads per worker (default: the CPU count / workers)", check="positive"
     )
     device: str | None = setting(None, "cpu or cuda (default: cuda when available)")
+    precision: str = precision_setting()

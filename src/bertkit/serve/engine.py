@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from bertkit.precision import Precision, resolve_precision
 from bertkit.tasks.base import TASK_FILE
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class ServedModel:
         quantize: str | None = None,
         device: str | None = None,
         max_batch_size: int = 32,
+        precision: str = "auto",
         on_forward: Callable[[], None] = lambda: None,
     ) -> None:
         from bertkit.predict import Predictor
@@ -107,6 +109,12 @@ class ServedModel:
                 path = self._exported
         self.path = path
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if backend == "onnx":
+            if precision not in ("auto", "fp32"):
+                raise ValueError(f"precision {precision}: an ONNX export runs as exported")
+            self.precision = Precision("fp32", "ONNX Runtime runs the export as exported")
+        else:
+            self.precision = resolve_precision(precision, self.device)
         self.max_batch_size = max_batch_size
         self.predictor: Predictor | None = None
         self.fill: Any = None
@@ -114,9 +122,8 @@ class ServedModel:
         self._count = on_forward
         self.task_name: str | None = None
         if (path / TASK_FILE).exists():
-            self.predictor = Predictor(
-                path, device=str(self.device), batch_size=max_batch_size, backend=backend
-            )
+            self.predictor = Predictor(path, device=str(self.device), batch_size=max_batch_size,
+                                       backend=backend, precision=precision)  # fmt: skip
             self.tokenizer = self.predictor.tokenizer
             self.max_seq_length = self.predictor.max_seq_length
             self.task_name = self.predictor.task.name
@@ -187,6 +194,7 @@ class ServedModel:
             "labels": labels,
             "backend": self.backend,
             "quantize": self.quantize,
+            "precision": self.precision.as_dict(),
             "device": str(self.device),
             "max_seq_length": self.max_seq_length,
             "endpoints": [f"/{e}" for e, ok in self.endpoints.items() if ok],
@@ -267,6 +275,11 @@ class ServedModel:
     # ------------------------------------------------------------------ batches
     def run(self, endpoint: str, items: list[Any]) -> list[Any]:
         """One result per input (inputs as `parse` returns them), in one batch."""
+        dtype = self.precision.dtype
+        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
+            return self._run(endpoint, items)
+
+    def _run(self, endpoint: str, items: list[Any]) -> list[Any]:
         if endpoint == "predict":
             assert self.predictor is not None
             return self.predictor(items)

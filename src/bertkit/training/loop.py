@@ -28,6 +28,7 @@ import math
 import random
 import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ import torch
 
 from bertkit._io import atomic_path, atomic_write_text, run_lock
 from bertkit.errors import TrainingDiverged, TrainingInterrupted
+from bertkit.precision import resolve_precision
 from bertkit.training import distributed
 from bertkit.training.optim import BudgetSchedule, build_optimizer, build_schedule
 
@@ -157,7 +159,8 @@ class Trainer:
         # wall-clock seconds of the work this state holds: before this process (from the
         # checkpoint) plus since this trainer was made
         self.seconds_before, self._clock = 0.0, time.perf_counter()
-        self.dtype = _autocast_dtype(config.precision, self.dist.device)
+        self.precision = resolve_precision(config.precision, self.dist.device)
+        self.dtype = self.precision.dtype
         self.scaler = torch.amp.GradScaler(enabled=self.dtype == torch.float16)
 
     # ------------------------------------------------------------------ state
@@ -334,6 +337,11 @@ class Trainer:
         log = _Log(
             self.out_dir / LOG_FILE, self.dist.is_main, keep_until=self.step if resumed else 0
         )
+        if not self.finished():  # a finished run resumed writes nothing
+            # what this session computes in, and why (a resumed run may be on another machine)
+            log.write({"step": self.step, "split": "run", **self.precision.as_dict()})
+            if config.progress and self.dist.is_main:
+                print(f"precision: {self.precision.reason}", file=sys.stderr, flush=True)
         entries: list[dict[str, Any]] = []
         bar = self._progress()
         sums = norms = None
@@ -605,11 +613,3 @@ class _Log:
                     if isinstance(value, (int, float)) and key != "step":
                         self.board.add_scalar(f"{split}/{key}", value, entry["step"])
                 self.board.flush()
-
-
-def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    if precision == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return None
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]

@@ -1,0 +1,111 @@
+"""The compute precision of a run, chosen by the hardware: `--precision auto` takes bf16
+autocast where the device runs bf16 natively (a GPU that supports it; a CPU with AMX-BF16 or
+AVX512-BF16) and fp32 elsewhere, and says why. An explicit bf16 on a CPU without native bf16
+runs (it is emulated) with a warning: measured about 20x slower than fp32 on an AVX2-only AMD
+EPYC. fp16 on a CPU is refused (no CPU kernels are faster for it, and its loss scaling is for
+GPUs).
+
+The CPU's flags come from /proc/cpuinfo, or from `BERTKIT_CPU_FLAGS` (space-separated) where
+set: for a container that misreports them, or to ask what a run would choose elsewhere (the
+tests pin it, so what they check does not depend on the machine that runs them).
+
+>>> resolve_precision("auto", "cpu", flags={"avx2"}).name
+'fp32'
+>>> resolve_precision("auto", "cpu", flags={"avx2", "avx512_bf16"}).reason
+'bf16 autocast: this CPU has AVX512-BF16'
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# the CPU flags that make bf16 matrix products native, best first, with their names
+NATIVE_BF16 = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16"}
+CHOICES = ("auto", "fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str  # fp32, bf16 or fp16
+    reason: str  # why, in words a log line can carry
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The autocast dtype (None: no autocast, fp32)."""
+        return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.name]
+
+    def as_dict(self) -> dict[str, str]:
+        return {"compute": self.name, "why": self.reason}
+
+
+@functools.lru_cache(maxsize=1)
+def _cpuinfo_flags() -> frozenset[str]:
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        return frozenset()
+    for line in cpuinfo.read_text(errors="replace").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):  # x86, ARM
+            return frozenset(value.split())
+    return frozenset()
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (`BERTKIT_CPU_FLAGS` where set)."""
+    given = os.environ.get("BERTKIT_CPU_FLAGS")
+    if given is not None:
+        return frozenset(given.split())
+    return _cpuinfo_flags()
+
+
+def native_bf16(flags: set[str] | frozenset[str] | None = None) -> str | None:
+    """The name of what makes bf16 native on this CPU (AMX-BF16, AVX512-BF16), or None."""
+    flags = cpu_flags() if flags is None else flags
+    return next((name for flag, name in NATIVE_BF16.items() if flag in flags), None)
+
+
+def resolve_precision(
+    requested: str,
+    device: str | torch.device,
+    *,
+    flags: set[str] | frozenset[str] | None = None,
+) -> Precision:
+    """What `requested` (auto, fp32, bf16, fp16) means on `device`: the precision and why.
+    Raises ValueError for fp16 on a CPU; warns for bf16 on a CPU without native bf16."""
+    if requested not in CHOICES:
+        raise ValueError(f"precision must be one of {', '.join(CHOICES)}, not {requested!r}")
+    kind = torch.device(device).type
+    if kind == "cuda":
+        if requested != "auto":
+            return Precision(requested, "asked for")
+        if torch.cuda.is_bf16_supported():
+            return Precision("bf16", "bf16 autocast: this GPU supports it")
+        return Precision("fp32", "fp32: this GPU has no bf16")
+    native = native_bf16(flags)
+    if requested == "fp16":
+        raise ValueError(
+            "fp16 on a CPU: refused (CPU kernels are not faster in fp16 and its loss scaling "
+            "is for GPUs); use --precision bf16"
+            + (f" (native here: {native})" if native else " on a CPU with AVX512-BF16 or AMX")
+            + " or fp32"
+        )
+    if requested == "auto":
+        if native:
+            return Precision("bf16", f"bf16 autocast: this CPU has {native}")
+        return Precision("fp32", "fp32: this CPU has no native bf16 (AVX512-BF16 or AMX-BF16)")
+    if requested == "bf16" and not native:
+        log.warning(
+            "--precision bf16 on a CPU without native bf16 (no AVX512-BF16 or AMX-BF16): it is "
+            "emulated, expect it many times slower than fp32 (about 20x measured on an "
+            "AVX2-only AMD EPYC); --precision auto chooses fp32 here"
+        )
+        return Precision("bf16", "asked for; emulated on this CPU (no AVX512-BF16 or AMX-BF16)")
+    return Precision(requested, "asked for" + (f" ({native} on this CPU)" if native else ""))
