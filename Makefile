@@ -8,7 +8,7 @@ TORCH := torch==2.13.0
 BERTKIT_DATA ?= $(abspath $(wildcard ../shared/data))
 export BERTKIT_DATA
 
-.PHONY: demo test test-fast lint typecheck bench clean
+.PHONY: demo test test-fast lint typecheck bench clean browser
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,8 +27,22 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed
 	$(BIN)/bertkit demo
 
-test: lint typecheck
+test: lint typecheck browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The attention page's test drives a headless Chromium. Found on PATH, or installed with apt-get
+# where that is possible (root on Debian/Ubuntu, as in CI); elsewhere that one test skips and
+# says so (install chromium by hand to run it).
+BROWSERS := chromium chromium-browser google-chrome
+browser:
+	@for b in $(BROWSERS); do command -v $$b >/dev/null && exit 0; done; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing chromium for the attention page's test (apt-get)"; \
+	  (apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null 2>&1 && \
+	    apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1)) || \
+	  echo "could not install chromium: the attention page's browser test will skip"; \
+	else echo "no chromium: the attention page's browser test will skip (install chromium)"; fi
 
 # The inner loop: everything but the tests marked slow (about half the wall time).
 test-fast: $(VENV)/.installed-dev
