@@ -57,3 +57,14 @@ def test_fill_mask_command_reads_and_writes_json_lines(mlm_dir, tmp_path, capsys
     lines.write_text('"a [MASK]"\n{broken\n')
     assert main(["fill-mask", "--model", str(mlm_dir), "--input", str(lines)]) == 2
     assert f"{lines}:2: not JSON" in capsys.readouterr().err
+
+
+def test_the_head_is_found_from_tensor_names_without_loading(mlm_dir, minilm_dir, caplog):
+    from bertkit.checkpoint import tensor_names
+    from bertkit.fill_mask import MLM_HEAD_TENSOR, has_mlm_head
+
+    assert has_mlm_head(mlm_dir) and not has_mlm_head(minilm_dir)
+    assert MLM_HEAD_TENSOR in tensor_names(mlm_dir)
+    with caplog.at_level("WARNING"), pytest.raises(ValueError, match="no masked-LM head"):
+        FillMask(minilm_dir)
+    assert "newly initialised" not in caplog.text  # refused before any weight was loaded

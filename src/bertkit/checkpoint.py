@@ -163,6 +163,36 @@ def read_state_dict(path: str | os.PathLike, *, verify: bool = True) -> dict[str
     return _normalize_hf_names(state)
 
 
+def tensor_names(path: str | os.PathLike) -> set[str]:
+    """The names (ours) of a checkpoint directory's tensors; from the file headers alone where
+    the format allows (safetensors), else by reading the weights."""
+    path = Path(path)
+    files = []
+    if detect_checkpoint_format(path) == "hf":
+        if (path / SAFETENSORS).exists():
+            files = [path / SAFETENSORS]
+        elif (path / SAFETENSORS_INDEX).exists():
+            try:
+                shards = json.loads((path / SAFETENSORS_INDEX).read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError) as err:
+                raise ValueError(
+                    f"{path / SAFETENSORS_INDEX}: not a safetensors index ({err})"
+                ) from None
+            files = [path / shard for shard in sorted(set(shards.values()))]
+    if not files:
+        return set(read_state_dict(path))
+    from safetensors import SafetensorError, safe_open
+
+    names: dict[str, None] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                names.update(dict.fromkeys(handle.keys()))
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"{file}: cannot read safetensors weights ({err})") from None
+    return set(_normalize_hf_names(names))  # type: ignore[arg-type]  # names only
+
+
 def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file

@@ -30,6 +30,13 @@ MLM_HEAD_TENSOR = "cls.predictions.transform.dense.weight"
 Text = str | tuple[str, str] | list[str]
 
 
+def has_mlm_head(model: str | os.PathLike) -> bool:
+    """Whether a checkpoint directory holds a masked-LM head (read from its tensor names)."""
+    from bertkit.checkpoint import tensor_names
+
+    return MLM_HEAD_TENSOR in tensor_names(model)
+
+
 class FillMask:
     def __init__(
         self,
@@ -39,13 +46,13 @@ class FillMask:
         batch_size: int = 32,
         max_seq_length: int | None = None,
     ) -> None:
-        self.model = BertForMaskedLM.from_pretrained(model)
-        if MLM_HEAD_TENSOR in self.model.load_report["missing"]:
+        if not has_mlm_head(model):  # refused before loading: no warning of random tensors
             raise ValueError(
                 f"{model}: this checkpoint has no masked-LM head (no {MLM_HEAD_TENSOR}), so "
                 "fill-mask would print random words; use a pre-trained BERT saved with its "
                 "MLM head (bertkit pretrain's output, BertForMaskedLM, BertForPreTraining)"
             )
+        self.model = BertForMaskedLM.from_pretrained(model)
         self.tokenizer = BertTokenizer.from_pretrained(model)
         if MASK not in self.tokenizer.vocab:
             raise ValueError(f"{model}: the vocabulary has no {MASK} token")

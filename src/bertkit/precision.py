@@ -1,8 +1,8 @@
 """The compute precision of a run, chosen by the hardware: `--precision auto` takes bf16
 autocast where the device runs bf16 natively (a GPU that supports it; a CPU with AMX-BF16 or
 AVX512-BF16) and fp32 elsewhere, and says why. An explicit bf16 on a CPU without native bf16
-runs (it is emulated) with a warning: measured about 20x slower than fp32 on an AVX2-only AMD
-EPYC. fp16 on a CPU is refused (no CPU kernels are faster for it, and its loss scaling is for
+runs (it is emulated) with a warning: reported about 20x slower than fp32 on an AVX2-only AMD
+EPYC (issue 27: 25 s a step against 1.26 s). fp16 on a CPU is refused (no CPU kernels are faster for it, and its loss scaling is for
 GPUs).
 
 The CPU's flags come from /proc/cpuinfo, or from `BERTKIT_CPU_FLAGS` (space-separated) where
@@ -76,12 +76,18 @@ def resolve_precision(
     requested: str,
     device: str | torch.device,
     *,
+    backend: str = "torch",
     flags: set[str] | frozenset[str] | None = None,
 ) -> Precision:
     """What `requested` (auto, fp32, bf16, fp16) means on `device`: the precision and why.
-    Raises ValueError for fp16 on a CPU; warns for bf16 on a CPU without native bf16."""
+    Raises ValueError for fp16 on a CPU, and for anything but auto/fp32 on the onnx backend
+    (an export runs as it was exported); warns for bf16 on a CPU without native bf16."""
     if requested not in CHOICES:
         raise ValueError(f"precision must be one of {', '.join(CHOICES)}, not {requested!r}")
+    if backend == "onnx":
+        if requested not in ("auto", "fp32"):
+            raise ValueError(f"precision {requested}: an ONNX export runs as it was exported")
+        return Precision("fp32", "ONNX Runtime runs the export as it was exported")
     kind = torch.device(device).type
     if kind == "cuda":
         if requested != "auto":
@@ -104,7 +110,7 @@ def resolve_precision(
     if requested == "bf16" and not native:
         log.warning(
             "--precision bf16 on a CPU without native bf16 (no AVX512-BF16 or AMX-BF16): it is "
-            "emulated, expect it many times slower than fp32 (about 20x measured on an "
+            "emulated, expect it many times slower than fp32 (about 20x reported on an "
             "AVX2-only AMD EPYC); --precision auto chooses fp32 here"
         )
         return Precision("bf16", "asked for; emulated on this CPU (no AVX512-BF16 or AMX-BF16)")

@@ -34,7 +34,7 @@ import torch
 from bertkit._io import atomic_path, read_jsonl
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
-from bertkit.precision import Precision, resolve_precision
+from bertkit.precision import resolve_precision
 from bertkit.tasks.base import DataError, run_outputs, task_of_checkpoint
 from bertkit.tasks.files import FileOptions, file_format, open_text, read_rows
 from bertkit.tokenizer import BertTokenizer
@@ -72,12 +72,7 @@ class Predictor:
             self.model = net
             config = net.config
         self.batch_size = batch_size
-        if backend == "onnx":
-            if precision not in ("auto", "fp32"):
-                raise ValueError(f"precision {precision}: an ONNX export runs as exported")
-            self.precision = Precision("fp32", "ONNX Runtime runs the export as exported")
-        else:
-            self.precision = resolve_precision(precision, self.device)
+        self.precision = resolve_precision(precision, self.device, backend=backend)
         labels = config.id2label
         self.labels = [labels[i] for i in sorted(labels)] if labels else None
 

@@ -266,7 +266,6 @@ def serve(model: str | os.PathLike, config: ServeConfig | None = None, *,
     # (docs/results/serve). Read when oneDNN first runs, so before the model does; a value
     # in the environment wins.
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
-    _threads(config)
     common: dict[str, Any] = dict(host=config.host, port=config.port, log_level="warning",
                   access_log=access_log, timeout_graceful_shutdown=60)  # fmt: skip
     if config.workers > 1:  # each process loads the model itself (uvicorn's factory mode)
@@ -301,7 +300,6 @@ def _threads(config: ServeConfig) -> None:
 def _app_from_env():
     settings = json.loads(os.environ[_ENV])
     config = ServeConfig(**settings["config"])
-    _threads(config)
     return create_app(Service(settings["model"], config))
 
 

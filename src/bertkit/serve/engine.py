@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from bertkit.precision import Precision, resolve_precision
+from bertkit.precision import resolve_precision
 from bertkit.tasks.base import TASK_FILE
 
 log = logging.getLogger(__name__)
@@ -109,12 +109,7 @@ class ServedModel:
                 path = self._exported
         self.path = path
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if backend == "onnx":
-            if precision not in ("auto", "fp32"):
-                raise ValueError(f"precision {precision}: an ONNX export runs as exported")
-            self.precision = Precision("fp32", "ONNX Runtime runs the export as exported")
-        else:
-            self.precision = resolve_precision(precision, self.device)
+        self.precision = resolve_precision(precision, self.device, backend=backend)
         self.max_batch_size = max_batch_size
         self.predictor: Predictor | None = None
         self.fill: Any = None
@@ -146,14 +141,12 @@ class ServedModel:
             self.max_seq_length = min(self.tokenizer.model_max_length, self._max_positions())
 
     def _load_torch_encoder(self, path: Path) -> torch.nn.Module:
-        from bertkit.fill_mask import FillMask
+        from bertkit.fill_mask import FillMask, has_mlm_head
         from bertkit.model import BertModel
 
-        try:
-            self.fill = FillMask(path, device=str(self.device), batch_size=self.max_batch_size)
-        except ValueError as err:  # no masked-LM head: an encoder alone
-            log.info("no fill-mask: %s", err)
+        if not has_mlm_head(path):  # an encoder alone
             return BertModel.from_pretrained(path).to(self.device).eval()
+        self.fill = FillMask(path, device=str(self.device), batch_size=self.max_batch_size)
         self.fill.model.register_forward_pre_hook(lambda *_: self._count())
         return self.fill.model.bert
 

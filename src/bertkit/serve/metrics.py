@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from typing import Any
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -75,52 +76,38 @@ class Metrics:
 
     def render(self, queue_depth: dict[str, int], ready: bool = True) -> str:
         with self._lock:
-            out = [
-                "# HELP bertkit_requests_total Requests answered, by endpoint and HTTP status.",
-                "# TYPE bertkit_requests_total counter",
+            requests = [
+                (f'endpoint="{e}",code="{c}"', n) for (e, c), n in sorted(self.requests.items())
             ]
-            for (endpoint, code), n in sorted(self.requests.items()):
-                out.append(f'bertkit_requests_total{{endpoint="{endpoint}",code="{code}"}} {n}')
-            out += [
-                "# HELP bertkit_inputs_total Inputs (texts, pairs, questions) answered.",
-                "# TYPE bertkit_inputs_total counter",
-            ]
-            for endpoint, n in sorted(self.inputs.items()):
-                out.append(f'bertkit_inputs_total{{endpoint="{endpoint}"}} {n}')
-            out += [
-                "# HELP bertkit_request_duration_seconds Time from request to response.",
-                "# TYPE bertkit_request_duration_seconds histogram",
-            ]
-            for endpoint, histogram in sorted(self.latency.items()):
-                out += histogram.lines("bertkit_request_duration_seconds", _label(endpoint))
-            out += [
-                "# HELP bertkit_batch_size Inputs per model call (dynamic batching).",
-                "# TYPE bertkit_batch_size histogram",
-            ]
-            for endpoint, histogram in sorted(self.batch_size.items()):
-                out += histogram.lines("bertkit_batch_size", _label(endpoint))
-            out += [
-                "# HELP bertkit_batch_duration_seconds Time of one batch on the model.",
-                "# TYPE bertkit_batch_duration_seconds histogram",
-            ]
-            for endpoint, histogram in sorted(self.batch_seconds.items()):
-                out += histogram.lines("bertkit_batch_duration_seconds", _label(endpoint))
-            out += [
-                "# HELP bertkit_forward_passes_total Forward passes of the model.",
-                "# TYPE bertkit_forward_passes_total counter",
-                f"bertkit_forward_passes_total {self.forward_passes}",
-                "# HELP bertkit_queue_depth Inputs waiting for the model, by endpoint.",
-                "# TYPE bertkit_queue_depth gauge",
-            ]
-            for endpoint, n in sorted(queue_depth.items()):
-                out.append(f'bertkit_queue_depth{{endpoint="{endpoint}"}} {n}')
-            out += [
-                "# HELP bertkit_ready 1 when the model is loaded and warm and not shutting down.",
-                "# TYPE bertkit_ready gauge",
-                f"bertkit_ready {int(ready)}",
-            ]
+            families: list[tuple[str, str, str, list[tuple[str, Any]]]] = [
+                ("requests_total", "counter", "Requests answered, by endpoint and HTTP status.",
+                 requests),
+                ("inputs_total", "counter", "Inputs (texts, pairs, questions) answered.",
+                 _by_endpoint(self.inputs)),
+                ("request_duration_seconds", "histogram", "Time from request to response.",
+                 _by_endpoint(self.latency)),
+                ("batch_size", "histogram", "Inputs per model call (dynamic batching).",
+                 _by_endpoint(self.batch_size)),
+                ("batch_duration_seconds", "histogram", "Time of one batch on the model.",
+                 _by_endpoint(self.batch_seconds)),
+                ("forward_passes_total", "counter", "Forward passes of the model.",
+                 [("", self.forward_passes)]),
+                ("queue_depth", "gauge", "Inputs waiting for the model, by endpoint.",
+                 _by_endpoint(queue_depth)),
+                ("ready", "gauge", "1 when the model is loaded and warm and not shutting down.",
+                 [("", int(ready))]),
+            ]  # fmt: skip
+            out: list[str] = []
+            for short, kind, help, series in families:
+                name = f"bertkit_{short}"
+                out += [f"# HELP {name} {help}", f"# TYPE {name} {kind}"]
+                for labels, value in series:
+                    if isinstance(value, _Histogram):
+                        out += value.lines(name, labels)
+                    else:
+                        out.append(f"{name}{{{labels}}} {value}" if labels else f"{name} {value}")
         return "\n".join(out) + "\n"
 
 
-def _label(endpoint: str) -> str:
-    return f'endpoint="{endpoint}"'
+def _by_endpoint(values: dict) -> list[tuple[str, Any]]:
+    return [(f'endpoint="{endpoint}"', value) for endpoint, value in sorted(values.items())]
