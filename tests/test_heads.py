@@ -198,7 +198,7 @@ def test_heads_skip_padding_only_where_it_cannot_be_seen(tiny_config, tiny_batch
 
 
 def test_fused_vocab_cross_entropy_equals_the_plain_softmax_and_its_gradients():
-    from bertkit.heads import fused_vocab_cross_entropy
+    from bertkit.losses import fused_vocab_cross_entropy
 
     generator = torch.Generator().manual_seed(0)
     states = torch.randn(150, 16, generator=generator, requires_grad=True)
@@ -259,7 +259,7 @@ def test_fused_mlm_step_equals_the_logits_path():
 
 
 def test_each_loss_is_one_definition_the_mean_is_the_sum_over_its_units():
-    from bertkit.heads import sequence_loss, span_loss, token_loss
+    from bertkit.losses import sequence_loss, span_loss, token_loss
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 7, 5, generator=g)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertkit.heads import IGNORE_INDEX, token_loss
+from bertkit.losses import IGNORE_INDEX, token_loss
 
 SELECTIONS = (
     "embeddings",

@@ -15,10 +15,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit.config import BertConfig
+from bertkit.losses import (
+    IGNORE_INDEX,
+    fused_vocab_cross_entropy,
+    reduce_loss,
+    sequence_loss,
+    span_loss,
+    token_loss,
+)
 from bertkit.model import BertModel, BertPreTrainedModel, activation
-
-IGNORE_INDEX = -100  # a label that takes no part in the loss
-PAD_LOGIT = -1e4  # the logit of a padded position: no answer starts or ends there
 
 
 # ------------------------------------------------------------------------------- outputs
@@ -104,171 +109,6 @@ def gather_positions(sequence: torch.Tensor, positions: torch.Tensor) -> torch.T
         )
     index = positions.long().unsqueeze(-1).expand(-1, -1, sequence.shape[-1])
     return torch.gather(sequence, 1, index)
-
-
-# ------------------------------------------------------------------------------- losses
-# Each loss is defined once, here: the heads call these with reduction="mean" (their `loss`
-# output, as in transformers), the training objectives and tasks with reduction="sum" (they
-# divide by the step's total count of units, so accumulation and several processes average
-# over the whole step).
-def _reduce(total: torch.Tensor, count: torch.Tensor | int, reduction: str) -> torch.Tensor:
-    if reduction == "sum":
-        return total
-    if reduction == "mean":
-        return total / torch.as_tensor(count, device=total.device).clamp(min=1)
-    raise ValueError(f"reduction must be 'mean' or 'sum', not {reduction!r}")
-
-
-def token_loss(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    *,
-    reduction: str = "mean",
-    weight: torch.Tensor | None = None,
-):
-    """Cross-entropy of every labelled token (masked LM, tagging): labels IGNORE_INDEX (-100)
-    take no part; the mean is over labelled tokens (0, not NaN, when there are none).
-    `weight` (C,): each class's weight (skewed tag sets)."""
-    if labels.shape != logits.shape[:-1]:
-        raise ValueError(
-            f"labels {tuple(labels.shape)} must match logits {tuple(logits.shape[:-1])}"
-        )
-    flat_labels = labels.reshape(-1)
-    total = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(),
-        flat_labels,
-        weight=weight,
-        ignore_index=IGNORE_INDEX,
-        reduction="sum",
-    )
-    return _reduce(total, (flat_labels != IGNORE_INDEX).sum(), reduction)
-
-
-def sequence_loss(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    problem: str,
-    *,
-    reduction: str = "mean",
-    weight: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """One value per sequence (B, C) against its label: `problem` is "regression" (MSE on
-    C = 1), "single_label_classification" (cross-entropy: GLUE, NSP, multiple choice over
-    the choices) or "multi_label_classification" (binary cross-entropy per label; its mean is
-    over every (example, label), as in transformers). `weight` (C,): each class's weight in
-    the cross-entropy, or each label's positive weight (`pos_weight`) in the binary one."""
-    if problem == "regression":
-        return F.mse_loss(logits.float().view(-1), labels.float().view(-1), reduction=reduction)
-    if problem == "single_label_classification":
-        return F.cross_entropy(logits.float(), labels.view(-1), weight=weight, reduction=reduction)
-    if problem == "multi_label_classification":
-        return F.binary_cross_entropy_with_logits(
-            logits.float(), labels.float(), pos_weight=weight, reduction=reduction
-        )
-    raise ValueError(f"unknown problem type {problem!r}")
-
-
-def span_loss(
-    start_logits: torch.Tensor,
-    end_logits: torch.Tensor,
-    start_positions: torch.Tensor,
-    end_positions: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    reduction: str = "mean",
-) -> torch.Tensor:
-    """The average of the start and end cross-entropies over the window's positions (span QA).
-    Padded positions (`attention_mask` 0) take no part in the softmax, so the loss does not
-    depend on how much padding a batch has (transformers' head counts them; its logits are the
-    same). A position outside the window (the answer cut off) is ignored, as in transformers."""
-    seq_len = start_logits.shape[1]
-    start_logits, end_logits = start_logits.float(), end_logits.float()
-    if attention_mask is not None:
-        pad = attention_mask == 0
-        start_logits = start_logits.masked_fill(pad, PAD_LOGIT)
-        end_logits = end_logits.masked_fill(pad, PAD_LOGIT)
-    start = start_positions.view(-1).clamp(0, seq_len)
-    end = end_positions.view(-1).clamp(0, seq_len)
-    ce = F.cross_entropy(
-        start_logits, start, ignore_index=seq_len, reduction=reduction
-    ) + F.cross_entropy(end_logits, end, ignore_index=seq_len, reduction=reduction)
-    return ce / 2
-
-
-class _FusedVocabCrossEntropy(torch.autograd.Function):
-    """Sum of softmax cross-entropies of `states @ weight.T + bias` against `labels`, computed
-    a chunk of rows at a time; the gradients are made in the same pass (softmax - one-hot, two
-    matrix products) and returned by `backward`, so the (n, V) logits and their gradient never
-    exist in full: one (chunk, V) buffer that stays in cache replaces log_softmax, its
-    backward, the one-hot gradient and the accuracy's argmax over the whole matrix."""
-
-    @staticmethod
-    def forward(ctx, states, weight, bias, labels, chunk, grads):
-        need = ctx.needs_input_grad if grads else (False, False, False)
-        total = torch.zeros((), dtype=torch.float64, device=states.device)
-        correct = torch.zeros((), dtype=torch.long, device=states.device)
-        grad_states = torch.empty_like(states) if need[0] else None
-        grad_weight = torch.zeros_like(weight) if need[1] else None
-        grad_bias = torch.zeros_like(bias) if need[2] else None
-        for start in range(0, states.shape[0], chunk):
-            rows = states[start : start + chunk]
-            targets = labels[start : start + chunk]
-            logits = torch.addmm(bias, rows, weight.t())  # (c, V)
-            top, best = logits.max(-1)
-            correct += (best == targets).sum()
-            target_logits = logits.gather(1, targets[:, None]).squeeze(1)
-            logits.sub_(top[:, None]).exp_()  # unnormalised probabilities
-            norm = logits.sum(-1)
-            total += (top + norm.log() - target_logits).sum().double()
-            if grad_states is None and grad_weight is None and grad_bias is None:
-                continue
-            grad = logits.div_(norm[:, None])  # softmax
-            grad[torch.arange(len(targets), device=grad.device), targets] -= 1.0
-            if grad_states is not None:
-                torch.mm(grad, weight, out=grad_states[start : start + chunk])
-            if grad_weight is not None:
-                grad_weight.addmm_(grad.t(), rows)
-            if grad_bias is not None:
-                grad_bias += grad.sum(0)
-        ctx.save_for_backward(grad_states, grad_weight, grad_bias)
-        ctx.mark_non_differentiable(correct)
-        return total.to(states.dtype), correct
-
-    @staticmethod
-    def backward(ctx, grad_total, _grad_correct):
-        grad_states, grad_weight, grad_bias = ctx.saved_tensors
-        scale = grad_total.to(torch.float32)
-        return (
-            grad_states * scale if grad_states is not None else None,
-            grad_weight * scale if grad_weight is not None else None,
-            grad_bias * scale if grad_bias is not None else None,
-            None,
-            None,
-            None,
-        )
-
-
-def fused_vocab_cross_entropy(
-    states: torch.Tensor,  # (n, H) the MLM transform's output at the labelled positions
-    weight: torch.Tensor,  # (V, H) the decoder (tied word embeddings)
-    bias: torch.Tensor,  # (V,)
-    labels: torch.Tensor,  # (n,) token ids
-    chunk: int = 64,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of cross-entropies, number of argmax hits): the same numbers as
-    `F.cross_entropy(states @ weight.T + bias, labels, reduction="sum")` and an argmax count,
-    for about a third of the memory traffic (the pre-training step's vocabulary softmax)."""
-    if states.shape[0] == 0:
-        zero = states.sum() * 0.0 + weight.sum() * 0.0 + bias.sum() * 0.0
-        return zero, torch.zeros((), dtype=torch.long, device=states.device)
-    if states.dtype != torch.float32 or weight.dtype != torch.float32:
-        logits = F.linear(states, weight, bias).float()  # half precision: the plain path
-        total = F.cross_entropy(logits, labels, reduction="sum")
-        return total, (logits.argmax(-1) == labels).sum()
-    grads = torch.is_grad_enabled() and (
-        states.requires_grad or weight.requires_grad or bias.requires_grad
-    )
-    return _FusedVocabCrossEntropy.apply(states, weight, bias, labels, chunk, grads)
 
 
 class _Head(BertPreTrainedModel):
@@ -395,7 +235,7 @@ class BertForPreTraining(_MaskedLMMixin, _Head):
         if fused_mlm:
             assert masked_positions is not None and labels is not None, "fused_mlm needs both"
             mlm_sum, mlm_correct = self._fused_mlm(out.last_hidden_state, masked_positions, labels)
-            mlm_loss = _reduce(mlm_sum, labels.ne(IGNORE_INDEX).sum(), "mean")
+            mlm_loss = reduce_loss(mlm_sum, labels.ne(IGNORE_INDEX).sum(), "mean")
         else:
             mlm_logits = self._mlm_logits(out.last_hidden_state, masked_positions)
             mlm_loss = token_loss(mlm_logits, labels) if labels is not None else None
@@ -454,7 +294,7 @@ class BertForMaskedLM(_MaskedLMMixin, _Head):
         if fused_mlm:
             assert masked_positions is not None and labels is not None, "fused_mlm needs both"
             total, correct = self._fused_mlm(out.last_hidden_state, masked_positions, labels)
-            mean = _reduce(total, labels.ne(IGNORE_INDEX).sum(), "mean")
+            mean = reduce_loss(total, labels.ne(IGNORE_INDEX).sum(), "mean")
             return BertHeadOutput(None, mean, out.hidden_states, out.attentions, total, correct)
         logits = self._mlm_logits(out.last_hidden_state, masked_positions)
         loss = token_loss(logits, labels) if labels is not None else None

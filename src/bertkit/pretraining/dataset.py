@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertkit.heads import IGNORE_INDEX
+from bertkit.losses import IGNORE_INDEX
 from bertkit.pretraining.instances import (
     OBJECTIVES,
     document_instances,

@@ -18,13 +18,8 @@ from typing import Any
 import torch
 
 from bertkit.config import BertConfig
-from bertkit.heads import (
-    IGNORE_INDEX,
-    BertForMaskedLM,
-    BertForPreTraining,
-    sequence_loss,
-    token_loss,
-)
+from bertkit.heads import BertForMaskedLM, BertForPreTraining
+from bertkit.losses import IGNORE_INDEX, sequence_loss, token_loss
 from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
 from bertkit.pretraining.init_schemes import (
     local_attention_,

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from bertkit.heads import sequence_loss
+from bertkit.losses import sequence_loss
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, head_logits, read_text, require_file
 from bertkit.tasks.text_classification import classification_answers

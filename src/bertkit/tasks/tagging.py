@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tokenizers.pre_tokenizers import BertPreTokenizer
 
-from bertkit.heads import IGNORE_INDEX, token_loss
+from bertkit.losses import IGNORE_INDEX, token_loss
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, head_logits
 from bertkit.tasks.labels import softmax
