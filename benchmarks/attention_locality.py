@@ -33,7 +33,7 @@ def main() -> None:
         Shards(args.data),
         tokenizer,
         batch_size=16,
-        max_seq_length=args.seq_len,
+        seq_len=args.seq_len,
         masking=MaskingConfig(mask_token_prob=1.0, random_token_prob=0.0),
         seed=1,
     )

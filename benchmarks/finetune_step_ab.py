@@ -33,14 +33,14 @@ from task_data import task_data
 from bertkit.heads import BertForSequenceClassification
 from bertkit.tasks import get_task
 from bertkit.tokenizer import BertTokenizer
-from bertkit.training.optim import build_optimizer, parameter_groups
+from bertkit.training.optim import OptimConfig, build_optimizer, parameter_groups
 
 VARIANTS = {"single-adamw": {"foreach": False}, "foreach": {"foreach": True}}
 
 
 def optimizer_for(model, variant: str) -> torch.optim.Optimizer:
     if variant == "default":
-        return build_optimizer(model, lr=2e-5, weight_decay=0.01)
+        return build_optimizer(model, OptimConfig(learning_rate=2e-5))
     return torch.optim.AdamW(parameter_groups(model, 0.01), lr=2e-5, eps=1e-6, **VARIANTS[variant])
 
 

@@ -37,7 +37,7 @@ def main() -> None:
     shards = Shards(args.data)
     tokenizer = BertTokenizer.from_pretrained(args.vocab or args.data)
     stream = PretrainingData(
-        shards, tokenizer, batch_size=args.batch_size, max_seq_length=args.seq_len, seed=args.seed
+        shards, tokenizer, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed
     )
     special = {tokenizer.vocab[t] for t in ("[CLS]", "[SEP]", "[PAD]", "[MASK]")}
     pairs, labels = [], []

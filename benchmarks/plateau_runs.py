@@ -30,7 +30,7 @@ def replayed_tokens(data: Path, batch_size: int, seq_len: int, steps: int, seed:
         Shards(data),
         BertTokenizer.from_pretrained(data),
         batch_size=batch_size,
-        max_seq_length=seq_len,
+        seq_len=seq_len,
         seed=seed,
     )
     total, out = 0, []

@@ -39,7 +39,7 @@ from bertkit.pretraining.dataset import PretrainingData
 from bertkit.pretraining.shards import Shards
 from bertkit.pretraining.train import PretrainingObjective
 from bertkit.tokenizer import BertTokenizer
-from bertkit.training.optim import build_optimizer, parameter_groups
+from bertkit.training.optim import OptimConfig, build_optimizer, parameter_groups
 
 
 class _Opaque(torch.nn.Module):
@@ -67,14 +67,14 @@ def build(args, variant: str):
             parameter_groups(model, 0.01), lr=1e-4, eps=1e-6, **kind[variant]
         )
     else:
-        optimizer = build_optimizer(model, lr=1e-4, weight_decay=0.01)
+        optimizer = build_optimizer(model, OptimConfig(learning_rate=1e-4))
     forward = model
     if variant == "compile":
         forward = torch.compile(model, dynamic=True)
     elif variant == "logits":  # not a bertkit head to the objective: it takes the logits path
         forward = _Opaque(model)
     stream = PretrainingData(
-        Shards(args.data), tokenizer, batch_size=args.batch_size, max_seq_length=args.seq_len
+        Shards(args.data), tokenizer, batch_size=args.batch_size, seq_len=args.seq_len
     )
     batches = [stream.next_batch() for _ in range(args.steps)]
     objective = PretrainingObjective("mlm+nsp")

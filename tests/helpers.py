@@ -174,12 +174,13 @@ def tiny_bert_config(vocab_size: int = 99, **overrides) -> BertConfig:
 def tiny_settings(setup, **changes):
     """A `PretrainConfig` for a tiny run on the `setup` shards' config (`changes` on top)."""
     from bertkit.pretraining.train import PretrainConfig
+    from bertkit.settings import from_values
 
     values = dict(
         config=str(setup / "config.json"), batch_size=8, seq_len=64, learning_rate=1e-3,
         log_every=1, progress=False,
     ) | changes  # fmt: skip
-    return PretrainConfig(**values)
+    return from_values(PretrainConfig, values)
 
 
 # --------------------------------------------------------------------------- your own data

@@ -1,7 +1,7 @@
 import pytest
 
 from bertkit import cli
-from bertkit.cli import build_parser, main
+from bertkit.cli import build_parser, main, use
 
 
 def test_vocab_command(tmp_path, capsys):
@@ -26,11 +26,13 @@ def test_pretrain_recipe_sets_its_settings_and_flags_win(monkeypatch, capsys, tm
 
     seen = {}
 
-    def fake_run_phases(data, out, phases, settings, budgets=None):
-        seen.update(vars(settings), phases=phases)  # the PretrainConfig the flags made
+    def fake_run_pretraining(data, out, settings):  # the PretrainConfig the flags made
+        phases = [(phase.seq_len, phase.max_steps) for phase in settings.phase_plan()]
+        seen.update(vars(settings), **vars(settings.optim), **vars(settings.masking))
+        seen["phases"] = phases
         return []
 
-    monkeypatch.setattr(train, "run_phases", fake_run_phases)
+    monkeypatch.setattr(train, "run_pretraining", fake_run_pretraining)
     base = ["pretrain", "--data", "d", "--out", "o"]
     assert main([*base, "--recipe", "laptop", "--budget", "10m"]) == 0
     assert seen["config"] == "tiny" and seen["batch_size"] == 32 and seen["learning_rate"] == 2e-3
@@ -185,7 +187,7 @@ def test_a_fatal_error_starts_its_own_line_after_a_progress_bar(monkeypatch, cap
         bar.update(40)  # a bar cut short: no newline after its figures
         raise ValueError("the disk is full")
 
-    monkeypatch.setattr(cli, "_viz", fails)
+    monkeypatch.setattr(use, "_viz", fails)
     assert cli.main(["viz", "log.jsonl"]) == 2
     err = capsys.readouterr().err
     assert "train" in err and "\nbertkit viz: error: the disk is full\n" in err

@@ -79,22 +79,22 @@ def run_demo(
     Pre-training lasts `budget_seconds` of training time (or `max_steps` steps, whichever ends
     first); progress is printed as it comes."""
     from bertkit import BertForPreTraining, BertTokenizer, train_vocab
-    from bertkit.pretraining.recipes import recipe_config
+    from bertkit.pretraining.recipes import apply_recipe
     from bertkit.pretraining.shards import prepare_shards
     from bertkit.pretraining.train import run_pretraining
 
-    settings = recipe_config(
-        "laptop",
-        **({"batch_size": batch_size} if batch_size else {}),
-        **({"learning_rate": learning_rate} if learning_rate else {}),
-        max_steps=max_steps,
-        budget_seconds=budget_seconds,
-        eval_batches=10,
-        log_every=10,
-        save_every=10**9,  # once, at the end
-        resume=(Path(out_dir) / "trainer_state.pt").exists(),
-        progress=False,
-    )
+    given = {
+        "batch_size": batch_size,
+        "learning_rate": learning_rate,
+        "max_steps": max_steps,
+        "budget_seconds": budget_seconds,
+        "eval_batches": 10,
+        "log_every": 10,
+        "save_every": 10**9,  # once, at the end
+        "resume": (Path(out_dir) / "trainer_state.pt").exists(),
+        "progress": False,
+    }
+    settings = apply_recipe("laptop", given)
     out_dir = Path(out_dir)
     started = time.perf_counter()
     work = out_dir / "data"
@@ -130,7 +130,7 @@ def run_demo(
         length += (" or " if length else "") + f"{max_steps} steps"
     say(
         f"4. pre-training BERT-{settings.config} with MLM + NSP (the laptop recipe: batch "
-        f"{settings.batch_size}, peak lr {settings.learning_rate:g}, sequences of "
+        f"{settings.batch_size}, peak lr {settings.optim.learning_rate:g}, sequences of "
         f"{settings.seq_len}) for {length}; "
         "held-out figures as they come (MLM accuracy: every chosen piece [MASK]):"
     )

@@ -314,6 +314,7 @@ def train_tagger(
     from bertkit.tasks.base import FinetuneData
     from bertkit.training.distributed import Distributed
     from bertkit.training.loop import Trainer, TrainingConfig
+    from bertkit.training.optim import OptimConfig
 
     torch.manual_seed(seed)
     features, labels = train
@@ -335,10 +336,9 @@ def train_tagger(
         config = TrainingConfig(
             out_dir=str(out),
             max_steps=steps,
-            learning_rate=learning_rate,
-            warmup_steps=0,
-            schedule="constant",
-            weight_decay=0.0,
+            optim=OptimConfig(
+                learning_rate=learning_rate, warmup_steps=0, schedule="constant", weight_decay=0.0
+            ),
             log_every=max(1, min(50, data.batches_per_epoch // 4)),
             save_every=data.batches_per_epoch,
             seed=seed,

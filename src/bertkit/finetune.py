@@ -42,7 +42,7 @@ import torch
 from bertkit._io import LOCK_FILE, atomic_path
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
-from bertkit.settings import device_setting, precision_setting, setting
+from bertkit.settings import Settings, device_setting, precision_setting, setting
 from bertkit.tasks import Task, get_task
 from bertkit.tasks.base import (
     TASK_FILE,
@@ -56,10 +56,12 @@ from bertkit.tasks.own import DataConfig, OwnTask, describe
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
 from bertkit.training.loop import DIGEST_FILE, LOG_FILE, STATE_FILE, Trainer, TrainingConfig
+from bertkit.training.optim import OptimConfig
 from bertkit.viz import plot_confusion, plot_log, read_log
 
 logger = logging.getLogger("bertkit")
 RESULTS_FILE = "results.json"
+_OPTIM_FIELDS = {f.name: f for f in dataclasses.fields(OptimConfig)}
 GRID = {"batch_size": (16, 32), "learning_rate": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
 
 
@@ -72,7 +74,7 @@ class Sizes(NamedTuple):
 
 
 @dataclass
-class FinetuneConfig:
+class FinetuneConfig(Settings):
     """Hyperparameters of a fine-tuning run; None takes the task's default (the paper's value).
     The `bertkit finetune` flags are these fields (`--learning-rate`, ...)."""
 
@@ -89,7 +91,9 @@ class FinetuneConfig:
     warmup_proportion: float = setting(
         0.1, "linear warm-up, a fraction of the steps", check="fraction", flags=("--warmup",)
     )
-    weight_decay: float = setting(0.01, "decoupled weight decay (not on biases, LayerNorm)")
+    weight_decay: float = setting(
+        OptimConfig.weight_decay, "decoupled weight decay (not on biases, LayerNorm)"
+    )
     seed: int = setting(42, "seed of the head's init, dropout and batch order")
     eval_batch_size: int = setting(64, "sequences per evaluation batch", check="positive")
     bucket_batches: int | None = setting(
@@ -117,11 +121,9 @@ class FinetuneConfig:
         False, "replace what a non-empty output folder holds (another run or checkpoint)"
     )
     optimizer: str = setting(
-        "adamw",
-        "adamw (torch's, bias-corrected) or bertadam (Google's original update without bias "
-        "correction, eps 1e-6)",
-        choices=("adamw", "bertadam"),
-    )
+        OptimConfig.optimizer, _OPTIM_FIELDS["optimizer"].metadata["help"],
+        choices=_OPTIM_FIELDS["optimizer"].metadata["choices"],
+    )  # fmt: skip
 
     def sizes(self) -> Sizes:
         """The five settings a task fills in, of a `resolved` config."""
@@ -130,6 +132,16 @@ class FinetuneConfig:
         if any(v is None for v in values):
             raise ValueError("FinetuneConfig.resolved(task) first: the task's defaults are unset")
         return Sizes(*values)  # type: ignore[arg-type]
+
+    def optim(self, max_steps: int) -> OptimConfig:
+        """The optimiser and schedule of a run of `max_steps` steps (of a `resolved` config):
+        the warm-up is int(warmup_proportion x steps), as transformers rounds it."""
+        return OptimConfig(
+            learning_rate=self.sizes().learning_rate,
+            warmup_steps=int(self.warmup_proportion * max_steps),
+            weight_decay=self.weight_decay,
+            optimizer=self.optimizer,
+        )
 
     def resolved(self, task: Task) -> FinetuneConfig:
         return dataclasses.replace(
@@ -377,10 +389,7 @@ def finetune(
         TrainingConfig(
             out_dir=str(out),
             max_steps=max_steps,
-            learning_rate=sizes.learning_rate,
-            warmup_steps=int(config.warmup_proportion * max_steps),
-            weight_decay=config.weight_decay,
-            optimizer=config.optimizer,
+            optim=config.optim(max_steps),
             precision=config.precision,
             log_every=max(1, min(50, steps_per_epoch // 4)),
             eval_every=steps_per_epoch,

@@ -1,33 +1,97 @@
-"""Settings as dataclass fields that carry their one-line doc: the Python API takes the
-dataclasses (`FinetuneConfig`, `MaskingConfig`, ...) and the `bertkit` command builds its flags
-from the same fields (name, type, default, help), so a setting is declared once.
+"""Settings as dataclass fields that carry their one-line doc and their check: the Python API
+takes the dataclasses (`PretrainConfig`, `FinetuneConfig`, `MaskingConfig`, `OptimConfig`, ...)
+and the `bertkit` command builds its flags from the same fields (name, type, default, choices,
+help), so a setting is declared once, and a value is refused with the same words whether it
+came from a flag or from Python.
 
 >>> from dataclasses import dataclass, fields
 >>> @dataclass
-... class Example:
+... class Example(Settings):
 ...     steps: int = setting(10, "optimiser steps", check="positive")
 >>> f = fields(Example)[0]
 >>> f.default, f.metadata["help"], f.metadata["check"]
 (10, 'optimiser steps', 'positive')
+>>> Example(steps=0)
+Traceback (most recent call last):
+...
+ValueError: Example: --steps must be positive, got 0
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import math
+import typing
 from typing import Any
+
+# check name: (lowest, highest, highest included); None: no bound on that side
+CHECKS: dict[str, tuple[float | None, float | None, bool]] = {
+    "positive": (0.0, None, False),  # > 0
+    "non-negative": (0.0, None, True),  # >= 0
+    "fraction": (0.0, 1.0, False),  # [0, 1)
+    "probability": (0.0, 1.0, True),  # [0, 1]
+}
 
 
 def setting(default: Any, help: str, *, choices: tuple | None = None, check: str | None = None,
             flags: tuple[str, ...] = ()) -> Any:  # fmt: skip
-    """A dataclass field with its doc. `choices`: the values allowed; `check`: positive,
-    non-negative or fraction (a value in [0, 1)), enforced when the command parses it;
-    `flags`: other spellings the command accepts beside --field-name."""
+    """A dataclass field with its doc. `choices`: the values allowed; `check`: a name in
+    CHECKS (positive, non-negative, fraction in [0, 1), probability in [0, 1]), enforced by
+    `Settings.__post_init__` and by the command's parser; `flags`: other spellings the command
+    accepts beside --field-name."""
+    if check is not None and check not in CHECKS:
+        raise ValueError(f"unknown check {check!r}; one of {sorted(CHECKS)}")
     metadata = {"help": help, "choices": choices, "check": check, "flags": flags}
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def problem(value: Any, check: str | None) -> str | None:
+    """What is wrong with a number under `check` ("must be positive, got 0"), or None.
+
+    >>> problem(0.5, "fraction"), problem(1, "fraction"), problem(float("nan"), None)
+    (None, 'must be in [0, 1), got 1', "'nan' is not a finite number")
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value):
+        return f"{str(value)!r} is not a finite number"
+    if check is None:
+        return None
+    low, high, closed = CHECKS[check]
+    assert low is not None  # every check has a lower bound
+    if high is None:
+        if value < low or (value == low and not closed):
+            return f"must be {'positive' if not closed else '0 or more'}, got {value:g}"
+        return None
+    if not (low <= value <= high if closed else low <= value < high):
+        return f"must be in [{low:g}, {high:g}{']' if closed else ')'}, got {value:g}"
+    return None
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+class Settings:
+    """Base of the settings dataclasses: every field is checked when the object is made (and
+    by `dataclasses.replace`), by its `check` and `choices`."""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):  # type: ignore[arg-type]
+            value, meta = getattr(self, field.name), field.metadata
+            if value is None or "help" not in meta:
+                continue
+            wrong = problem(value, meta["check"])
+            if wrong is None and meta["choices"] is not None and value not in meta["choices"]:
+                wrong = f"{value!r} is not one of {', '.join(map(str, meta['choices']))}"
+            if wrong is not None:
+                flags = "/".join([flag(field.name), *meta["flags"]])  # as argparse names it
+                raise ValueError(f"{type(self).__name__}: {flags} {wrong}")
+
+
 def precision_setting() -> Any:
-    """The compute precision of a training run (every run takes the same choices)."""
+    """The compute precision of a run (every run takes the same choices)."""
     return setting(
         "auto",
         "auto: bf16 autocast where it is native (a GPU with bf16; a CPU with AMX-BF16 or "
@@ -38,3 +102,120 @@ def precision_setting() -> Any:
 
 def device_setting() -> Any:
     return setting(None, "cpu or cuda (default: cuda when available)")
+
+
+def nested(cls: type) -> Any:
+    """A field holding another settings dataclass (a run's masking, its optimiser): its fields
+    are flags of their own, at this field's place in the command's help."""
+    return dataclasses.field(default_factory=cls, metadata={"nested": True})
+
+
+# --------------------------------------------------------------------------- the command line
+def number_type(kind: type, check: str | None = None):
+    """An argparse type of `kind` (int or float) that refuses what `check` refuses."""
+
+    def parse(text: str):
+        value = kind(text)
+        wrong = problem(value, check)
+        if wrong is not None:
+            raise argparse.ArgumentTypeError(wrong.replace(f"got {value:g}", f"got {text}"))
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in "invalid int value"
+    return parse
+
+
+def add_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    skip: tuple[str, ...] = (),
+    recipes: dict[str, dict[str, Any]] | None = None,
+) -> None:
+    """One flag per field of the settings dataclass `cls` (nested settings in place): --field-name
+    (and the field's other spellings), its type, default, choices and one-line help. A field
+    some recipe sets has no default on the command line (the recipe's value fills it in, an
+    explicit flag wins) and its help lists each recipe's value."""
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        if field.name in skip:
+            continue
+        meta = field.metadata
+        if meta.get("nested"):
+            add_flags(parser, hints[field.name], skip, recipes)
+            continue
+        flags = [flag(field.name), *meta.get("flags", ())]
+        help, default = meta["help"], field.default
+        if recipes and any(field.name in recipe for recipe in recipes.values()):
+            values = "; ".join(
+                f"{name} {recipe.get(field.name, default if default is not None else 'unset')}"
+                for name, recipe in recipes.items()
+            )
+            help, default = f"{help} (recipe: {values})", None
+        kind = hints[field.name]
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        base = args[0] if args else kind
+        if base is bool:
+            parser.add_argument(*flags, dest=field.name, action="store_true", help=help)
+            continue
+        parser.add_argument(
+            *flags,
+            dest=field.name,
+            type=number_type(base, meta.get("check")) if base in (int, float) else base,
+            default=default,
+            choices=meta.get("choices"),
+            help=help,
+        )
+
+
+def field_names(cls: type) -> set[str]:
+    """The names `cls` takes, its nested settings' included."""
+    hints = typing.get_type_hints(cls)
+    names = set()
+    for field in dataclasses.fields(cls):
+        if field.metadata.get("nested"):
+            names |= field_names(hints[field.name])
+        else:
+            names.add(field.name)
+    return names
+
+
+def from_values(cls: type, values: dict[str, Any]):
+    """An instance of `cls` from flat values by field name, nested settings filled from theirs
+    (`learning_rate` goes to the optimiser's settings); a name `cls` does not take is refused."""
+    unknown = set(values) - field_names(cls)
+    if unknown:
+        raise TypeError(f"{cls.__name__}: unknown settings {sorted(unknown)}")
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):
+        if field.metadata.get("nested"):
+            inner = hints[field.name]
+            mine = {k: v for k, v in values.items() if k in field_names(inner)}
+            kwargs[field.name] = from_values(inner, mine)
+        elif field.name in values:
+            kwargs[field.name] = values[field.name]
+    return cls(**kwargs)
+
+
+def replaced(settings: Any, **values: Any):
+    """`settings` with fields replaced by flat name, nested ones included:
+    replaced(pretrain_config, learning_rate=1e-3, max_steps=10)."""
+    unknown = set(values) - field_names(type(settings))
+    if unknown:
+        raise TypeError(f"{type(settings).__name__}: unknown settings {sorted(unknown)}")
+    hints = typing.get_type_hints(type(settings))
+    changes: dict[str, Any] = {}
+    for field in dataclasses.fields(settings):
+        if field.metadata.get("nested"):
+            mine = {k: v for k, v in values.items() if k in field_names(hints[field.name])}
+            if mine:
+                changes[field.name] = replaced(getattr(settings, field.name), **mine)
+        elif field.name in values:
+            changes[field.name] = values[field.name]
+    return dataclasses.replace(settings, **changes)
+
+
+def from_flags(args: argparse.Namespace, cls: type, **values: Any):
+    """An instance of the settings dataclass `cls` from parsed flags (and `values` on top)."""
+    names = field_names(cls)
+    return from_values(cls, {k: v for k, v in vars(args).items() if k in names} | values)

@@ -24,7 +24,7 @@ def corpus(tmp_path_factory):
 def test_instance_statistics_over_100k_instances(corpus):
     tokenizer, shards = corpus
     max_len = 48
-    data = PretrainingData(shards, tokenizer, batch_size=500, max_seq_length=max_len, seed=1)
+    data = PretrainingData(shards, tokenizer, batch_size=500, seq_len=max_len, seed=1)
     masked = maskable = to_mask = to_random = kept = is_random = instances = 0
     cls_id, sep_id, mask_id = (
         tokenizer.cls_token_id,
@@ -111,7 +111,7 @@ def test_whole_word_masking_never_splits_a_word(corpus):
         shards,
         tokenizer,
         batch_size=256,
-        max_seq_length=64,
+        seq_len=64,
         masking=MaskingConfig(whole_word_mask=True),
         seed=2,
     )

@@ -4,12 +4,11 @@ import dataclasses
 import json
 import subprocess
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from bertkit import BertConfig, BertForPreTraining
+from bertkit import BertForPreTraining
 from bertkit.pretraining.train import run_pretraining
 
 from helpers import cli_command, learnable_shards, synthetic_tokenizer, tiny_cli_args, tiny_settings
@@ -174,7 +173,7 @@ def test_held_out_measure_masks_every_chosen_piece(setup, tmp_path):
         Shards(setup / "shards"),
         tokenizer,
         batch_size=16,
-        max_seq_length=64,
+        seq_len=64,
         objective="mlm",
         masking=dataclasses.replace(masking, mask_token_prob=1.0, random_token_prob=0.0),
     )
@@ -199,60 +198,6 @@ def test_phases_share_a_budget(setup, tmp_path):
         longest = max(b - a for a, b in zip(clock, clock[1:], strict=False))
         assert 2.0 <= state["train_seconds"] < 2.0 + longest + 0.25
     assert main(["pretrain", *map(str, args), "--phases", "32:0.5,64:0.6"]) == 2
-
-
-def _short_run(setup, out, **settings) -> list[float]:
-    """The training losses of 3 steps of the tiny dropout-free model (settings override)."""
-    settings = {
-        "config": str(setup / "nodrop.json"),
-        "max_steps": 3,
-        "batch_size": 4,
-        "seq_len": 32,
-        "warmup_steps": 1,
-        "progress": False,
-        **settings,
-    }
-    entries = run_pretraining(setup / "shards", out, **settings)
-    return [e["loss"] for e in entries if e["split"] == "train"]
-
-
-def test_mimetic_attention_starts_near_identity_and_trains(setup, tmp_path):
-    from bertkit.pretraining.init_schemes import mimetic_attention_
-
-    model = BertForPreTraining(BertConfig.from_json_file(setup / "nodrop.json")).requires_grad_(
-        False
-    )
-    layer = model.bert.encoder.layer[0]
-    mimetic_attention_(layer, qk=(0.0, 1.0), vo=(0.0, 0.5))
-    size, attention = layer.head_size, layer.attention
-    for head in range(layer.num_heads):  # rank-`size` part of I: a projection, PSD
-        rows = slice(head * size, (head + 1) * size)
-        product = attention.self.query.weight[rows].T @ attention.self.key.weight[rows]
-        assert torch.allclose(product, product.T, atol=1e-5)
-        assert torch.allclose(product @ product, product, atol=1e-5)
-        assert float(product.trace()) == pytest.approx(size, rel=1e-4)
-    value_output = attention.output.dense.weight @ attention.self.value.weight
-    assert torch.allclose(value_output, -0.5 * torch.eye(value_output.shape[0]), atol=1e-5)
-    assert np.isfinite(_short_run(setup, tmp_path / "run", attention_init="mimetic-qk")).all()
-
-
-def test_local_attention_starts_on_the_neighbours(setup, tmp_path):
-    from bertkit.pretraining.init_schemes import local_attention_
-
-    torch.manual_seed(0)
-    model = BertForPreTraining(BertConfig.from_json_file(setup / "nodrop.json")).eval()
-    local_attention_(model)
-    ids = torch.randint(10, 400, (4, 40))
-    with torch.no_grad():
-        maps = model.bert(ids, output_attentions=True).attentions[0][:, :, 1:-1]  # (B, A, S-2, S)
-    rows = torch.arange(1, 39)
-    left = maps[:, 0, torch.arange(38), rows - 1].mean()
-    right = maps[:, 1, torch.arange(38), rows + 1].mean()
-    assert left > 0.5 and right > 0.5  # uniform would be 1/40
-    embeddings = model.bert.embeddings
-    assert embeddings.word_embeddings.weight[:, -16:].abs().max() == 0  # positions own those
-    assert embeddings.position_embeddings.weight[:, :-16].abs().max() == 0
-    assert np.isfinite(_short_run(setup, tmp_path / "run", attention_init="local")).all()
 
 
 def test_pretrain_prints_its_evaluations_and_where_it_wrote(setup, tmp_path, capsys):

@@ -219,8 +219,8 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(setup,
     train_module.PretrainingObjective.loss = poisoned
     try:
         with pytest.raises(TrainingDiverged, match="NaN or infinite at step 5"):
-            train_module.run_phases(
-                setup / "shards", out, [(64, 6)], config=str(setup / "config.json"),
+            train_module.run_pretraining(
+                setup / "shards", out, phases=[(64, 6)], config=str(setup / "config.json"),
                 batch_size=8, learning_rate=1e-3, warmup_steps=2, save_every=2, progress=False,
             )  # fmt: skip
     finally:

@@ -54,14 +54,16 @@ def test_bertadam_is_googles_update_without_bias_correction():
     """Against a reference written from Google's optimization.py (AdamWeightDecayOptimizer):
     m, v without bias correction; update = m / (sqrt(v) + eps) + wd * w; w -= lr * update; no
     weight decay on LayerNorm and biases (the groups of `parameter_groups`)."""
-    from bertkit.training.optim import build_optimizer
+    from bertkit.training.optim import OptimConfig, build_optimizer
 
     torch.manual_seed(0)
     model = torch.nn.ModuleDict(
         {"dense": torch.nn.Linear(5, 4), "LayerNorm": torch.nn.LayerNorm(4)}
     )
     start = {n: p.detach().double().numpy().copy() for n, p in model.named_parameters()}
-    optimizer = build_optimizer(model, lr=0.01, weight_decay=0.1, kind="bertadam")
+    optimizer = build_optimizer(
+        model, OptimConfig(learning_rate=0.01, weight_decay=0.1, optimizer="bertadam")
+    )
     grads = [{n: torch.randn_like(p) for n, p in model.named_parameters()} for _ in range(4)]
     for step in grads:
         for n, p in model.named_parameters():
@@ -83,8 +85,9 @@ def test_bertadam_is_googles_update_without_bias_correction():
     first = torch.nn.Parameter(torch.zeros(1))
     first.grad = torch.ones(1)
     build_optimizer(
-        torch.nn.ParameterList([first]), lr=1.0, weight_decay=0.0, kind="bertadam"
+        torch.nn.ParameterList([first]),
+        OptimConfig(learning_rate=1.0, weight_decay=0.0, optimizer="bertadam"),
     ).step()
     assert float(first.detach()) == pytest.approx(-0.1 / (0.001**0.5 + 1e-6), rel=1e-5)
-    with pytest.raises(ValueError, match="adamw or bertadam"):
-        build_optimizer(model, kind="sgd")
+    with pytest.raises(ValueError, match="--optimizer 'sgd' is not one of adamw, bertadam"):
+        OptimConfig(optimizer="sgd")

@@ -24,20 +24,20 @@ from bertkit.pretraining.instances import (
     mask_tokens,
 )
 from bertkit.pretraining.shards import Shards
-from bertkit.settings import setting
+from bertkit.settings import Settings, setting
 from bertkit.tokenizer import CLS, MASK, PAD, SEP, BertTokenizer
 
 
 @dataclass(frozen=True)
-class MaskingConfig:
+class MaskingConfig(Settings):
     """How masked-LM targets are chosen and corrupted (the paper's: 15%, 80/10/10); the
     `bertkit pretrain` flags are these fields."""
 
-    mask_prob: float = setting(0.15, "fraction of the pieces chosen for MLM", check="fraction")
+    mask_prob: float = setting(0.15, "fraction of the pieces chosen for MLM", check="probability")
     max_predictions: int = setting(20, "chosen pieces per sequence at most", check="positive")
-    mask_token_prob: float = setting(0.8, "chosen pieces that become [MASK]", check="fraction")
+    mask_token_prob: float = setting(0.8, "chosen pieces that become [MASK]", check="probability")
     random_token_prob: float = setting(
-        0.1, "chosen pieces that become a random piece (the rest stay)", check="fraction"
+        0.1, "chosen pieces that become a random piece (the rest stay)", check="probability"
     )
     whole_word_mask: bool = setting(False, "choose all pieces of a word together")
     static_masking: bool = setting(
@@ -59,7 +59,7 @@ class PretrainingData:
         tokenizer: BertTokenizer,
         *,
         batch_size: int,
-        max_seq_length: int = 128,
+        seq_len: int = 128,
         short_seq_prob: float = 0.1,
         objective: str = "mlm+nsp",
         masking: MaskingConfig = MaskingConfig(),
@@ -70,11 +70,11 @@ class PretrainingData:
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
         shards.check_vocab(tokenizer)
-        if max_seq_length > 1 << 15:
-            raise ValueError(f"max_seq_length {max_seq_length} is unreasonably large")
+        if seq_len > 1 << 15:
+            raise ValueError(f"seq_len {seq_len} is unreasonably large")
         self.shards = shards
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
-        self.max_seq_length, self.short_seq_prob = max_seq_length, short_seq_prob
+        self.seq_len, self.short_seq_prob = seq_len, short_seq_prob
         self.objective, self.masking, self.seed = objective, masking, seed
         vocab = tokenizer.vocab
         self.cls_id, self.sep_id, self.pad_id = vocab[CLS], vocab[SEP], vocab[PAD]
@@ -102,7 +102,7 @@ class PretrainingData:
             self._plan = build_plan(
                 self.shards,
                 np.random.default_rng([self.seed, version, 0]),
-                max_seq_length=self.max_seq_length,
+                max_seq_length=self.seq_len,
                 short_seq_prob=self.short_seq_prob,
                 objective=self.objective,
             )

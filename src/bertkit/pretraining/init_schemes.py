@@ -7,6 +7,9 @@ starts differs.
   each piece's left and right neighbours; what takes masked LM off the unigram plateau.
 - `mimetic_attention_` (`--attention-init mimetic|mimetic-qk`): Trockman & Kolter (ICML 2023).
 - `sinusoidal_positions_` (`--position-init sinusoidal`): Vaswani et al.'s sines.
+
+`apply(model, position_init=..., attention_init=...)` is what `--position-init` and
+`--attention-init` do to a freshly built model.
 """
 
 from __future__ import annotations
@@ -17,6 +20,38 @@ import torch
 from torch import nn
 
 from bertkit.model import BertLayer, BertModel
+
+POSITION_INITS = ("normal", "sinusoidal")
+ATTENTION_INITS = ("normal", "mimetic", "mimetic-qk", "local")
+
+
+def apply(
+    model: nn.Module,
+    *,
+    position_init: str = "normal",
+    attention_init: str = "normal",
+    left_to_right: bool = False,
+) -> nn.Module:
+    """Lay the named starting points over a freshly initialised `model` (a BertModel or a head
+    on one): "normal" leaves Google's initialisation as it is. `left_to_right`: the model
+    cannot see to the right (Table 5's LTR row), so local attention looks two to the left."""
+    if position_init not in POSITION_INITS:
+        raise ValueError(f"position_init must be one of {POSITION_INITS}, not {position_init!r}")
+    if attention_init not in ATTENTION_INITS:
+        raise ValueError(f"attention_init must be one of {ATTENTION_INITS}, not {attention_init!r}")
+    encoder = model if isinstance(model, BertModel) else model.bert
+    assert isinstance(encoder, BertModel)
+    if position_init == "sinusoidal":
+        sinusoidal_positions_(
+            encoder.embeddings.position_embeddings, encoder.config.initializer_range
+        )
+    if attention_init in ("mimetic", "mimetic-qk"):
+        vo = None if attention_init == "mimetic-qk" else (0.4, 0.4)
+        for layer in encoder.encoder.layer:
+            mimetic_attention_(layer, vo=vo)
+    elif attention_init == "local":
+        local_attention_(model, offsets=(-1, -2) if left_to_right else (-1, 1))
+    return model
 
 
 @torch.no_grad()

@@ -19,14 +19,13 @@ command line (an explicit flag always wins).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
 
 from bertkit.config import PRESETS, BertConfig
-from bertkit.pretraining.dataset import MaskingConfig
 from bertkit.pretraining.train import PretrainConfig
+from bertkit.settings import from_values
 
 RECIPES: dict[str, dict[str, Any]] = {
     "paper": {
@@ -96,10 +95,21 @@ def recipe(name: str, config: str | os.PathLike | BertConfig | None = None) -> d
     return values
 
 
-def recipe_config(name: str, **overrides: Any) -> PretrainConfig:
-    """A `PretrainConfig` with the recipe's settings (and `overrides` on top, masking's fields
-    among them)."""
-    values = recipe(name, overrides.get("config")) | overrides
-    masking_fields = {f.name for f in dataclasses.fields(MaskingConfig)}
-    masking = {k: values.pop(k) for k in list(values) if k in masking_fields}
-    return PretrainConfig(masking=MaskingConfig(**masking), **values)
+def apply_recipe(name: str | None, given: dict[str, Any]) -> PretrainConfig:
+    """The run's settings: the recipe `name` (the paper's when None) under the values `given`
+    by field name (the flags a user typed; None means not given). An explicit warm-up, steps or
+    fraction, replaces the recipe's; a time budget's warm-up is a fraction of it, so a recipe's
+    warm-up in steps gives way to one (`OptimConfig.budget_warmup`) unless a fraction is given.
+
+    >>> apply_recipe("laptop", {"max_steps": 100}).optim.learning_rate
+    0.002
+    >>> apply_recipe(None, {"budget_seconds": 60}).optim.warmup_steps is None
+    True
+    """
+    given = {key: value for key, value in given.items() if value is not None}
+    values = recipe(name or "paper", given.get("config"))
+    if "warmup_steps" in given or "warmup_fraction" in given or "budget_seconds" in given:
+        values.pop("warmup_steps", None)
+    if "warmup_steps" in given:
+        values.pop("warmup_fraction", None)
+    return from_values(PretrainConfig, values | given)

@@ -20,18 +20,23 @@ import torch
 from bertkit.config import BertConfig
 from bertkit.heads import BertForMaskedLM, BertForPreTraining
 from bertkit.losses import IGNORE_INDEX, sequence_loss, token_loss
+from bertkit.pretraining import init_schemes
 from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
-from bertkit.pretraining.init_schemes import (
-    local_attention_,
-    mimetic_attention_,
-    sinusoidal_positions_,
-)
+from bertkit.pretraining.init_schemes import ATTENTION_INITS, POSITION_INITS
 from bertkit.pretraining.instances import OBJECTIVES
 from bertkit.pretraining.shards import Shards
-from bertkit.settings import device_setting, precision_setting, setting
+from bertkit.settings import (
+    Settings,
+    device_setting,
+    nested,
+    precision_setting,
+    replaced,
+    setting,
+)
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
 from bertkit.training.loop import LOG_FILE, STATE_FILE, Trainer, TrainingConfig
+from bertkit.training.optim import OptimConfig
 
 logger = logging.getLogger("bertkit")
 
@@ -134,7 +139,7 @@ def _held_out_evaluation(
             shards,
             tokenizer,
             batch_size=batch_size,
-            max_seq_length=seq_len,
+            seq_len=seq_len,
             objective=objective,
             masking=m,
             seed=seed,
@@ -190,9 +195,11 @@ def resolve_config(
 
 
 @dataclass
-class PretrainConfig:
-    """Settings of a pre-training run; the `bertkit pretrain` flags are these fields. Defaults
-    are the paper's (`--recipe laptop` changes some, see `bertkit.pretraining.recipes`)."""
+class PretrainConfig(Settings):
+    """Settings of a pre-training run; the `bertkit pretrain` flags are these fields (the
+    optimiser's and the masking's among them). Defaults are the paper's (`--recipe laptop`
+    changes some: `bertkit.pretraining.recipes.apply_recipe`). Build one from flat names with
+    `settings.from_values(PretrainConfig, {...})` or change one with `settings.replaced`."""
 
     config: str | BertConfig = setting(
         "tiny", "model size (tiny, mini, small, medium, base, large), a config JSON or a BertConfig"
@@ -204,7 +211,7 @@ class PretrainConfig:
     )
     max_steps: int | None = setting(None, "optimiser steps", check="positive")
     budget_seconds: float | None = setting(
-        None, "training time in seconds instead of (or as well as) a step count"
+        None, "training time in seconds instead of (or as well as) a step count", check="positive"
     )
     batch_size: int = setting(256, "global sequences per optimiser step", check="positive")
     seq_len: int = setting(128, "tokens per sequence", check="positive")
@@ -214,13 +221,13 @@ class PretrainConfig:
     position_init: str = setting(
         "normal",
         "start of the learned position embeddings: normal (Google's) or sinusoidal (still learned)",
-        choices=("normal", "sinusoidal"),
+        choices=POSITION_INITS,
     )
     attention_init: str = setting(
         "normal",
         "start of the attention weights: normal (Google's), mimetic (Trockman & Kolter 2023), "
         "mimetic-qk (queries and keys only) or local (layer 1's heads on the neighbours)",
-        choices=("normal", "mimetic", "mimetic-qk", "local"),
+        choices=ATTENTION_INITS,
     )
     mlm_bias_init: str = setting(
         "zeros",
@@ -236,18 +243,10 @@ class PretrainConfig:
     init_from: str | os.PathLike | None = setting(
         None, "start from this checkpoint with a fresh schedule (the paper's phase 2)"
     )
-    masking: MaskingConfig = dataclasses.field(default_factory=MaskingConfig)
     short_seq_prob: float = setting(
         0.1, "instances made shorter than seq_len on purpose (Google's)", check="fraction"
     )
-    learning_rate: float = setting(1e-4, "peak learning rate", check="positive", flags=("--lr",))
-    warmup_steps: int | None = setting(
-        None, "linear warm-up steps (default 10,000, the paper's)", check="non-negative"
-    )
-    warmup_fraction: float | None = setting(
-        None, "warm-up as a fraction of the steps or of the budget", check="fraction"
-    )
-    adam_beta2: float = setting(0.999, "Adam's second-moment decay", check="fraction")
+    optim: OptimConfig = nested(OptimConfig)
     accumulation: int = setting(
         1, "micro-batches per optimiser step", check="positive", flags=("--accumulate",)
     )
@@ -259,6 +258,40 @@ class PretrainConfig:
     precision: str = precision_setting()
     device: str | None = device_setting()
     progress: bool = setting(True, "a progress bar")
+    phases: str | list[tuple[int, float]] | None = setting(
+        None,
+        "the paper's schedule as SEQ_LEN:STEPS,...: phases each continuing from the last with "
+        "a fresh schedule (replaces max_steps and seq_len); with a budget, SEQ_LEN:SHARE of it",
+    )
+    masking: MaskingConfig = nested(MaskingConfig)
+
+    def phase_plan(self) -> list[PretrainConfig]:
+        """The run as phases, each a PretrainConfig of one sequence length with its steps or
+        its share of the budget, and the held-out length they all evaluate at (the longest).
+        Without `phases`: one phase, this run."""
+        if self.phases is None:
+            if self.max_steps is None and self.budget_seconds is None:
+                raise ValueError(
+                    "give --max-steps N, --budget TIME (e.g. 15m) or --phases SEQ:STEPS,..."
+                )
+            plan = [(self.seq_len, self.max_steps, self.budget_seconds)]
+        elif self.budget_seconds is not None:  # SEQ_LEN:SHARE of the budget
+            shares = _phases(self.phases, shares=True)
+            plan = [(length, None, share * self.budget_seconds) for length, share in shares]
+        else:
+            plan = [(length, int(steps), None) for length, steps in _phases(self.phases)]
+        eval_seq_len = self.eval_seq_len or max(length for length, _, _ in plan)
+        return [
+            dataclasses.replace(
+                self,
+                seq_len=length,
+                max_steps=steps,
+                budget_seconds=budget,
+                eval_seq_len=eval_seq_len,
+                phases=None,
+            )
+            for length, steps, budget in plan
+        ]
 
 
 def run_pretraining(
@@ -272,30 +305,58 @@ def run_pretraining(
 ) -> list[dict[str, Any]]:
     """Pre-train on the shards in `data`; `out` ends up a checkpoint directory (config.json,
     model.safetensors, vocab.txt) with `log.jsonl` and `trainer_state.pt` beside the weights.
-    `settings` (a `PretrainConfig`), with any of its fields given as keywords on top
-    (`run_pretraining(data, out, config="mini", max_steps=1000)`).
+    `settings` (a `PretrainConfig`), with any of its fields given as keywords on top, the
+    optimiser's and the masking's included (`run_pretraining(data, out, config="mini",
+    max_steps=1000, learning_rate=1e-3)`).
 
     `batch_size` is the global batch (sequences per optimiser step, as in the paper: 256), split
     over processes and `accumulation` micro-batches. `init_from` continues from a checkpoint with
-    a fresh schedule (the paper's phase 2 at length 512 after phase 1 at 128). `model` replaces
-    the one `config` would build (it must take `masked_positions` and give `mlm_logits`, and
-    `nsp_logits` for NSP; the benchmarks pass transformers' model through an adapter).
+    a fresh schedule. `model` replaces the one `config` would build (it must take
+    `masked_positions` and give `mlm_logits`, and `nsp_logits` for NSP; the benchmarks pass
+    transformers' model through an adapter).
 
     The run lasts `max_steps` optimiser steps, or `budget_seconds` of training time (evaluations
-    and checkpoints not charged), or whichever ends first when both are given. The warm-up is
-    `warmup_steps` steps (the paper's 10,000 by default) or a `warmup_fraction` of the steps or
-    of the budget (with a budget, only a fraction applies). A warm-up as long as the run is
-    refused: the rate would never reach its peak. Held-out evaluation runs at `eval_seq_len`
-    (default `seq_len`) on the same batches every time.
-    """
-    unknown = set(overrides) - {f.name for f in dataclasses.fields(PretrainConfig)}
-    if unknown:
-        raise TypeError(f"run_pretraining: unknown settings {sorted(unknown)}")
-    c = dataclasses.replace(settings or PretrainConfig(), **overrides)
-    warmup_steps = _warmup_steps(c.max_steps, c.budget_seconds, c.warmup_steps, c.warmup_fraction)
+    and checkpoints not charged), or whichever ends first when both are given; the warm-up is
+    the optimiser settings' (`OptimConfig`). `phases` runs the paper's schedule instead: phases
+    of (sequence length, steps), each continuing from the previous phase's weights with a fresh
+    optimiser and schedule; earlier phases are kept in `out/phase<N>-seq<L>`, the last one
+    writes to `out`, and with `resume` finished phases are passed over and the current one
+    continues. Held-out evaluation runs at `eval_seq_len` (default: the longest phase's
+    `seq_len`) on the same batches every time. Returns the log entries (with "phase" when
+    there are phases)."""
+    c = replaced(settings or PretrainConfig(), **overrides)
+    plan = c.phase_plan()
+    if c.phases is None:
+        return _run_phase(data, Path(out), plan[0], model=model, on_entry=on_entry)
+    if model is not None:
+        raise ValueError("a model= run has one phase: give max_steps and seq_len, not phases")
+    out = Path(out)
+    entries: list[dict[str, Any]] = []
+    previous = c.init_from
+    for number, phase in enumerate(plan, start=1):
+        directory = out if number == len(plan) else out / f"phase{number}-seq{phase.seq_len}"
+        # A finished phase is run too: the trainer sees it is done, makes sure its model file
+        # holds the final weights, and the curves are drawn again (nothing is trained twice).
+        resume = c.resume and (directory / STATE_FILE).exists()
+        phase = dataclasses.replace(phase, init_from=previous, resume=resume)
+        phase_entries = _run_phase(data, directory, phase, on_entry=on_entry)
+        entries.extend({**e, "phase": number} for e in phase_entries)
+        previous = str(directory)
+    return entries
+
+
+def _run_phase(
+    data: str | os.PathLike,
+    out: Path,
+    c: PretrainConfig,
+    *,
+    model: torch.nn.Module | None = None,
+    on_entry: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """One run at one sequence length: `c` is a phase of `PretrainConfig.phase_plan`."""
+    c.optim.warmup_steps_for(c.max_steps, c.budget_seconds)  # a bad warm-up fails before any work
     dist = distributed.setup(c.device)
     try:
-        out = Path(out)
         if (out / STATE_FILE).exists() and not c.resume:
             raise FileExistsError(
                 f"{out}: holds a run in progress; pass --resume to continue it or pick another --out"
@@ -314,10 +375,11 @@ def run_pretraining(
             raise ValueError(
                 f"--batch-size {c.batch_size} is not divisible by processes x accumulation = {parts}"
             )
+        assert c.eval_seq_len is not None  # phase_plan sets it
         model_config = resolve_config(
             c.config,
             tokenizer.vocab_size,
-            max(c.seq_len, c.eval_seq_len or 0),
+            max(c.seq_len, c.eval_seq_len),
             c.objective,
             c.dropout,
         )
@@ -327,34 +389,19 @@ def run_pretraining(
             model = model_class.from_pretrained(c.init_from, config=model_config)
         elif model is None:
             model = model_class(model_config)
-            if c.position_init == "sinusoidal":
-                sinusoidal_positions_(
-                    model.bert.embeddings.position_embeddings, model_config.initializer_range
-                )
-            elif c.position_init != "normal":
-                raise ValueError(
-                    f"position_init must be normal or sinusoidal, not {c.position_init!r}"
-                )
-            if c.attention_init in ("mimetic", "mimetic-qk"):
-                vo = None if c.attention_init == "mimetic-qk" else (0.4, 0.4)
-                for layer in model.bert.encoder.layer:
-                    mimetic_attention_(layer, vo=vo)
-            elif c.attention_init == "local":  # a left-to-right model cannot see to the right
-                local_attention_(model, offsets=(-1, -2) if c.objective == "ltr" else (-1, 1))
-            elif c.attention_init != "normal":
-                raise ValueError(
-                    "attention_init must be normal, mimetic, mimetic-qk or local, not "
-                    f"{c.attention_init!r}"
-                )
+            init_schemes.apply(
+                model,
+                position_init=c.position_init,
+                attention_init=c.attention_init,
+                left_to_right=c.objective == "ltr",
+            )
             if c.mlm_bias_init == "unigram":
                 unigram_bias_(model.cls.predictions.bias, shards.token_counts(tokenizer.vocab_size))
-            elif c.mlm_bias_init != "zeros":
-                raise ValueError(f"mlm_bias_init must be zeros or unigram, not {c.mlm_bias_init!r}")
         stream = PretrainingData(
             shards,
             tokenizer,
             batch_size=c.batch_size // parts,
-            max_seq_length=c.seq_len,
+            seq_len=c.seq_len,
             short_seq_prob=c.short_seq_prob,
             objective=c.objective,
             masking=c.masking,
@@ -370,7 +417,7 @@ def run_pretraining(
                 tokenizer,
                 objective_fn,
                 batch_size=c.batch_size // parts,
-                seq_len=c.eval_seq_len or c.seq_len,
+                seq_len=c.eval_seq_len,
                 objective=c.objective,
                 masking=c.masking,
                 seed=c.seed + 1,
@@ -381,15 +428,19 @@ def run_pretraining(
         def save_model(model, directory: Path) -> None:
             model.save_pretrained(directory, tokenizer=tokenizer)
 
-        # the loop's settings are the same fields of this run's (max_steps, learning_rate, ...)
-        shared = {f.name for f in dataclasses.fields(TrainingConfig)} & set(vars(c))
         training = TrainingConfig(
             out_dir=str(out),
-            **{name: getattr(c, name) for name in shared}
-            | {
-                "warmup_steps": warmup_steps,
-                "warmup_fraction": 0.1 if c.warmup_fraction is None else c.warmup_fraction,
-            },
+            max_steps=c.max_steps,
+            budget_seconds=c.budget_seconds,
+            optim=c.optim,
+            accumulation=c.accumulation,
+            precision=c.precision,
+            log_every=c.log_every,
+            eval_every=c.eval_every,
+            save_every=c.save_every,
+            seed=c.seed,
+            resume=c.resume,
+            progress=c.progress,
         )
         trainer = Trainer(
             model,
@@ -409,40 +460,6 @@ def run_pretraining(
         return entries
     finally:
         distributed.cleanup(dist)
-
-
-def _warmup_steps(
-    max_steps: int | None,
-    budget_seconds: float | None,
-    warmup_steps: int | None,
-    warmup_fraction: float | None,
-) -> int:
-    """The warm-up in steps for a step-count run (0 for a budget, which takes a fraction)."""
-    if max_steps is None and budget_seconds is None:
-        raise ValueError("give --max-steps N or --budget TIME")
-    if warmup_steps is not None and warmup_fraction is not None:
-        raise ValueError("give --warmup-steps or --warmup-fraction, not both")
-    if warmup_fraction is not None and not 0.0 <= warmup_fraction < 1.0:
-        raise ValueError(f"--warmup-fraction {warmup_fraction} is not in [0, 1)")
-    if budget_seconds is not None:
-        if warmup_steps is not None:
-            raise ValueError(
-                "with --budget the warm-up is a fraction of the budget: give --warmup-fraction "
-                "(e.g. 0.1), not --warmup-steps"
-            )
-        return 0
-    assert max_steps is not None  # a run without a budget has a step count
-    if warmup_fraction is not None:
-        return max(1, round(warmup_fraction * max_steps)) if warmup_fraction > 0 else 0
-    warmup_steps = 10_000 if warmup_steps is None else warmup_steps
-    if warmup_steps >= max_steps:
-        raise ValueError(
-            f"--warmup-steps {warmup_steps} is not shorter than the run (--max-steps "
-            f"{max_steps}): the learning rate would never reach its peak and a short run learns "
-            f"next to nothing. Give --warmup-steps below {max_steps} (e.g. "
-            f"{max(1, max_steps // 10)}, a tenth), --warmup-fraction 0.1, or --recipe laptop"
-        )
-    return warmup_steps
 
 
 def parse_budget(text: str) -> float:
@@ -471,6 +488,14 @@ def parse_budget(text: str) -> float:
     return seconds
 
 
+def _phases(phases: str | list[tuple[int, float]], shares: bool = False) -> list[tuple[int, Any]]:
+    """`PretrainConfig.phases` as pairs: parsed from the flag's text, or checked as given."""
+    if isinstance(phases, str):
+        return parse_phases(phases, shares=shares)
+    text = ",".join(f"{length}:{amount}" for length, amount in phases)
+    return parse_phases(text, shares=shares)
+
+
 def parse_phases(text: str, shares: bool = False) -> list[tuple[int, Any]]:
     """`"128:900,512:100"` -> [(128, 900), (512, 100)]: (sequence length, steps) per phase; with
     `shares` (phases of a --budget), `"32:0.7,128:0.3"` -> [(32, 0.7), (128, 0.3)], shares that
@@ -494,51 +519,3 @@ def parse_phases(text: str, shares: bool = False) -> list[tuple[int, Any]]:
     if shares and not math.isclose(sum(share for _, share in phases), 1.0, abs_tol=1e-6):
         raise ValueError(f"--phases {text!r}: the shares of the budget must sum to 1")
     return phases
-
-
-def run_phases(
-    data: str | os.PathLike,
-    out: str | os.PathLike,
-    phases: list[tuple[int, int | None]],
-    settings: PretrainConfig | None = None,
-    *,
-    budgets: list[float] | None = None,
-    **overrides: Any,
-) -> list[dict[str, Any]]:
-    """The paper's schedule: phases of (sequence length, steps), each continuing from the previous
-    phase's weights with a fresh optimiser and schedule. Earlier phases are kept in
-    `out/phase<N>-seq<L>`; the last one writes to `out`. With `resume`, finished phases are skipped
-    and the current one continues from its trainer state. `init_from` is where phase 1 starts.
-    `budgets` (seconds, one per phase) replaces the step counts by time budgets. `settings` and
-    `overrides`: as for `run_pretraining`."""
-    settings = dataclasses.replace(settings or PretrainConfig(), **overrides)
-    resume, init_from = settings.resume, settings.init_from
-    out = Path(out)
-    if budgets is not None:
-        if len(budgets) != len(phases):
-            raise ValueError("give one budget per phase")
-        phases = [(length, None) for length, _ in phases]
-    if settings.eval_seq_len is None:  # every phase evaluates on the same held-out sequences
-        settings = dataclasses.replace(settings, eval_seq_len=max(length for length, _ in phases))
-    entries: list[dict[str, Any]] = []
-    previous = Path(init_from) if init_from is not None else None
-    for number, (seq_len, steps) in enumerate(phases, start=1):
-        last = number == len(phases)
-        directory = out if last else out / f"phase{number}-seq{seq_len}"
-        state = directory / STATE_FILE
-        budget = budgets[number - 1] if budgets is not None else settings.budget_seconds
-        # A finished phase is run too: the trainer sees it is done, makes sure its model file
-        # holds the final weights, and the curves are drawn again (nothing is trained twice).
-        phase_entries = run_pretraining(
-            data,
-            directory,
-            settings,
-            seq_len=seq_len,
-            max_steps=steps,
-            budget_seconds=budget,
-            init_from=None if previous is None else str(previous),
-            resume=resume and state.exists(),
-        )
-        entries.extend({**e, "phase": number} for e in phase_entries)
-        previous = directory
-    return entries

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bertkit.settings import precision_setting, setting
+from bertkit.settings import Settings, precision_setting, setting
 
 
 @dataclass
-class ServeConfig:
+class ServeConfig(Settings):
     host: str = setting("127.0.0.1", "address to listen on (0.0.0.0: every interface)")
     port: int = setting(8080, "port to listen on", check="non-negative")
     backend: str = setting(

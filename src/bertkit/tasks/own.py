@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bertkit.settings import setting
+from bertkit.settings import Settings, setting
 from bertkit.tasks.base import DataError, Task
 from bertkit.tasks.files import FORMATS, MAX_CELL_CHARS, FileOptions
 from bertkit.tasks.labels import PROBLEMS
@@ -28,7 +28,7 @@ TAG_SCHEMES = ("auto", "iob1", "iob2", "iobes", "plain")
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Settings):
     """Your own files and how to read them as a task. The `bertkit finetune` flags of the four
     generic tasks are these fields (`--train`, `--text-column`, ...)."""
 
@@ -92,6 +92,7 @@ class DataConfig:
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.file_options()  # the format, encoding and separators are checked here
 
     def file_options(self) -> FileOptions:

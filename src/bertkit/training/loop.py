@@ -43,7 +43,7 @@ from bertkit._io import atomic_path, atomic_write_text, run_lock
 from bertkit.errors import TrainingDiverged, TrainingInterrupted
 from bertkit.precision import resolve_precision
 from bertkit.training import distributed
-from bertkit.training.optim import BudgetSchedule, build_optimizer, build_schedule
+from bertkit.training.optim import BudgetSchedule, OptimConfig, build_optimizer, build_schedule
 
 logger = logging.getLogger("bertkit")
 STATE_FILE = "trainer_state.pt"
@@ -66,22 +66,17 @@ _FLAGS = {"learning_rate": "--lr", "budget_seconds": "--budget"}
 
 @dataclass
 class TrainingConfig:
+    """How the loop runs: for how long (`max_steps` optimiser steps, or a wall-clock
+    `budget_seconds` of training, evaluations and checkpoints not charged; whichever ends first
+    when both are given), the optimiser and schedule (`optim`, used as given), and the loop's
+    own cadence."""
+
     out_dir: str
     max_steps: int | None  # None: until the time budget is spent
-    learning_rate: float = 1e-4
-    warmup_steps: int = 10_000
-    # A wall-clock budget for training (evaluations and checkpoints are not charged to it): the
-    # warm-up (`warmup_fraction` of it) and the linear decay are laid over the budget, not steps.
     budget_seconds: float | None = None
-    warmup_fraction: float = 0.1
-    schedule: str = "linear"  # linear: warm-up, then linear decay to 0 | constant
-    weight_decay: float = 0.01
-    adam_beta2: float = 0.999  # the paper's; 0.98 (RoBERTa) forgets the first steps' gradients
-    max_grad_norm: float = 1.0
-    # adamw (torch's, with bias correction) or bertadam (Google's original: without)
-    optimizer: str = "adamw"
+    optim: OptimConfig = field(default_factory=OptimConfig)
     accumulation: int = 1  # micro-batches per optimiser step
-    precision: str = "auto"  # auto (bf16 on GPUs that have it, fp32 on CPU) | fp32 | bf16 | fp16
+    precision: str = "auto"  # see bertkit.precision.resolve_precision
     log_every: int = 10
     eval_every: int = 0  # 0: only at the end
     save_every: int = 1000
@@ -89,6 +84,18 @@ class TrainingConfig:
     resume: bool = False
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in the checkpoint
+
+    def schedule_values(self) -> dict[str, Any]:
+        """What fixes the learning-rate schedule, resolved (a resumed run must match)."""
+        optim = self.optim
+        return {
+            "max_steps": self.max_steps,
+            "budget_seconds": self.budget_seconds,
+            "learning_rate": optim.learning_rate,
+            "warmup_steps": optim.warmup_steps_for(self.max_steps, self.budget_seconds),
+            "warmup_fraction": optim.budget_warmup(),
+            "schedule": optim.schedule,
+        }
 
 
 class Objective(Protocol):
@@ -133,25 +140,12 @@ class Trainer:
         self.evaluate, self.save_model = evaluate, save_model
         self.out_dir = Path(config.out_dir)
         self.model = model.to(self.dist.device)
-        self.optimizer = build_optimizer(
-            self.model,
-            lr=config.learning_rate,
-            weight_decay=config.weight_decay,
-            betas=(0.9, config.adam_beta2),
-            kind=config.optimizer,
-        )
         if config.budget_seconds is None and not config.max_steps:
             raise ValueError("give a step count (max_steps) or a time budget (budget_seconds)")
-        self.schedule: BudgetSchedule | torch.optim.lr_scheduler.LambdaLR
-        if config.budget_seconds is not None:
-            self.schedule = BudgetSchedule(
-                self.optimizer, config.budget_seconds, config.warmup_fraction
-            )
-        else:
-            assert config.max_steps is not None  # checked above
-            self.schedule = build_schedule(
-                self.optimizer, config.warmup_steps, config.max_steps, config.schedule
-            )
+        self.optimizer = build_optimizer(self.model, config.optim)
+        self.schedule = build_schedule(
+            self.optimizer, config.optim, config.max_steps, config.budget_seconds
+        )
         self.wrapped = distributed.wrap(self.model, self.dist)
         self.step = 0
         self.tokens_seen = 0  # real (unpadded) tokens so far: this rank's times the world size
@@ -198,6 +192,7 @@ class Trainer:
                 "data": self.data.state_dict(),
                 "rng": self._rng_state(),
                 "config": asdict(self.config),
+                "schedule_values": self.config.schedule_values(),
                 "seconds": self.seconds,
                 "train_seconds": self.train_seconds,
                 "tokens_seen": self.tokens_seen,
@@ -220,7 +215,7 @@ class Trainer:
             raise TrainingDiverged(
                 f"{self.out_dir}: weights became NaN or infinite by step {self.step} "
                 f"(e.g. {bad[:3]}); not saved: the last checkpoint written is kept. Lower --lr "
-                f"(it was {self.config.learning_rate:g})"
+                f"(it was {self.config.optim.learning_rate:g})"
             )
 
     def load(self) -> bool:
@@ -238,9 +233,11 @@ class Trainer:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as err:
             raise ValueError(f"{path}: cannot read the trainer state ({err})") from None
-        saved = state.get("config", {})
+        # (states written before OptimConfig keep these values flat in their "config")
+        saved = state.get("schedule_values", state.get("config", {}))
+        now_values = self.config.schedule_values()
         for key in SCHEDULE_FIELDS:
-            before, now = saved.get(key), getattr(self.config, key)
+            before, now = saved.get(key), now_values[key]
             if key in saved and before != now:
                 flag = _FLAGS.get(key, "--" + key.replace("_", "-"))
                 raise ValueError(
@@ -381,7 +378,9 @@ class Trainer:
                 stats = stats.detach().double()  # stays on the device until a log step
                 sums = stats if sums is None else sums + stats
             self.scaler.unscale_(self.optimizer)
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)
+            norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), config.optim.max_grad_norm
+            )
             norm = norm.detach().double()  # before clipping
             # Reading the norm waits for the device: every step on the CPU (where it is free),
             # at log steps on a GPU (a NaN there may touch the weights first; the finite check
@@ -393,7 +392,7 @@ class Trainer:
                     f"{self.out_dir}: the loss or its gradient is NaN or infinite at step "
                     f"{self.step + 1} (learning rate {self.schedule.get_last_lr()[0]:g}); "
                     "stopped before this step touched the weights, the last checkpoint is kept. "
-                    f"Lower --lr (the peak was {config.learning_rate:g})"
+                    f"Lower --lr (the peak was {config.optim.learning_rate:g})"
                 )
             norms = norm if norms is None else norms + norm
             self.scaler.step(self.optimizer)

@@ -1,13 +1,92 @@
 """The paper's optimiser: Adam with decoupled weight decay 0.01 (not on biases and LayerNorm),
 beta = (0.9, 0.999), epsilon 1e-6 as in Google's `AdamWeightDecayOptimizer`, linear warmup to the
-peak learning rate, then linear decay to zero at the last step."""
+peak learning rate, then linear decay to zero at the last step.
+
+`OptimConfig` is the one place these settings live, with their one default each: pre-training
+holds one (its `--lr`, `--warmup-steps`, ... flags are its fields), fine-tuning and the tagger
+make one, and `Trainer` builds the optimiser and the schedule from it unchanged."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from bertkit.settings import Settings, setting
+
 NO_DECAY = ("bias", "LayerNorm.weight", "LayerNorm.bias")
+ADAM_EPSILON = 1e-6  # Google's AdamWeightDecayOptimizer's
+PAPER_WARMUP_STEPS = 10_000  # the paper's warm-up of a step-count run when none is given
+BUDGET_WARMUP_FRACTION = 0.1  # a time budget's warm-up when none is given
+
+
+@dataclass
+class OptimConfig(Settings):
+    """The optimiser and its learning-rate schedule. The warm-up is `warmup_steps` steps or a
+    `warmup_fraction` of the steps or of a time budget (not both); neither given: the paper's
+    10,000 steps, or a tenth of a budget (`warmup_steps_for`)."""
+
+    learning_rate: float = setting(1e-4, "peak learning rate", check="positive", flags=("--lr",))
+    warmup_steps: int | None = setting(
+        None, "linear warm-up steps (default 10,000, the paper's)", check="non-negative"
+    )
+    warmup_fraction: float | None = setting(
+        None, "warm-up as a fraction of the steps or of the budget", check="fraction"
+    )
+    adam_beta2: float = setting(0.999, "Adam's second-moment decay", check="fraction")
+    weight_decay: float = setting(
+        0.01, "decoupled weight decay (not on biases, LayerNorm)", check="non-negative"
+    )
+    max_grad_norm: float = setting(1.0, "gradients clipped to this global norm", check="positive")
+    optimizer: str = setting(
+        "adamw",
+        "adamw (torch's, bias-corrected) or bertadam (Google's original update without bias "
+        "correction, eps 1e-6)",
+        choices=("adamw", "bertadam"),
+    )
+    schedule: str = setting(
+        "linear",
+        "linear: warm-up, then linear decay to 0; constant: the peak rate throughout",
+        choices=("linear", "constant"),
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.warmup_steps is not None and self.warmup_fraction is not None:
+            raise ValueError("give --warmup-steps or --warmup-fraction, not both")
+
+    def budget_warmup(self) -> float:
+        """The warm-up fraction of a time budget."""
+        return BUDGET_WARMUP_FRACTION if self.warmup_fraction is None else self.warmup_fraction
+
+    def warmup_steps_for(self, max_steps: int | None, budget_seconds: float | None) -> int:
+        """The warm-up in steps of a step-count run (0 for a budget, whose warm-up is
+        `budget_warmup()` of its time). A warm-up as long as the run is refused: the rate would
+        never reach its peak."""
+        if max_steps is None and budget_seconds is None:
+            raise ValueError("give --max-steps N or --budget TIME")
+        if budget_seconds is not None:
+            if self.warmup_steps is not None:
+                raise ValueError(
+                    "with --budget the warm-up is a fraction of the budget: give "
+                    "--warmup-fraction (e.g. 0.1), not --warmup-steps"
+                )
+            return 0
+        assert max_steps is not None  # a run without a budget has a step count
+        if self.warmup_fraction is not None:
+            if self.warmup_fraction == 0:
+                return 0
+            return max(1, round(self.warmup_fraction * max_steps))
+        steps = PAPER_WARMUP_STEPS if self.warmup_steps is None else self.warmup_steps
+        if steps and steps >= max_steps:
+            raise ValueError(
+                f"--warmup-steps {steps} is not shorter than the run (--max-steps "
+                f"{max_steps}): the learning rate would never reach its peak and a short run "
+                f"learns next to nothing. Give --warmup-steps below {max_steps} (e.g. "
+                f"{max(1, max_steps // 10)}, a tenth), --warmup-fraction 0.1, or --recipe laptop"
+            )
+        return steps
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -26,26 +105,18 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(
-    model: nn.Module,
-    lr: float = 1e-4,
-    weight_decay: float = 0.01,
-    betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-6,
-    kind: str = "adamw",
-) -> torch.optim.Optimizer:
-    """torch's AdamW over `parameter_groups`, or with kind="bertadam" Google's original update
-    (`BertAdam`: no bias correction).
+def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
+    """torch's AdamW over `parameter_groups` (betas 0.9 and `adam_beta2`, epsilon 1e-6), or
+    with optimizer="bertadam" Google's original update (`BertAdam`: no bias correction).
 
     AdamW runs fused (one kernel over all parameters) where torch has that kernel (CPU, CUDA):
     on CPU torch would otherwise pick its one-tensor-at-a-time loop. all-MiniLM-L6-v2's update
     took 11.7 ms instead of 90.5 (7.7x), a fine-tuning step 3.8% less, with the same weights to
     6e-8 after 20 steps (measured 2026-11-23: docs/results/README.md, "The optimiser step")."""
-    groups = parameter_groups(model, weight_decay)
-    if kind == "bertadam":
+    groups = parameter_groups(model, config.weight_decay)
+    lr, betas, eps = config.learning_rate, (0.9, config.adam_beta2), ADAM_EPSILON
+    if config.optimizer == "bertadam":
         return BertAdam(groups, lr=lr, betas=betas, eps=eps)
-    if kind != "adamw":
-        raise ValueError(f"optimizer must be adamw or bertadam, not {kind!r}")
     params = [p for group in groups for p in group["params"]]
     fused = bool(params) and all(
         p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float64)
@@ -62,7 +133,7 @@ class BertAdam(torch.optim.Optimizer):
     lr * (1 - b1) / sqrt(1 - b2) ~ 3 lr instead of lr: what makes fine-tuning small tasks erratic
     (Mosbach et al., ICLR 2021). Gradient clipping stays the training loop's."""
 
-    def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.999), eps: float = 1e-6,
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = ADAM_EPSILON,
                  weight_decay: float = 0.0) -> None:  # fmt: skip
         if not lr >= 0 or not 0 <= betas[0] < 1 or not 0 <= betas[1] < 1 or not eps >= 0:
             raise ValueError(f"BertAdam: bad lr {lr}, betas {betas} or eps {eps}")
@@ -112,14 +183,22 @@ def warmup_linear_decay(step: int, warmup_steps: int, total_steps: int) -> float
 
 
 def build_schedule(
-    optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, kind: str = "linear"
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """The paper's warm-up and linear decay (`linear`), or the peak rate throughout
-    (`constant`: the feature-based tagger's plain Adam)."""
-    if kind == "constant":
+    optimizer: torch.optim.Optimizer,
+    config: OptimConfig,
+    max_steps: int | None,
+    budget_seconds: float | None = None,
+) -> torch.optim.lr_scheduler.LambdaLR | BudgetSchedule:
+    """The schedule of a run of `max_steps` steps, or of `budget_seconds` of training time
+    (then the warm-up and decay are laid over the budget: `BudgetSchedule`, whichever ends
+    first when both are given): the paper's warm-up and linear decay (`linear`), or the peak
+    rate throughout (`constant`: the feature-based tagger's plain Adam)."""
+    warmup_steps = config.warmup_steps_for(max_steps, budget_seconds)
+    if budget_seconds is not None:
+        return BudgetSchedule(optimizer, budget_seconds, config.budget_warmup())
+    assert max_steps is not None  # warmup_steps_for refuses neither
+    if config.schedule == "constant":
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    if kind != "linear":
-        raise ValueError(f"schedule must be linear or constant, not {kind!r}")
+    total_steps = max_steps
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_linear_decay(step, warmup_steps, total_steps)
     )

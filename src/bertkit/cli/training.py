@@ -1,0 +1,366 @@
+"""The subcommands that make models: vocab, convert, prepare, pretrain, finetune, evaluate. Each
+has a function adding its parser and a handler calling one library function."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from bertkit.settings import add_flags, field_names, from_flags
+
+
+class Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every default that is not None/False (recipe settings say theirs in the help)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default == argparse.SUPPRESS:
+            return action.help
+        return super()._get_help_string(action)
+
+
+# --------------------------------------------------------------------------- vocab, convert
+def _vocab(args: argparse.Namespace) -> None:
+    from bertkit.pretraining.corpus import raw_documents
+    from bertkit.tokenizer import train_vocab
+
+    # read as `prepare` reads: WikiExtractor's <doc ...> lines, JSONL keys and Google's blank
+    # lines are markup, not text to learn pieces from
+    texts = (unit for units, _ in raw_documents(args.corpus, format=args.format) for unit in units)
+    tokenizer = train_vocab(
+        texts=texts,
+        vocab_size=args.size,
+        lowercase=not args.cased,
+        min_frequency=args.min_frequency,
+        num_unused=args.num_unused,
+        out_dir=args.out,
+    )
+    print(f"wrote {args.out}/vocab.txt ({tokenizer.vocab_size} tokens)")
+
+
+def add_vocab(commands) -> None:
+    from bertkit.pretraining.corpus import FORMATS
+
+    vocab = commands.add_parser("vocab", help="train a WordPiece vocabulary from text files")
+    vocab.add_argument("corpus", nargs="+", help="corpus files or directories (as for prepare)")
+    vocab.add_argument(
+        "--format",
+        default="auto",
+        choices=FORMATS,
+        help="corpus layout, as for prepare (default: detected)",
+    )
+    vocab.add_argument("--size", type=int, default=30522, help="vocabulary size (default 30522)")
+    vocab.add_argument("--out", required=True, help="directory for vocab.txt")
+    vocab.add_argument("--cased", action="store_true", help="keep case and accents")
+    vocab.add_argument(
+        "--min-frequency", type=int, default=2, help="rarest pair merged (default 2)"
+    )
+    vocab.add_argument("--num-unused", type=int, default=100, help="[unusedN] slots (default 100)")
+    vocab.set_defaults(func=_vocab)
+
+
+def _convert(args: argparse.Namespace) -> None:
+    from bertkit.checkpoint import convert
+
+    out = convert(args.src, args.dst, to=args.to, overwrite=args.overwrite)
+    print(f"wrote {out} ({args.to} layout)")
+
+
+def add_convert(commands) -> None:
+    convert = commands.add_parser(
+        "convert", help="convert a checkpoint between Hugging Face and Google TF layouts"
+    )
+    convert.add_argument("src", help="checkpoint directory (either layout, auto-detected)")
+    convert.add_argument("dst", help="output directory")
+    convert.add_argument(
+        "--to", choices=("hf", "google"), default="hf", help="target layout (default hf)"
+    )
+    convert.add_argument(
+        "--overwrite", action="store_true", help="replace the checkpoint DST holds (if any)"
+    )
+    convert.set_defaults(func=_convert)
+
+
+# --------------------------------------------------------------------------- prepare, pretrain
+def _prepare(args: argparse.Namespace) -> None:
+    from bertkit.pretraining.shards import prepare_shards
+    from bertkit.tokenizer import BertTokenizer
+
+    tokenizer = BertTokenizer.from_pretrained(args.vocab)
+    meta = prepare_shards(
+        args.corpus,
+        tokenizer,
+        args.out,
+        workers=args.workers,
+        format=args.format,
+        on_error=args.on_error,
+        overwrite=args.overwrite,
+    )
+    mb = meta["source_bytes"] / 1e6
+    print(
+        f"wrote {args.out}: {meta['num_documents']:,} documents, {meta['num_sentences']:,} "
+        f"sentences, {meta['num_tokens']:,} tokens from {mb:.1f} MB in {meta['seconds']:.1f} s "
+        f"({mb / max(meta['seconds'], 1e-9):.1f} MB/s, {meta['workers']} workers); skipped "
+        f"{meta['skipped']['empty_documents']} empty documents, {meta['skipped']['bad_lines']} bad lines"
+    )
+
+
+def add_prepare(commands) -> None:
+    from bertkit.pretraining.corpus import FORMATS
+
+    prepare = commands.add_parser("prepare", help="tokenise a corpus into pre-training shards")
+    prepare.add_argument("corpus", nargs="+", help="corpus files or directories")
+    prepare.add_argument("--vocab", required=True, help="directory with vocab.txt (or the file)")
+    prepare.add_argument("--out", required=True, help="output shards directory")
+    prepare.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    prepare.add_argument("--format", default="auto", choices=FORMATS)
+    prepare.add_argument(
+        "--on-error",
+        choices=("fail", "skip"),
+        default="fail",
+        help="undecodable or malformed lines",
+    )
+    prepare.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    prepare.set_defaults(func=_prepare)
+
+
+def _pretrain(args: argparse.Namespace) -> None:
+    from bertkit.pretraining.recipes import apply_recipe
+    from bertkit.pretraining.train import PretrainConfig, parse_budget, run_pretraining
+    from bertkit.training.loop import format_figures
+
+    # the recipe (the paper's when none is named) under the flags given: a recipe's field has
+    # no default on the command line, so None there means "not given"
+    given = {k: v for k, v in vars(args).items() if k in field_names(PretrainConfig)}
+    given["budget_seconds"] = parse_budget(args.budget) if args.budget else None
+    entries = run_pretraining(args.data, args.out, apply_recipe(args.recipe, given))
+    evaluations = [e for e in entries if e.get("split") == "eval"]
+    last = f"; held out: {format_figures(evaluations[-1])}" if evaluations else ""
+    print(f"wrote {args.out} (model.safetensors, log.jsonl, curves.png){last}")
+
+
+def _recipe_line(name: str) -> str:
+    from bertkit.pretraining.recipes import RECIPES
+
+    line = ", ".join(f"{key} {value}" for key, value in RECIPES[name].items())
+    return line + (" (× 256 / hidden size above 256)" if name == "laptop" else "")
+
+
+# the optimiser's settings pre-training leaves at the paper's (no flag)
+_PRETRAIN_FIXED = ("weight_decay", "max_grad_norm", "optimizer", "schedule")
+
+
+def add_pretrain(commands) -> None:
+    from bertkit.pretraining.recipes import RECIPES
+    from bertkit.pretraining.train import PretrainConfig
+
+    pretrain = commands.add_parser(
+        "pretrain",
+        help="pre-train BERT (MLM + NSP) on prepared shards",
+        formatter_class=Formatter,
+        description="Settings marked 'recipe' come from --recipe (default: the paper's); an "
+        "explicit flag always wins. The laptop recipe: " + _recipe_line("laptop"),
+    )
+    pretrain.add_argument("--data", required=True, help="shards directory from bertkit prepare")
+    pretrain.add_argument(
+        "--out",
+        required=True,
+        help="checkpoint directory (config.json, model.safetensors, log.jsonl)",
+    )
+    pretrain.add_argument(
+        "--recipe",
+        choices=("paper", "laptop"),
+        help="named settings (recipe 'paper' when not given): 'laptop' is the measured best per "
+        "CPU-minute on 2 cores, see docs/results/recipe",
+    )
+    pretrain.add_argument(
+        "--budget",
+        help="train for this much wall-clock time instead of (or as well as) a step count: 90s, "
+        "15m, 2h, 1h30m; the warm-up and decay follow elapsed time; evaluations are not charged",
+    )
+    pretrain.add_argument(
+        "--phases",
+        help="the paper's schedule as SEQ_LEN:STEPS,...; e.g. 128:90000,512:10000 (each phase "
+        "continues from the last with a fresh schedule; replaces --max-steps/--seq-len); with "
+        "--budget, SEQ_LEN:SHARE of the budget, e.g. 32:0.7,128:0.3",
+    )
+    skip = ("budget_seconds", "progress", "phases", *_PRETRAIN_FIXED)
+    add_flags(pretrain, PretrainConfig, skip=skip, recipes=RECIPES)
+    pretrain.set_defaults(func=_pretrain)
+
+
+# --------------------------------------------------------------------------- finetune, evaluate
+def _finetune(args: argparse.Namespace) -> None:
+    from bertkit.finetune import (
+        FinetuneConfig,
+        finetune,
+        finetune_grid,
+        finetune_seeds,
+        random_init_dir,
+    )
+    from bertkit.tasks import OWN_TASKS
+    from bertkit.tasks.own import DataConfig
+
+    data_config = from_flags(args, DataConfig)
+    if args.task in OWN_TASKS:
+        if args.data is not None:
+            raise ValueError(
+                f"{args.task} reads your files: --train FILE --validation FILE [--test FILE], "
+                "not --data DIR"
+            )
+        if data_config.train is None or data_config.validation is None:
+            raise ValueError(f"{args.task} needs --train FILE and --validation FILE")
+        data: Any = data_config
+    else:
+        given = data_config.given()
+        if given:
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            raise ValueError(
+                f"{flags}: for your own data ({', '.join(OWN_TASKS)}); {args.task} reads its "
+                "official files from --data DIR"
+            )
+        if args.data is None:
+            raise ValueError(f"{args.task} needs --data DIR (the folder of its official files)")
+        data = args.data
+    if (args.model is None) == (args.config is None):
+        raise ValueError(
+            "give --model DIR (a pre-trained checkpoint) or --config SIZE --vocab DIR (a "
+            "randomly initialised model: the no-pre-training baseline), not both"
+        )
+    if args.config is not None:
+        if args.vocab is None:
+            raise ValueError("--config needs --vocab DIR (the vocabulary of the random model)")
+        args.model = str(random_init_dir(args.config, args.vocab, Path(args.out) / "init"))
+    elif args.vocab is not None:
+        raise ValueError("--vocab goes with --config (a checkpoint brings its own vocab.txt)")
+    config = from_flags(args, FinetuneConfig, random_init=args.config is not None)
+    if args.grid:
+        results = finetune_grid(args.task, args.model, data, args.out, config, args.seeds)
+    elif args.seeds > 1:
+        results = finetune_seeds(args.task, args.model, data, args.out, config, args.seeds)
+    else:
+        results = finetune(args.task, args.model, data, args.out, config)
+    spread = ("dev_std", "dev_min", "dev_max", "selected")
+    shown = {"task": args.task, "dev": results["dev"]} | {
+        k: results[k] for k in spread if k in results
+    }
+    if "test" in results:
+        shown["test"] = results["test"]
+    print(json.dumps(shown, indent=1))
+    _print_reports(results.get("report"))
+    print(f"wrote {args.out}/results.json")
+
+
+def _print_reports(reports: dict | None) -> None:
+    """Each split's per-class table (the whole report stays in results.json)."""
+    from bertkit.tasks.labels import report_table
+
+    for split, report in (reports or {}).items():
+        if isinstance(report, dict) and report.get("per_class"):
+            print(f"\n{'validation' if split == 'dev' else split}:\n{report_table(report)}")
+
+
+def task_name(text: str) -> str:
+    """MRPC, sst-2, STS-B, CoNLL2003 ... -> the task's name (case, '-' and '_' ignored)."""
+    from bertkit.tasks import TASK_NAMES
+
+    def key(name: str) -> str:
+        return name.lower().replace("-", "").replace("_", "").replace(".", "")
+
+    names = {key(name): name for name in TASK_NAMES}
+    names.update({"classification": "text-classification", "tagging": "token-classification",
+                  "qa": "question-answering", "choice": "multiple-choice"})  # fmt: skip
+    names.update({"squad11": "squad1", "squad20": "squad2", "squadv1": "squad1",
+                  "squadv2": "squad2", "conll": "conll2003", "ner": "conll2003"})  # fmt: skip
+    if key(text) in names:
+        return names[key(text)]
+    raise argparse.ArgumentTypeError(f"unknown task {text!r}; one of {', '.join(TASK_NAMES)}")
+
+
+def add_finetune(commands) -> None:
+    from bertkit.finetune import FinetuneConfig
+    from bertkit.tasks import OWN_TASKS, PAPER_TASKS
+    from bertkit.tasks.own import DataConfig
+
+    finetune = commands.add_parser(
+        "finetune",
+        help="fine-tune on a task of the paper (GLUE, SQuAD, CoNLL-2003, SWAG) or your own files",
+        formatter_class=Formatter,
+        description="The paper's tasks read their official files from --data DIR; "
+        f"{', '.join(OWN_TASKS)} read your own files (--train, --validation, --test and the "
+        "flags of 'your own data').",
+    )
+    finetune.add_argument(
+        "task",
+        type=task_name,
+        help=f"the paper's: {', '.join(PAPER_TASKS)}; your own data: {', '.join(OWN_TASKS)}",
+    )
+    finetune.add_argument("--model", help="checkpoint directory (ours, HF, Google)")
+    finetune.add_argument(
+        "--config",
+        help="instead of --model: a randomly initialised model of this size (tiny ... large, or "
+        "a config JSON), each seed its own init: the 'no pre-training' row",
+    )
+    finetune.add_argument("--vocab", help="with --config: directory with vocab.txt (or the file)")
+    finetune.add_argument("--data", help="the paper's tasks: folder with the official files")
+    finetune.add_argument("--out", required=True, help="output directory")
+    finetune.add_argument("--seeds", type=int, default=1, help="repeat with K seeds: mean/std")
+    finetune.add_argument(
+        "--grid",
+        action="store_true",
+        help="the paper's grid: batch 16/32 x lr 5e-5/3e-5/2e-5 x 2/3/4 epochs",
+    )
+    add_flags(finetune, FinetuneConfig, skip=("progress", "random_init"))
+    own = finetune.add_argument_group(
+        "your own data", f"files and columns for {', '.join(OWN_TASKS)} (see docs/usage.md)"
+    )
+    add_flags(own, DataConfig)
+    finetune.set_defaults(func=_finetune)
+
+
+def _evaluate(args: argparse.Namespace) -> None:
+    from bertkit.finetune import evaluate
+
+    result = evaluate(
+        args.model,
+        args.data,
+        task=args.task,
+        split=args.split,
+        out=args.out,
+        batch_size=args.batch_size,
+        device=args.device,
+        progress=True,
+    )
+    report = result.pop("report", None)
+    print(json.dumps(result, indent=1))
+    _print_reports({result.get("split", "dev"): report} if report else None)
+
+
+def _split_name(text: str) -> str:
+    """`validation`/`valid`/`eval` are the dev split (Hugging Face's and CoNLL's words for it)."""
+    return {"validation": "dev", "valid": "dev", "eval": "dev", "development": "dev"}.get(
+        text.lower(), text
+    )
+
+
+def add_evaluate(commands) -> None:
+    evaluate = commands.add_parser("evaluate", help="score a fine-tuned model on a split")
+    evaluate.add_argument("--model", required=True, help="a directory `bertkit finetune` wrote")
+    evaluate.add_argument(
+        "--data",
+        required=True,
+        help="the paper's tasks: folder with the official files; your own data: a file, read "
+        "as the training files were (its labels scored when it has them)",
+    )
+    evaluate.add_argument("--task", type=task_name, help="default: the model's own task")
+    evaluate.add_argument(
+        "--split", default="dev", type=_split_name, help="dev (or validation), test, dev_mismatched"
+    )
+    evaluate.add_argument("--out", help="write predictions (test: GLUE submission files) here")
+    evaluate.add_argument("--batch-size", type=int, default=64)
+    evaluate.add_argument("--device")
+    evaluate.set_defaults(func=_evaluate)
+
+
+ADDERS = (add_vocab, add_convert, add_prepare, add_pretrain, add_finetune, add_evaluate)

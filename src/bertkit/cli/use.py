@@ -1,0 +1,300 @@
+"""The subcommands that use models: predict, export, serve, fill-mask, similarity, attention,
+extract, viz, demo. Each has a function adding its parser and a handler calling one library
+function."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from bertkit._io import read_jsonl
+from bertkit.settings import add_flags, from_flags
+
+
+# --------------------------------------------------------------------------- predict, export, serve
+def _predict(args: argparse.Namespace) -> None:
+    from bertkit.predict import Predictor, predict_file
+    from bertkit.tasks.files import FileOptions
+
+    predictor = Predictor(args.model, device=args.device, batch_size=args.batch_size,
+                          backend=args.backend, precision=args.precision)  # fmt: skip
+    if args.input is not None:
+        if args.text or args.question or args.context:
+            raise ValueError("give texts on the command line or --input FILE, not both")
+        columns = tuple(c.strip() for c in args.columns.split(",")) if args.columns else None
+        options = FileOptions(args.format, columns, args.encoding, args.delimiter,
+                              args.escape_char)  # fmt: skip
+        count = predict_file(
+            predictor,
+            args.input,
+            args.output,
+            text_column=args.text_column,
+            text_pair_column=args.text_pair_column,
+            options=options,
+            progress=not args.quiet,
+        )
+        if args.output not in (None, "-"):
+            print(f"wrote {args.output} ({count:,} rows)", file=sys.stderr)
+        return
+    items = predictor.items_from(None, args.text, args.question, args.context)
+    for result in predictor(items):
+        print(json.dumps(result, ensure_ascii=False))
+
+
+def add_predict(commands) -> None:
+    from bertkit.tasks.files import FORMATS as FILE_FORMATS
+
+    predict = commands.add_parser("predict", help="labels, spans or tags for raw text")
+    predict.add_argument("--model", required=True, help="a directory `bertkit finetune` wrote")
+    predict.add_argument("text", nargs="*", help="sentences (a pair task: exactly two)")
+    predict.add_argument("--question", help="SQuAD: the question")
+    predict.add_argument("--context", help="SQuAD: the paragraph")
+    predict.add_argument(
+        "--input",
+        help="a file to predict row by row, streaming: CSV, TSV, JSON Lines, JSON, Parquet, a "
+        "datasets folder; - reads stdin, one text a line. JSON lines may be "
+        '{"text": ..., "text_pair": ...}, {"question": ..., "context": ...}, a list of words '
+        '(tagging) or {"context": ..., "choices": [...]}',
+    )
+    predict.add_argument(
+        "--output",
+        help="with --input: .jsonl or .csv/.tsv to write (input columns, then the answer); "
+        "default: JSON lines on stdout",
+    )
+    predict.add_argument(
+        "--text-column", help="with --input: the column the model reads (default: as trained)"
+    )
+    predict.add_argument("--text-pair-column", help="with --input: a second text column")
+    predict.add_argument("--format", default="auto", choices=FILE_FORMATS, help="of --input")
+    predict.add_argument("--columns", help="names of a header-less --input file's columns")
+    predict.add_argument("--encoding", default="utf-8", help="of --input")
+    predict.add_argument("--delimiter", help="CSV field separator of --input")
+    predict.add_argument("--escape-char", help="CSV: a character escaping quotes in --input")
+    predict.add_argument("--quiet", action="store_true", help="no progress bar")
+    predict.add_argument("--batch-size", type=int, default=32)
+    predict.add_argument("--device")
+    predict.add_argument(
+        "--backend",
+        default="torch",
+        choices=("torch", "onnx"),
+        help="onnx: run MODEL/model.onnx (bertkit export --onnx) with ONNX Runtime",
+    )
+    predict.add_argument(
+        "--precision",
+        default="auto",
+        choices=("auto", "fp32", "bf16", "fp16"),
+        help="auto: bf16 autocast where native (AMX-BF16, AVX512-BF16, a GPU with bf16), else fp32",
+    )
+    predict.set_defaults(func=_predict)
+
+
+def _export(args: argparse.Namespace) -> None:
+    from bertkit.serving import export_onnx
+
+    path = export_onnx(
+        args.model, args.out, quantize=args.quantize, opset=args.opset, overwrite=args.overwrite
+    )
+    print(f"wrote {path}" + (" (int8)" if args.quantize else ""))
+
+
+def add_export(commands) -> None:
+    export = commands.add_parser("export", help="export a checkpoint for serving (ONNX)")
+    export.add_argument(
+        "--onnx", action="store_true", required=True, help="to ONNX (the one format)"
+    )
+    export.add_argument("model", help="a checkpoint directory (a fine-tuned model or an encoder)")
+    export.add_argument("out", help="output folder (model.onnx + what Predictor needs)")
+    export.add_argument(
+        "--quantize", choices=("int8",), help="int8 dynamic quantisation of the linear layers"
+    )
+    export.add_argument("--opset", type=int, default=17)
+    export.add_argument("--overwrite", action="store_true", help="replace what OUT holds")
+    export.set_defaults(func=_export)
+
+
+def _serve(args: argparse.Namespace) -> None:
+    from bertkit.serve import ServeConfig, serve
+
+    serve(args.model, from_flags(args, ServeConfig), access_log=args.verbose)
+
+
+def add_serve(commands) -> None:
+    from bertkit.serve.config import ServeConfig
+
+    serve = commands.add_parser(
+        "serve", help="an HTTP API with dynamic batching (/predict, /embed, /fill-mask)"
+    )
+    serve.add_argument("model", help="a fine-tuned model, an encoder, or an ONNX export")
+    add_flags(serve, ServeConfig)
+    serve.set_defaults(func=_serve)
+
+
+# --------------------------------------------------------------------------- insight
+def _fill_mask(args: argparse.Namespace) -> None:
+    from bertkit.fill_mask import FillMask
+
+    items = read_jsonl(args.input) if args.input else list(args.text)
+    if not items:
+        raise ValueError('give texts with [MASK] ("The capital of France is [MASK].") or --input')
+    fill = FillMask(args.model, device=args.device, batch_size=args.batch_size)
+    for item, masks in zip(items, fill(items, top=args.top), strict=True):
+        text = {"text": item} if isinstance(item, str) else {"text": item[0], "text_pair": item[1]}
+        print(json.dumps({**text, "masks": masks}, ensure_ascii=False))
+
+
+def add_fill_mask(commands) -> None:
+    fill = commands.add_parser(
+        "fill-mask", help="the most likely pieces for each [MASK] of a text (MLM head)"
+    )
+    fill.add_argument("--model", required=True, help="a checkpoint with its MLM head")
+    fill.add_argument("text", nargs="*", help="texts with one or more [MASK]s")
+    fill.add_argument("--input", help='JSON lines: "text" or {"text": ..., "text_pair": ...}')
+    fill.add_argument("--top", type=int, default=5, help="candidates per [MASK] (default 5)")
+    fill.add_argument("--batch-size", type=int, default=32)
+    fill.add_argument("--device")
+    fill.set_defaults(func=_fill_mask)
+
+
+def _similarity(args: argparse.Namespace) -> None:
+    from bertkit.insight import similarity
+
+    layer = args.layer if args.layer in ("last", "all") else int(args.layer)
+    result = similarity(args.model, args.text, layer=layer, pooling=args.pooling, word=args.word)
+    result.save_png(args.out)
+    print(json.dumps({**result.to_json(), "png": str(args.out)}, ensure_ascii=False))
+
+
+def add_similarity(commands) -> None:
+    similar = commands.add_parser(
+        "similarity",
+        help="cosine similarity of contextual embeddings: pieces, texts, a word across contexts",
+    )
+    similar.add_argument("--model", required=True, help="any checkpoint bertkit loads")
+    similar.add_argument("text", nargs="+", help="texts to compare")
+    similar.add_argument(
+        "--layer", default="last", help="0 (embeddings) .. L, negative from the top, last, all"
+    )
+    similar.add_argument(
+        "--pooling", default="mean", choices=("mean", "cls"), help="text vectors (default mean)"
+    )
+    similar.add_argument("--word", help='a word in two or more texts (e.g. "bank") to follow')
+    similar.add_argument("--out", default="similarity.png", help="PNG to write")
+    similar.set_defaults(func=_similarity)
+
+
+def _attention(args: argparse.Namespace) -> None:
+    from bertkit.insight import attention
+
+    result = attention(args.model, args.text, args.pair)
+    if str(args.out).lower().endswith((".html", ".htm")):
+        result.save_html(args.out)
+    else:
+        result.save_png(args.out, layer=args.layer, head=args.head)
+    print(args.out)
+
+
+def add_attention(commands) -> None:
+    attend = commands.add_parser("attention", help="attention maps as a PNG or an HTML page")
+    attend.add_argument("--model", required=True, help="any checkpoint bertkit loads")
+    attend.add_argument("text", help="the text")
+    attend.add_argument("--pair", help="a second segment ([CLS] text [SEP] pair [SEP])")
+    attend.add_argument("--layer", type=int, help="one map: layer 1..L (with --head)")
+    attend.add_argument("--head", type=int, help="one map: head 0..A-1 (with --layer)")
+    attend.add_argument(
+        "--out", default="attention.png", help="a .png (grid, or one map) or .html (interactive)"
+    )
+    attend.set_defaults(func=_attention)
+
+
+def _extract(args: argparse.Namespace) -> None:
+    from bertkit.features import extract, read_items, save_features, token_ids
+    from bertkit.model import BertModel
+    from bertkit.tokenizer import BertTokenizer
+
+    items = read_items(args.input, words=args.words, conll=args.conll)
+    tokenizer = BertTokenizer.from_pretrained(args.model)
+    model = BertModel.from_pretrained(args.model)
+    selections = [s.strip() for s in args.layers.split(",") if s.strip()]
+    features = extract(
+        model,
+        tokenizer,
+        items,
+        selections,
+        max_seq_length=args.max_seq_length,
+        batch_size=args.batch_size,
+        device=args.device,
+    )
+    meta = {"model": args.model, "input": args.input, "per_word": bool(args.words or args.conll)}
+    ids = token_ids(tokenizer, items, args.max_seq_length)
+    path = save_features(features, args.out, meta, ids=ids)
+    widths = {s: tuple(v[0].shape[1:]) for s, v in features.items()}
+    print(f"wrote {path}: {len(items)} items, features {widths}")
+
+
+def add_extract(commands) -> None:
+    extract = commands.add_parser(
+        "extract", help="frozen per-token features from chosen layers (feature-based approach)"
+    )
+    extract.add_argument("--model", required=True, help="checkpoint directory")
+    extract.add_argument("--input", required=True, help="one text per line (or --conll FILE)")
+    extract.add_argument("--out", required=True, help="output .safetensors file")
+    extract.add_argument(
+        "--layers",
+        default="last",
+        help="comma-separated: embeddings, last, second_to_last, sum_last_4, concat_last_4, all, "
+        "layer:N (default last)",
+    )
+    extract.add_argument(
+        "--words", action="store_true", help="lines are words: one row per word (first piece)"
+    )
+    extract.add_argument("--conll", action="store_true", help="input is a CoNLL file: per word")
+    extract.add_argument("--max-seq-length", type=int, default=512)
+    extract.add_argument("--batch-size", type=int, default=32)
+    extract.add_argument("--device")
+    extract.set_defaults(func=_extract)
+
+
+# --------------------------------------------------------------------------- viz, demo
+def _viz(args: argparse.Namespace) -> None:
+    from bertkit.viz import plot_log
+
+    path = plot_log(args.log, args.out, title=args.title or "")
+    if path is None:
+        raise ValueError(f"{args.log}: no training entries to plot")
+    print(f"wrote {path}")
+
+
+def add_viz(commands) -> None:
+    viz = commands.add_parser("viz", help="plot the curves of a run's log.jsonl as a PNG")
+    viz.add_argument("log", help="a log.jsonl of bertkit pretrain or finetune")
+    viz.add_argument("--out", default="curves.png")
+    viz.add_argument("--title")
+    viz.set_defaults(func=_viz)
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from bertkit.demo import run_demo
+    from bertkit.pretraining.train import parse_budget
+
+    run_demo(
+        args.out,
+        corpus=args.corpus or None,
+        budget_seconds=parse_budget(args.budget),
+        max_steps=args.steps,
+    )
+
+
+def add_demo(commands) -> None:
+    demo = commands.add_parser("demo", help="run the main job on the embedded default corpus")
+    demo.add_argument("corpus", nargs="*", help="text files to use instead of the default corpus")
+    demo.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    demo.add_argument(
+        "--budget", default="2m", help="pre-training time (training only; default 2m)"
+    )
+    demo.add_argument("--steps", type=int, help="stop after this many steps if sooner")
+    demo.set_defaults(func=_demo)
+
+
+ADDERS = (add_predict, add_export, add_serve, add_fill_mask, add_similarity, add_attention,
+          add_extract, add_viz, add_demo)  # fmt: skip

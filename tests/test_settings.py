@@ -1,0 +1,114 @@
+"""The settings dataclasses (bertkit.settings): each field's check holds for Python callers as for
+the command line, flat names reach nested settings, recipes lay under what a user gives."""
+
+import dataclasses
+
+import pytest
+
+from bertkit.cli import main
+from bertkit.finetune import FinetuneConfig
+from bertkit.pretraining.dataset import MaskingConfig
+from bertkit.pretraining.recipes import apply_recipe
+from bertkit.pretraining.train import PretrainConfig
+from bertkit.serve import ServeConfig
+from bertkit.settings import from_values, replaced
+from bertkit.tasks.own import DataConfig
+from bertkit.training.optim import OptimConfig
+
+
+@pytest.mark.parametrize(
+    "make, flag, says",
+    [
+        (lambda: PretrainConfig(batch_size=0), ["--batch-size", "0"], "must be positive, got 0"),
+        (lambda: PretrainConfig(eval_every=-1), ["--eval-every", "-1"], "must be 0 or more"),
+        (lambda: PretrainConfig(dropout=1.0), ["--dropout", "1"], "must be in [0, 1), got 1"),
+        (
+            lambda: MaskingConfig(mask_prob=1.5),
+            ["--mask-prob", "1.5"],
+            "must be in [0, 1], got 1.5",
+        ),
+        (lambda: OptimConfig(learning_rate=float("inf")), ["--lr", "inf"], "'inf' is not a finite"),
+        (lambda: OptimConfig(adam_beta2=1.0), ["--adam-beta2", "1"], "must be in [0, 1)"),
+        (lambda: PretrainConfig(objective="cbow"), ["--objective", "cbow"], "cbow"),
+    ],
+)
+def test_python_callers_meet_the_checks_the_command_line_makes(make, flag, says, capsys):
+    with pytest.raises(ValueError) as error:
+        make()
+    assert says in str(error.value)
+    assert flag[0] in str(error.value)  # named by its flag, as the command names it
+    with pytest.raises(SystemExit) as exit_info:
+        main(["pretrain", "--data", "d", "--out", "o", "--max-steps", "5", *flag])
+    assert exit_info.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_every_settings_class_checks_itself_and_replace_too():
+    for make in (
+        lambda: FinetuneConfig(epochs=0),
+        lambda: FinetuneConfig(warmup_proportion=1.0),
+        lambda: ServeConfig(max_batch_size=0),
+        lambda: ServeConfig(backend="tensorrt"),
+        lambda: DataConfig(max_cell_chars=0),
+        lambda: OptimConfig(optimizer="sgd"),
+        lambda: OptimConfig(warmup_steps=10, warmup_fraction=0.1),
+        lambda: dataclasses.replace(PretrainConfig(), seq_len=0),
+    ):
+        with pytest.raises(ValueError):
+            make()
+
+
+def test_flat_names_reach_the_nested_settings():
+    config = from_values(PretrainConfig, {"learning_rate": 3e-4, "mask_prob": 0.3, "seq_len": 64})
+    assert config.optim.learning_rate == 3e-4 and config.masking.mask_prob == 0.3
+    assert config.seq_len == 64 and config.optim.adam_beta2 == 0.999  # the one default
+    changed = replaced(config, adam_beta2=0.98, max_steps=7)
+    assert changed.optim.adam_beta2 == 0.98 and changed.optim.learning_rate == 3e-4
+    assert changed.max_steps == 7 and config.max_steps is None  # a copy
+    with pytest.raises(TypeError, match="unknown settings"):
+        replaced(config, learning_rat=1.0)
+    with pytest.raises(TypeError, match="unknown settings"):
+        from_values(PretrainConfig, {"epochs": 3})
+
+
+def test_apply_recipe_is_what_the_command_builds():
+    laptop = apply_recipe("laptop", {"budget_seconds": 600.0, "config": "small"})
+    assert laptop.batch_size == 32 and laptop.optim.learning_rate == 1e-3  # 2e-3 x 256 / 512
+    assert laptop.optim.budget_warmup() == 0.1 and laptop.masking.mask_prob == 0.15
+    paper = apply_recipe(None, {"max_steps": 20_000})
+    assert paper.optim.warmup_steps == 10_000 and paper.batch_size == 256
+    assert paper.optim.warmup_steps_for(20_000, None) == 10_000
+    # an explicit warm-up replaces the recipe's, in steps or as a fraction
+    assert apply_recipe(None, {"max_steps": 100, "warmup_fraction": 0.2}).optim.warmup_steps is None
+    given = apply_recipe("laptop", {"max_steps": 100, "warmup_steps": 5}).optim
+    assert given.warmup_steps == 5 and given.warmup_fraction is None
+    # a budget's warm-up is a fraction of it, never the paper's 10,000 steps
+    budget = apply_recipe(None, {"budget_seconds": 60.0})
+    assert budget.optim.warmup_steps is None and budget.optim.budget_warmup() == 0.1
+    assert budget.optim.warmup_steps_for(None, 60.0) == 0
+
+
+def test_the_warmup_in_steps():
+    assert OptimConfig(warmup_fraction=0.1).warmup_steps_for(24, None) == 2
+    assert OptimConfig(warmup_fraction=0.0).warmup_steps_for(24, None) == 0
+    assert OptimConfig(warmup_steps=3).warmup_steps_for(24, None) == 3
+    with pytest.raises(ValueError, match="not shorter than the run"):
+        OptimConfig().warmup_steps_for(500, None)  # the paper's 10,000
+    with pytest.raises(ValueError, match="give --warmup-fraction"):
+        OptimConfig(warmup_steps=3).warmup_steps_for(None, 60.0)
+    with pytest.raises(ValueError, match="--max-steps N or --budget"):
+        OptimConfig().warmup_steps_for(None, None)
+
+
+def test_phases_are_a_field_and_share_one_held_out_length():
+    plan = PretrainConfig(phases="32:6,64:4", max_steps=99).phase_plan()
+    assert [(p.seq_len, p.max_steps, p.eval_seq_len) for p in plan] == [(32, 6, 64), (64, 4, 64)]
+    plan = PretrainConfig(phases=[(32, 0.75), (128, 0.25)], budget_seconds=100.0).phase_plan()
+    assert [(p.seq_len, p.max_steps, p.budget_seconds) for p in plan] == [
+        (32, None, 75.0),
+        (128, None, 25.0),
+    ]
+    (single,) = PretrainConfig(max_steps=5, seq_len=64).phase_plan()
+    assert single.seq_len == 64 and single.eval_seq_len == 64 and single.phases is None
+    with pytest.raises(ValueError, match="--phases SEQ:STEPS"):
+        PretrainConfig().phase_plan()
