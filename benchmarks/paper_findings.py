@@ -38,7 +38,6 @@ from task_data import task_data
 from bertkit.finetune import (
     FinetuneConfig,
     finetune_seeds,
-    head_class,
     main_score,
     random_init_dir,
 )
@@ -68,7 +67,7 @@ def run_row(name: str, model: Path, random: bool, task: str, lr: float, args) ->
 
 def has_bilstm(task: str) -> bool:
     try:
-        head_class(get_task(task), bilstm=True)
+        get_task(task).head_class(bilstm=True)
     except ValueError:
         return False
     return True

@@ -52,7 +52,7 @@ from bertkit.tasks.base import (
     run_outputs,
     task_of_checkpoint,
 )
-from bertkit.tasks.own import DataConfig, OwnTask, describe
+from bertkit.tasks.own import DataConfig, describe
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
 from bertkit.training.loop import DIGEST_FILE, LOG_FILE, STATE_FILE, Trainer, TrainingConfig
@@ -215,16 +215,6 @@ def load_task_data(
     return TaskData(task, train, train_features, devs, summaries)
 
 
-def head_class(task: Task, bilstm: bool = False) -> str:
-    """The head's class name: the task's, or its `+ BiLSTM` variant (token-level heads only)."""
-    if not bilstm:
-        return task.head
-    name = task.head.replace("BertFor", "BertBiLSTMFor")
-    if name not in MODEL_CLASSES:
-        raise ValueError(f"--bilstm is for span and tagging tasks, not {task.name}")
-    return name
-
-
 def build_model(
     task: Task,
     model_dir: str | os.PathLike,
@@ -235,16 +225,11 @@ def build_model(
     """The task's head on the checkpoint's encoder; a fresh head (seeded) where the checkpoint
     has none or one of another size. With `random_init`, no weight is read: the whole model is
     initialised from `seed` as BERT initialises (the paper's "no pre-training" comparison)."""
-    config = read_config(Path(model_dir))
-    labels = task.labels()
-    if labels is not None:
-        config = config.with_labels(labels)
-    if task.problem_type is not None:  # so transformers' pipeline reads the outputs right
-        config = dataclasses.replace(config, problem_type=task.problem_type)
+    config = task.model_config(read_config(Path(model_dir)))
     torch.manual_seed(seed)
     if random_init:
-        return MODEL_CLASSES[head_class(task, bilstm)](config)
-    return MODEL_CLASSES[head_class(task, bilstm)].from_pretrained(
+        return MODEL_CLASSES[task.head_class(bilstm)](config)
+    return MODEL_CLASSES[task.head_class(bilstm)].from_pretrained(
         model_dir, config=config, ignore_mismatched_sizes=True
     )
 
@@ -278,17 +263,8 @@ def _resolve(
         task = get_task(task, data if isinstance(data, DataConfig) else None)
     elif isinstance(data, DataConfig):
         raise ValueError("give the DataConfig to the task or as data, not both")
-    if isinstance(task, OwnTask) and data is not None and not isinstance(data, DataConfig):
-        raise ValueError(
-            f"{task.name} reads the files --train/--validation name (a DataConfig), not a "
-            f"--data folder ({data})"
-        )
+    task.source(data)  # data the task cannot read fails before any work
     return task, (config or FinetuneConfig()).resolved(task), Path(out)
-
-
-def _source(data: str | os.PathLike | DataConfig | None) -> str | os.PathLike | None:
-    """What `Task.read` takes: the paper's folder, or None (the task has its DataConfig)."""
-    return None if isinstance(data, DataConfig) else data
 
 
 def finetune(
@@ -308,13 +284,13 @@ def finetune(
     `build(task, model, seed)` replaces `build_model` (another implementation, for
     benchmarks)."""
     task, config, out = _resolve(task, config, out, data)
-    head_class(task, config.bilstm)  # a head this task cannot have fails before any work
+    task.head_class(config.bilstm)  # a head this task cannot have fails before any work
     _check_out(out, config)
     started = time.perf_counter()
     sizes = config.sizes()
     tokenizer = BertTokenizer.from_pretrained(model)
     tokenizer.model_max_length = sizes.max_seq_length
-    source = _source(data)
+    source = task.source(data)
     # every file is read and checked before OUT is touched: bad input leaves nothing behind
     task, train, train_features, devs, summaries = loaded or load_task_data(
         task, source, tokenizer, config
@@ -408,7 +384,7 @@ def finetune(
     results = {
         "task": task.name,
         "model": str(model),
-        "data": _data_description(task, data),
+        "data": task.data_description(data),
         "dev": best.get("dev", {}),
         "best_epoch": best.get("epoch"),
         "epochs": [e for e in read_log(out / LOG_FILE) if e.get("split") == "eval"],
@@ -478,14 +454,6 @@ def _draw_reports(out: Path, task: Task, reports: dict[str, Any]) -> None:
             plot_confusion(confusion, out / name, title=title)
 
 
-def _data_description(task: Task, data) -> Any:
-    """What results.json says was read: the folder, or the DataConfig fields given."""
-    config = data if isinstance(data, DataConfig) else getattr(task, "data", None)
-    if isinstance(config, DataConfig):
-        return config.given()
-    return None if data is None else str(data)
-
-
 def _hyperparameters(config: FinetuneConfig) -> dict[str, Any]:
     return {
         k: getattr(config, k)
@@ -540,7 +508,7 @@ def _results_of_finished_run(out: Path, task: Task, config: FinetuneConfig, trai
         # runs written before `bucket_batches` was a setting sorted 50 batches' worth together
         and {"bucket_batches": 50} | results.get("hyperparameters", {}) == _hyperparameters(config)
         and results.get("train_examples") == train_examples
-        and info.get("head") == head_class(task, config.bilstm)
+        and info.get("head") == task.head_class(config.bilstm)
     )
     return results if same else None
 
@@ -570,7 +538,7 @@ def save_finetuned(
     model.save_pretrained(out, tokenizer=tokenizer)
     info = {
         "task": task.name,
-        "head": head_class(task, config.bilstm),
+        "head": task.head_class(config.bilstm),
         "max_seq_length": config.max_seq_length,
         **task.settings(),
         **(settings or {}),
@@ -619,7 +587,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 def _load_once(task: Task, model, data, config: FinetuneConfig) -> TaskData:
     tokenizer = BertTokenizer.from_pretrained(model)
     tokenizer.model_max_length = config.sizes().max_seq_length
-    return load_task_data(task, _source(data), tokenizer, config)
+    return load_task_data(task, task.source(data), tokenizer, config)
 
 
 def finetune_seeds(
@@ -636,7 +604,7 @@ def finetune_seeds(
     """K runs with seeds seed, seed+1, ... in OUT/seed_<s>; OUT/results.json has the mean in
     `"dev"` and `dev_std`, `dev_min`, `dev_max`, every run's figures under `runs`."""
     task, config, out = _resolve(task, config, out, data)
-    data = _source(data)
+    data = task.source(data)
     loaded = loaded or _load_once(task, model, data, config)  # read and featurised once
     runs = []
     for seed in range(config.seed, config.seed + seeds):
@@ -673,7 +641,7 @@ def finetune_grid(
     """The paper's grid, each point in OUT/b<batch>_lr<lr>_e<epochs> (with `seeds` seeds
     each); the point with the best mean dev score is selected, OUT/results.json reports it."""
     task, config, out = _resolve(task, config, out, data)
-    data = _source(data)
+    data = task.source(data)
     grid = grid or GRID
     # features depend on max_seq_length only, not on batch, lr or epochs: read them once
     loaded = _load_once(task, model, data, config)

@@ -72,7 +72,9 @@ def test_apply_normal_leaves_googles_init_and_each_scheme_is_its_function(setup)
     # sinusoidal: the position table only, scaled to the config's initializer range
     model = init_schemes.apply(_fresh(setup), position_init="sinusoidal")
     positions = model.bert.embeddings.position_embeddings.weight
-    assert float(positions.detach().std()) == pytest.approx(model.config.initializer_range, rel=1e-3)
+    assert float(positions.detach().std()) == pytest.approx(
+        model.config.initializer_range, rel=1e-3
+    )
     changed = {k for k, v in model.state_dict().items() if not torch.equal(v, state[k])}
     assert changed == {"bert.embeddings.position_embeddings.weight"}
     # local: the same weights as local_attention_ itself; a left-to-right model looks left twice

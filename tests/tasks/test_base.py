@@ -66,3 +66,34 @@ def test_finetune_batches_bucketed_or_random_cover_every_example_once_an_epoch()
 
     # sorted together, a batch's lengths lie close (little padding); random: the whole range
     assert spread(50) < 5 < 80 < spread(1)
+
+
+def test_what_finetune_asks_of_a_task_is_the_tasks_to_answer():
+    """The task seam: heads, the model's config, where data comes from, what results.json says
+    was read: methods of Task, so finetune.py holds no check of a task's kind."""
+    from bertkit.config import BertConfig
+    from bertkit.heads import MODEL_CLASSES
+    from bertkit.tasks.own import DataConfig
+
+    for name in ("conll2003", "squad1", "token-classification", "question-answering"):
+        task = get_task(name)
+        assert task.head_class(bilstm=True) in MODEL_CLASSES
+        assert task.head_class(bilstm=True) != task.head_class()
+    for name in ("mrpc", "swag", "text-classification"):
+        assert get_task(name).head_class() in MODEL_CLASSES
+        with pytest.raises(ValueError, match="--bilstm is for span and tagging tasks"):
+            get_task(name).head_class(bilstm=True)
+    config = BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2)
+    stsb = get_task("stsb").model_config(config)
+    assert stsb.num_labels == 1 and stsb.problem_type == get_task("stsb").problem_type
+    assert get_task("mnli").model_config(config).num_labels == 3
+    # the paper's tasks read a folder; your own data reads its DataConfig's files
+    assert get_task("mrpc").source("glue/MRPC") == "glue/MRPC"
+    with pytest.raises(ValueError, match="--data DIR"):
+        get_task("mrpc").source(DataConfig(train="a.csv"))
+    own = get_task("text-classification", DataConfig(train="a.csv", validation="b.csv"))
+    assert own.source(None) is None
+    with pytest.raises(ValueError, match="not a --data folder"):
+        own.source("glue/MRPC")
+    assert own.data_description(None) == {"train": "a.csv", "validation": "b.csv"}
+    assert get_task("mrpc").data_description("glue/MRPC") == "glue/MRPC"

@@ -8,6 +8,7 @@ predictions, and predictions into the official metric. `bertkit.finetune` drives
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -19,6 +20,11 @@ import numpy as np
 import torch
 
 Feature = dict[str, Any]  # model inputs as lists of ints, plus bookkeeping (example index, ...)
+# Table 5's feature-style heads: the encoder's states through a BiLSTM (token-level heads only)
+BILSTM_HEADS = {
+    "BertForTokenClassification": "BertBiLSTMForTokenClassification",
+    "BertForQuestionAnswering": "BertBiLSTMForQuestionAnswering",
+}
 
 
 class DataError(ValueError):
@@ -75,7 +81,38 @@ class Task:
         """The label names, in the order of the classifier's outputs; None: not a classifier."""
         return None
 
+    def head_class(self, bilstm: bool = False) -> str:
+        """The head's class name: `head`, or with `bilstm` its Table 5 `+ BiLSTM` variant."""
+        if not bilstm:
+            return self.head
+        if self.head not in BILSTM_HEADS:
+            raise ValueError(f"--bilstm is for span and tagging tasks, not {self.name}")
+        return BILSTM_HEADS[self.head]
+
+    def model_config(self, config):
+        """A checkpoint's BertConfig for this task's head: its label names, and the problem type
+        where the label count does not say it (so transformers' pipeline reads the outputs)."""
+        labels = self.labels()
+        if labels is not None:
+            config = config.with_labels(labels)
+        if self.problem_type is not None:
+            config = dataclasses.replace(config, problem_type=self.problem_type)
+        return config
+
     # ----------------------------------------------------------------- data
+    def source(self, data: Any) -> str | os.PathLike | None:
+        """What `read` takes of the `data` a fine-tuning run was given: the paper's tasks, the
+        folder of their official files."""
+        if data is not None and not isinstance(data, (str, os.PathLike)):
+            raise ValueError(
+                f"{self.name} reads its official files from a folder (--data DIR), not {data!r}"
+            )
+        return data
+
+    def data_description(self, data: Any) -> Any:
+        """What results.json says was read."""
+        return None if data is None else str(data)
+
     def read(self, data: str | os.PathLike | None, split: str) -> list:
         """The examples of a split: `data` is the folder of the task's official files, or
         (your own data) a file, or None for the files the task was given."""

@@ -128,6 +128,18 @@ class OwnTask(Task):
     def __init__(self, data: DataConfig | None = None) -> None:
         self.data = data if data is not None else DataConfig()
 
+    def source(self, data: Any) -> None:
+        """Nothing: the task reads the files its DataConfig names."""
+        if data is not None and not isinstance(data, DataConfig):
+            raise ValueError(
+                f"{self.name} reads the files --train/--validation name (a DataConfig), not a "
+                f"--data folder ({data})"
+            )
+        return None
+
+    def data_description(self, data: Any) -> dict[str, Any]:
+        return (data if isinstance(data, DataConfig) else self.data).given()
+
     def split_path(self, data: str | Path | None, split: str) -> Path:
         if data is not None:
             return Path(data)
