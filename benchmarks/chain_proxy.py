@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
+from _harness import synthetic_tokenizer
 
 from bertkit.config import BertConfig
 from bertkit.heads import BertForMaskedLM, BertForPreTraining
@@ -31,9 +31,6 @@ from bertkit.pretraining.init_schemes import (
 )
 from bertkit.pretraining.shards import chunk_from_token_documents, write_shards
 from bertkit.pretraining.train import run_pretraining
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from helpers import synthetic_tokenizer
 
 VARIANTS = {
     "base": {},

@@ -23,11 +23,11 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import statistics
 import time
 from pathlib import Path
 
 import torch
+from _harness import add_timing_arguments, alternate, medians, ratios, start
 from task_data import task_data
 
 from bertkit.heads import BertForSequenceClassification
@@ -48,14 +48,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA", "../shared/data"))
     parser.add_argument("--variants", nargs="+", default=["default", "single-adamw", "foreach"])
-    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=2, help="steps per round")
-    parser.add_argument("--threads", type=int, default=1)
+    add_timing_arguments(parser, rounds=7, threads=1)
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--implementation", choices=["bertkit", "transformers"], default="bertkit")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="top N operators")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    machine = start(args)
     if args.implementation == "bertkit" and args.precision == "fp32":
         torch.backends.mkldnn.enabled = False  # as the loop does for fp32 on CPU
     bf16 = args.precision == "bf16"
@@ -67,8 +66,8 @@ def main() -> None:
     examples = task.read(task_data(Path(args.data), "mrpc"), "train")[: 32 * args.steps]
     labels = task.labels()
     batches = []
-    for start in range(0, len(examples), 32):
-        chunk = examples[start : start + 32]
+    for offset in range(0, len(examples), 32):
+        chunk = examples[offset : offset + 32]
         encoded = tokenizer(
             [e.text_a for e in chunk], [e.text_b for e in chunk], max_length=128,
             truncation=True, padding=True, return_tensors="pt",
@@ -97,10 +96,12 @@ def main() -> None:
 
     for model, optimizer in setups.values():  # warm-up; leaves gradients for the update timing
         step(model, optimizer, batches[0])
-    steps: dict[str, list[float]] = {v: [] for v in setups}
     updates: dict[str, list[float]] = {v: [] for v in setups}
-    for _ in range(args.rounds):
-        for variant, (model, optimizer) in setups.items():
+
+    def round_of(variant: str):
+        model, optimizer = setups[variant]
+
+        def run() -> float:
             started = time.perf_counter()
             optimizer.step()  # the update alone, on the last step's gradients
             updates[variant].append(time.perf_counter() - started)
@@ -108,18 +109,22 @@ def main() -> None:
             started = time.perf_counter()
             for batch in batches:
                 step(model, optimizer, batch)
-            steps[variant].append((time.perf_counter() - started) / len(batches))
+            return (time.perf_counter() - started) / len(batches)  # a step: what is timed
+
+        return run
+
+    steps = alternate({variant: round_of(variant) for variant in setups}, args.rounds)
     first = args.variants[0]
     print(
         f"all-MiniLM-L6-v2 ({args.implementation}, {args.precision}), MRPC batches of 32, "
-        f"{args.threads} thread(s), {args.rounds} rounds"
+        f"{args.rounds} rounds; {machine}"
     )
+    step_ratio, update_ratio = ratios(steps, first), ratios(updates, first)
     for variant in setups:
-        s, u = statistics.median(steps[variant]), statistics.median(updates[variant])
+        s, u = medians(steps)[variant], medians(updates)[variant]
         print(
-            f"{variant:13s} step {1000 * s:7.1f} ms ({statistics.median(steps[first]) / s:.3f}x "
-            f"{first}); update alone {1000 * u:6.1f} ms "
-            f"({statistics.median(updates[first]) / u:.2f}x)"
+            f"{variant:13s} step {1000 * s:7.1f} ms ({step_ratio[variant]:.3f}x "
+            f"{first}); update alone {1000 * u:6.1f} ms ({update_ratio[variant]:.2f}x)"
         )
     if args.profile:
         from torch.profiler import ProfilerActivity, profile

@@ -23,34 +23,11 @@ import tempfile
 from pathlib import Path
 
 import torch
+from _harness import TransformersHead
 from task_data import task_data
 
 from bertkit.finetune import FinetuneConfig, build_model, finetune_seeds
 from bertkit.tasks.squad import split_by_article
-
-
-class TransformersHead(torch.nn.Module):
-    """transformers' head class of the same name, loaded with the initial weights of ours."""
-
-    def __init__(self, ours) -> None:
-        super().__init__()
-        import transformers
-
-        data = ours.config.to_dict()
-        data.pop("model_type", None)
-        config = transformers.BertConfig(**data)
-        self.hf = getattr(transformers, type(ours).__name__)(config)
-        missing, unexpected = self.hf.load_state_dict(ours.state_dict(), strict=False)
-        assert not missing and not unexpected, (missing, unexpected)
-        self.config = ours.config
-
-    def forward(self, **inputs):
-        return self.hf(**inputs)
-
-    def save_pretrained(self, directory, tokenizer=None) -> None:
-        self.hf.save_pretrained(directory)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(directory)
 
 
 def build_transformers(task, model, seed):

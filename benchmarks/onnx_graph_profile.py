@@ -16,14 +16,11 @@ import collections
 import copy
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from forward_throughput import models, texts_for_benchmark
 from serving_throughput import export_transformers
 

@@ -29,10 +29,10 @@ clipping, AdamW, on real batches of the shards (bert-base-uncased vocabulary: it
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
+from _harness import add_timing_arguments, alternate, medians, start, transformers_copy
 
 from bertkit import BertConfig, BertForPreTraining
 from bertkit.pretraining.dataset import PretrainingData
@@ -57,8 +57,6 @@ def build(args, variant: str):
     config = BertConfig.from_preset(args.config, vocab_size=tokenizer.vocab_size)
     model = BertForPreTraining(config).train()
     if variant.startswith("transformers"):
-        from pretrain_vs_hf import transformers_copy
-
         model = transformers_copy(config, model.state_dict(), tokenizer).train()
     kind = {"fused-adamw": {"fused": True}, "single-adamw": {"foreach": False}, "foreach": {
         "foreach": True}}  # fmt: skip
@@ -101,8 +99,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=4, help="steps per round")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--threads", type=int, default=2)
+    add_timing_arguments(parser, rounds=6, threads=2)
     parser.add_argument(
         "--variants",
         nargs="+",
@@ -111,7 +108,7 @@ def main() -> None:
         "transformers-bf16 profile",
     )
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    print(start(args))
     torch.backends.mkldnn.enabled = False  # as the loop does for fp32 on CPU
     if "profile" in args.variants:
         step = build(args, "default")
@@ -127,16 +124,17 @@ def main() -> None:
         step(0)  # warm-up (compilation for `compile`)
         print(f"{variant}: first step {time.perf_counter() - started:.1f} s", flush=True)
         steps[variant] = step
-    times: dict[str, list[float]] = {v: [] for v in steps}
-    for _ in range(args.rounds):
-        for variant, step in steps.items():
-            started = time.perf_counter()
-            for i in range(args.steps):
-                step(i)
-            times[variant].append((time.perf_counter() - started) / args.steps)
-    reference = statistics.median(times[args.variants[0]])
+
+    def each_batch(step):  # the round's calls run the step on batches 0, 1, ... in turn
+        calls = iter(range(1 << 62))
+        return lambda: step(next(calls) % args.steps)
+
+    runners = {variant: each_batch(step) for variant, step in steps.items()}
+    times = alternate(runners, args.rounds, calls=args.steps)
+    middle = medians(times)
+    reference = middle[args.variants[0]]
     for variant, values in times.items():
-        median = statistics.median(values)
+        median = middle[variant]
         print(
             f"{args.config} batch {args.batch_size}: {variant:8s} {1000 * median:7.1f} ms a step "
             f"(min {1000 * min(values):.1f}), {reference / median:.3f}x {args.variants[0]}"

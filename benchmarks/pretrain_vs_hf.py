@@ -21,48 +21,13 @@ import json
 import os
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
+from _harness import transformers_copy
 
 from bertkit import BertConfig, BertForPreTraining, BertTokenizer
-from bertkit.heads import gather_positions
 from bertkit.pretraining.shards import prepare_shards
 from bertkit.pretraining.train import run_pretraining
-
-
-class TransformersPreTraining(torch.nn.Module):
-    """transformers' BertForPreTraining behind bertkit's pre-training interface."""
-
-    def __init__(self, hf_model, tokenizer) -> None:
-        super().__init__()
-        self.hf, self.tokenizer = hf_model, tokenizer
-
-    def forward(self, input_ids, token_type_ids, attention_mask, masked_positions):
-        out = self.hf(
-            input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask
-        )
-        return SimpleNamespace(
-            mlm_logits=gather_positions(out.prediction_logits, masked_positions),
-            nsp_logits=out.seq_relationship_logits,
-        )
-
-    def save_pretrained(self, directory, tokenizer=None) -> None:
-        self.hf.save_pretrained(directory)
-        (tokenizer or self.tokenizer).save_pretrained(directory)
-
-
-def transformers_copy(config: BertConfig, state_dict: dict, tokenizer) -> TransformersPreTraining:
-    """transformers' BertForPreTraining with these weights, behind bertkit's interface."""
-    import transformers
-
-    fields = config.to_dict()
-    fields.pop("model_type")
-    hf = transformers.BertForPreTraining(transformers.BertConfig(**fields))
-    missing, _ = hf.load_state_dict(state_dict, strict=False)
-    assert not [m for m in missing if "decoder" not in m], missing
-    hf.tie_weights()
-    return TransformersPreTraining(hf, tokenizer)
 
 
 def shards(data_root: Path, out: Path) -> tuple[Path, Path]:

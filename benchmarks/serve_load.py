@@ -34,8 +34,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import line as machine_line
 
 NAIVE = """

@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
-import sys
+import functools
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import add_timing_arguments, alternate, medians, start
 from forward_throughput import models, texts_for_benchmark
 
 from bertkit.serving import OnnxModel, export_onnx
@@ -73,11 +70,10 @@ def export_transformers(model, directory: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["minilm-l6", "base"])
-    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=2)
+    add_timing_arguments(parser, rounds=7, threads=2)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    print(start(args))
     for name in args.models:
         ours, theirs, tokenizer = models(name, "cpu")
         texts = texts_for_benchmark(32)
@@ -104,24 +100,15 @@ def main() -> None:
                 "bertkit ONNX fp32": _ort(OnnxModel(tmp / "fp32", args.threads)),
                 "bertkit ONNX int8": _ort(OnnxModel(tmp / "int8", args.threads)),
             }
-            batch_times = {k: [] for k in runners}
-            single_times = {k: [] for k in runners}
             with torch.inference_mode():
                 for run in runners.values():  # warm-up
                     run(batch), run(single)
-                for _ in range(args.rounds):
-                    for label, run in runners.items():
-                        start = time.perf_counter()
-                        run(batch)
-                        batch_times[label].append(time.perf_counter() - start)
-                for _ in range(args.requests // 10):
-                    for label, run in runners.items():
-                        for _ in range(10):
-                            start = time.perf_counter()
-                            run(single)
-                            single_times[label].append(time.perf_counter() - start)
-        reference = statistics.median(batch_times["transformers eager"])
-        reference_single = statistics.median(single_times["transformers eager"])
+                on_batch = {k: functools.partial(run, batch) for k, run in runners.items()}
+                batch_times = alternate(on_batch, args.rounds)
+                on_single = {k: functools.partial(run, single) for k, run in runners.items()}
+                single_times = alternate(on_single, args.requests // 10, calls=10, each=True)
+        reference = medians(batch_times)["transformers eager"]
+        reference_single = medians(single_times)["transformers eager"]
         print(
             f"\n{name}: batch 32 x {batch['input_ids'].shape[1]} ({real} real tokens), "
             f"{args.threads} threads, {args.rounds} alternated rounds; single requests of "
@@ -132,7 +119,7 @@ def main() -> None:
         )
         print("|---|---|---|---|---|---|")
         for label in runners:
-            median = statistics.median(batch_times[label])
+            median = medians(batch_times)[label]
             p50 = float(np.percentile(single_times[label], 50))
             p99 = float(np.percentile(single_times[label], 99))
             print(
