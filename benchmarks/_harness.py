@@ -38,6 +38,21 @@ def start(args: argparse.Namespace) -> str:
     return machine_line()
 
 
+def gemm_peak(size: int = 2048, repeats: int = 5) -> float:
+    """GFLOP/s of this machine's fastest fp32 matrix product at torch's threads: the best of
+    `repeats` products of two (size x size) matrices (what a step's FLOP rate is held against)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)  # warm-up
+    best = min(_timed(lambda: torch.mm(a, b)) for _ in range(repeats))
+    return 2 * size**3 / best / 1e9
+
+
+def _timed(run: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    run()
+    return time.perf_counter() - started
+
+
 def alternate(
     runners: dict[str, Callable[[], Any]], rounds: int, calls: int = 1, each: bool = False
 ) -> dict[str, list[float]]:

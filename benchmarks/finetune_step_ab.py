@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import torch
-from _harness import add_timing_arguments, alternate, medians, ratios, start
+from _harness import add_timing_arguments, alternate, gemm_peak, medians, ratios, start
 from task_data import task_data
 
 from bertkit.heads import BertForSequenceClassification
@@ -53,6 +53,11 @@ def main() -> None:
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--implementation", choices=["bertkit", "transformers"], default="bertkit")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="top N operators")
+    parser.add_argument(
+        "--flops",
+        action="store_true",
+        help="the step's dense-layer GFLOP/s against this machine's fp32 GEMM peak",
+    )
     args = parser.parse_args()
     machine = start(args)
     if args.implementation == "bertkit" and args.precision == "fp32":
@@ -126,6 +131,25 @@ def main() -> None:
             f"{variant:13s} step {1000 * s:7.1f} ms ({step_ratio[variant]:.3f}x "
             f"{first}); update alone {1000 * u:6.1f} ms ({update_ratio[variant]:.2f}x)"
         )
+    if args.flops:
+        # the encoder's dense layers (QKV, output, feed-forward: 12 H^2 multiply-adds a token a
+        # layer), forward and backward (x3), on the real tokens (bertkit's unpadded path) and on
+        # every padded one (what a padded implementation computes)
+        config = base.config
+        per_token = 6 * 12 * config.hidden_size**2 * config.num_hidden_layers
+        real = sum(int(b["attention_mask"].sum()) for b in batches) / len(batches)
+        padded = sum(b["attention_mask"].numel() for b in batches) / len(batches)
+        peak = gemm_peak()
+        print(
+            f"dense layers: {per_token * real / 1e9:.1f} GFLOP a step on {real:.0f} real tokens "
+            f"({per_token * padded / 1e9:.1f} on {padded:.0f} padded); fp32 GEMM peak "
+            f"{peak:.0f} GFLOP/s (2048^2 torch.mm)"
+        )
+        for variant in setups:
+            rate = per_token * real / medians(steps)[variant] / 1e9
+            print(
+                f"{variant:13s} {rate:.0f} GFLOP/s of real-token dense work ({rate / peak:.0%} of peak)"
+            )
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 

