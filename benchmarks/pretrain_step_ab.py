@@ -29,10 +29,18 @@ clipping, AdamW, on real batches of the shards (bert-base-uncased vocabulary: it
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import torch
-from _harness import add_timing_arguments, alternate, medians, start, transformers_copy
+from _harness import (
+    add_timing_arguments,
+    alternate,
+    gemm_peak,
+    medians,
+    start,
+    transformers_copy,
+)
 
 from bertkit import BertConfig, BertForPreTraining
 from bertkit.pretraining.dataset import PretrainingData
@@ -55,6 +63,10 @@ def build(args, variant: str):
     torch.manual_seed(0)
     tokenizer = BertTokenizer.from_pretrained(args.data)
     config = BertConfig.from_preset(args.config, vocab_size=tokenizer.vocab_size)
+    if args.dropout is not None:  # the laptop recipe's 0.0
+        config = dataclasses.replace(
+            config, hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout
+        )
     model = BertForPreTraining(config).train()
     if variant.startswith("transformers"):
         model = transformers_copy(config, model.state_dict(), tokenizer).train()
@@ -89,7 +101,25 @@ def build(args, variant: str):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    step.batches, step.config = batches, config  # type: ignore[attr-defined]  # for --flops
     return step
+
+
+def step_flops(config, batches) -> tuple[float, float]:
+    """(model FLOPs, real tokens) of a step, averaged over `batches`: forward x3 (backward twice
+    the forward) of the encoder on the real tokens (24 H^2 a token a layer for the dense layers,
+    4 S H for attention over the batch's padded length S) and of the MLM head on the masked
+    positions (the transform, 2 H^2, and the decoder, 2 V H)."""
+    hidden, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
+    flops = tokens = 0.0
+    for batch in batches:
+        real = float(batch["attention_mask"].sum())
+        length = batch["input_ids"].shape[1]
+        masked = float((batch["labels"] != -100).sum())
+        forward = real * layers * (24 * hidden**2 + 4 * length * hidden)
+        forward += masked * (2 * hidden**2 + 2 * vocab * hidden)
+        flops, tokens = flops + 3 * forward, tokens + real
+    return flops / len(batches), tokens / len(batches)
 
 
 def main() -> None:
@@ -106,6 +136,12 @@ def main() -> None:
         default=["default", "logits", "single-adamw"],
         help="default logits single-adamw foreach fused-adamw compile bf16 transformers "
         "transformers-bf16 profile",
+    )
+    parser.add_argument("--dropout", type=float, help="default: the config's (0.1)")
+    parser.add_argument(
+        "--flops",
+        action="store_true",
+        help="tokens/s and model GFLOP/s of each variant against this machine's fp32 GEMM peak",
     )
     args = parser.parse_args()
     print(start(args))
@@ -139,6 +175,21 @@ def main() -> None:
             f"{args.config} batch {args.batch_size}: {variant:8s} {1000 * median:7.1f} ms a step "
             f"(min {1000 * min(values):.1f}), {reference / median:.3f}x {args.variants[0]}"
         )
+    if args.flops:
+        first = next(iter(steps.values()))
+        flops, tokens = step_flops(first.config, first.batches)
+        peak = gemm_peak()
+        print(
+            f"a step: {flops / 1e9:.1f} GFLOP on {tokens:.0f} real tokens; fp32 GEMM peak "
+            f"{peak:.0f} GFLOP/s (2048^2 torch.mm)"
+        )
+        for variant in steps:
+            seconds = middle[variant]
+            rate = flops / seconds / 1e9
+            print(
+                f"{variant:8s} {tokens / seconds:,.0f} tokens/s, {rate:.0f} GFLOP/s "
+                f"({rate / peak:.0%} of peak)"
+            )
 
 
 if __name__ == "__main__":
