@@ -457,6 +457,9 @@ def _run_phase(
             from bertkit.viz import plot_log
 
             plot_log(out / LOG_FILE, out / "curves.png", title=f"pre-training: {out.name}")
+        # every rank leaves the process group together: a rank that tore its connections down
+        # while rank 0 still drew the curves was seen to abort at exit (gloo, 2 processes)
+        distributed.barrier(dist)
         return entries
     finally:
         distributed.cleanup(dist)
