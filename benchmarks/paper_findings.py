@@ -15,9 +15,15 @@ OUT/findings.json is rewritten after every task of every row. OUT/findings.png: 
 mean main score per task and row with 95% confidence intervals of the mean.
 
 Several `--lr` values make a grid, as the paper's fine-tuning does: every row and task is
-fine-tuned at each rate (OUT/NAME/TASK/lr_RATE) and reported at the rate whose mean dev score is
-best for that row and task (findings.json keeps every rate's scores under "grid" and the choice
-under "lr"). The choice is made on the dev set the scores come from, for every row alike.
+fine-tuned at each rate (OUT/NAME/TASK/lr_RATE) and reported at the rate whose mean score on the
+selection set is best for that row and task (findings.json keeps every rate's scores under "grid"
+and the choice under "lr"). With `--validation-split F` (the protocol of issue 28: 0.1) the
+selection set is a fraction of each task's training examples carved out (the same examples for
+every row, rate and seed), which also picks each run's epoch; the official dev set is then the
+test, scored once per run by the chosen model and touched by no choice. Without it (the protocol
+of the first findings) rates and epochs are chosen on the dev set that is reported.
+Every row fine-tunes at `--dropout` (0.1, the paper's), whatever its checkpoint's config says.
+The table adds Holm's correction over all the row-vs-random comparisons it reports.
 
 `--bilstm NAME…`: those rows are fine-tuned with Table 5's "+ BiLSTM" (a randomly initialised
 BiLSTM between encoder and output) and run only on the tasks that head exists for (tagging and
@@ -41,12 +47,18 @@ from bertkit.finetune import (
     main_score,
     random_init_dir,
 )
-from bertkit.stats import compare_to_baseline, t_ppf
+from bertkit.stats import compare_to_baseline, holm, t_ppf
 from bertkit.tasks import get_task
 
 
-def run_row(name: str, model: Path, random: bool, task: str, lr: float, args) -> list[float]:
+def run_row(
+    name: str, model: Path, random: bool, task: str, lr: float, args
+) -> tuple[list[float], list[float]]:
+    """(the seeds' scores on the selection set, their scores to report): the carved validation
+    set and the dev set with --validation-split; the dev set twice without."""
     config = FinetuneConfig(
+        dropout=args.dropout,
+        validation_split=args.validation_split,
         bilstm=name in args.bilstm,
         epochs=args.epochs,
         learning_rate=lr,
@@ -62,7 +74,9 @@ def run_row(name: str, model: Path, random: bool, task: str, lr: float, args) ->
         out = out / f"lr_{lr:g}"
     results = finetune_seeds(task, model, task_data(Path(args.data), task), out, config, args.seeds)
     task_obj = get_task(task)
-    return [main_score(task_obj, run["dev"]) for run in results["runs"]]
+    chosen_on = [main_score(task_obj, run["dev"]) for run in results["runs"]]
+    reported = "test" if args.validation_split else "dev"
+    return chosen_on, [main_score(task_obj, run[reported]) for run in results["runs"]]
 
 
 def has_bilstm(task: str) -> bool:
@@ -79,7 +93,19 @@ def mean_interval(values: list[float]) -> float:
     return t_ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
 
 
-def plot(table: dict, png: Path, rates: list[float]) -> None:
+def corrected(table: dict) -> dict[str, dict]:
+    """Holm's correction over every row-vs-random interval of the table ("TASK/ROW" keys): how
+    many would clear zero by chance is what it guards against (at 95%, one in twenty)."""
+    p_values = {
+        f"{task}/{name}": comparison["vs_baseline"]["p_value"]
+        for task, entry in table.items()
+        for name, comparison in entry.get("comparison", {}).items()
+        if comparison.get("vs_baseline")
+    }
+    return holm(p_values) if p_values else {}
+
+
+def plot(table: dict, png: Path, rates: list[float], carved: bool) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -98,8 +124,10 @@ def plot(table: dict, png: Path, rates: list[float]) -> None:
     ax.set_xticks(range(len(tasks)), tasks)
     title = "pre-trained vs random init\n(bars: 95% interval of the mean over seeds)"
     if len(rates) > 1:
-        title += f"\neach row and task at its best fine-tuning rate of {', '.join(map(str, rates))}"
-    ax.set_ylabel("dev score (mean of the task's metrics), %")
+        chosen = "a validation set carved from train" if carved else "the dev set shown"
+        title += f"\neach row and task at its best rate of {', '.join(map(str, rates))}"
+        title += f"\nchosen on {chosen}"
+    ax.set_ylabel("official dev score, %\n(mean of the task's metrics)")
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
@@ -122,6 +150,12 @@ def main() -> None:
         "--lr", type=float, nargs="+", default=[1e-4], help="one rate, or a grid (the best per row)"
     )
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--dropout", type=float, default=0.1, help="fine-tuning dropout, every row")
+    parser.add_argument(
+        "--validation-split",
+        type=float,
+        help="choose rates and epochs on this fraction of the training examples; report dev as test",
+    )
     parser.add_argument("--max-train-examples", type=int, help="the first N of each task")
     parser.add_argument(
         "--bilstm", nargs="+", default=[], metavar="NAME", help="rows fine-tuned + BiLSTM"
@@ -153,19 +187,24 @@ def main() -> None:
             if name in args.bilstm and not has_bilstm(task):
                 continue
             grid = {lr: run_row(name, model, random, task, lr, args) for lr in args.lr}
-            best = max(grid, key=lambda lr: statistics.fmean(grid[lr]))
-            table[task]["scores"][name] = grid[best]
+            best = max(grid, key=lambda lr: statistics.fmean(grid[lr][0]))
+            table[task]["scores"][name] = grid[best][1]
             if len(args.lr) > 1:
-                table[task]["grid"][name] = {f"{lr:g}": scores for lr, scores in grid.items()}
+                table[task]["grid"][name] = {
+                    f"{lr:g}": {"selection": chosen_on, "reported": reported}
+                    for lr, (chosen_on, reported) in grid.items()
+                }
                 table[task]["lr"][name] = best
             if "random" in table[task]["scores"]:
                 table[task]["comparison"] = compare_to_baseline(table[task]["scores"], "random")
             settings = {k: str(v) for k, v in vars(args).items()}
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "findings.json").write_text(
-                json.dumps({"settings": settings, "tasks": table}, indent=1)
+                json.dumps(
+                    {"settings": settings, "tasks": table, "holm": corrected(table)}, indent=1
+                )
             )
-    plot(table, args.out / "findings.png", args.lr)
+    plot(table, args.out / "findings.png", args.lr, bool(args.validation_split))
     print("| task | " + " | ".join(rows) + " | Δ vs random (95% CI) |")
     print("|---|" + "---|" * (len(rows) + 1))
     for task, entry in table.items():
@@ -187,6 +226,13 @@ def main() -> None:
                     f"[{100 * interval['low']:+.1f}, {100 * interval['high']:+.1f}]"
                 )
         print(f"| {task} | " + " | ".join(cells) + f" | {'; '.join(deltas)} |")
+    holm_table = corrected(table)
+    if holm_table:
+        kept = [k for k, v in holm_table.items() if v["rejected"]]
+        print(
+            f"{len(holm_table)} comparisons (about {0.05 * len(holm_table):.1f} would clear zero at "
+            f"95% by chance); after Holm's correction {len(kept)} still do: {', '.join(kept) or '—'}"
+        )
     print(f"wrote {args.out / 'findings.json'} and {args.out / 'findings.png'}")
 
 

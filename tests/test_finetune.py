@@ -376,3 +376,57 @@ def test_one_writer_per_folder_and_no_silent_reuse(tiny_checkpoint, tmp_path):
     convert(out, hf, to="google", overwrite=True)
     assert not (hf / "model.safetensors").exists() and (hf / "bert_model.ckpt.index").exists()
     assert (hf / "bertkit_task.json").exists()  # a task model keeps its task when converted
+
+
+def _separable_sst2(folder: Path, count: int = 96) -> Path:
+    rng = random.Random(0)
+    rows = []
+    for _ in range(count):
+        good = rng.random() < 0.5
+        pool = ["cuts", "dives", "types", "onion", "pool"] if good else ["melts", "sings", "sky"]
+        rows.append(f"{' '.join(rng.choice(pool) for _ in range(6))}\t{int(good)}")
+    folder.mkdir(parents=True)
+    (folder / "train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows[:64]) + "\n")
+    (folder / "dev.tsv").write_text("sentence\tlabel\n" + "\n".join(rows[64:]) + "\n")
+    return folder
+
+
+def test_a_validation_split_picks_the_epoch_and_the_dev_set_is_a_test(tiny_checkpoint, tmp_path):
+    """--validation-split: the epoch is chosen on examples carved from train (the same ones for
+    every seed), the official dev set is scored once by the chosen model and reported as test."""
+    data = _separable_sst2(tmp_path / "SST-2")
+    config = FinetuneConfig(**{**QUICK, "epochs": 3, "batch_size": 4, "validation_split": 0.25})
+    results = finetune_seeds("sst2", tiny_checkpoint, data, tmp_path / "run", config, seeds=2)
+    first = json.loads((tmp_path / "run" / "seed_42" / "results.json").read_text())
+    assert first["train_examples"] == 48 and first["validation_split"] == 0.25  # 64 - 16 carved
+    assert first["hyperparameters"]["validation_split"] == 0.25
+    # the test figures are the chosen model's on the official dev file, as evaluate scores it
+    again = evaluate(tmp_path / "run" / "seed_42", data, split="dev")
+    assert again["dev"] == pytest.approx(first["test"])
+    assert first["dev"] != first["test"]  # 16 carved examples are not the 32 dev ones
+    predictions = (tmp_path / "run" / "seed_42" / "predictions_dev.tsv").read_text().splitlines()
+    assert len(predictions) == 1 + 32  # header + the official dev set's rows
+    assert set(results) >= {"dev", "dev_std", "test", "test_std", "test_min", "test_max"}
+    assert [r["test"] for r in results["runs"]] and results["test"]["accuracy"] == pytest.approx(
+        sum(r["test"]["accuracy"] for r in results["runs"]) / 2
+    )
+    with pytest.raises(ValueError, match="--validation-split must be in"):
+        FinetuneConfig(validation_split=1.0)
+
+
+def test_fine_tuning_dropout_is_the_papers_not_the_checkpoints(tiny_checkpoint, tmp_path):
+    """A checkpoint pre-trained without dropout (the laptop recipe's 0.0) fine-tunes at the
+    paper's 0.1 unless told otherwise; dropout=None keeps the checkpoint's."""
+    import shutil
+
+    checkpoint = Path(shutil.copytree(tiny_checkpoint, tmp_path / "pretrained"))
+    config = json.loads((checkpoint / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    data = _separable_sst2(tmp_path / "SST-2")
+    for dropout, expected in ((0.1, 0.1), (None, 0.0), (0.3, 0.3)):
+        out = tmp_path / f"run_{dropout}"
+        config = FinetuneConfig(**{**QUICK, "epochs": 1, "dropout": dropout})
+        finetune("sst2", checkpoint, data, out, config)
+        saved = json.loads((out / "config.json").read_text())
+        assert saved["hidden_dropout_prob"] == saved["attention_probs_dropout_prob"] == expected

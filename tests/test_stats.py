@@ -60,3 +60,26 @@ def test_compare_to_baseline_on_random_study_tables(scipy_stats):
     assert table["pretrained"]["significant"] and table["one"]["vs_baseline"] is None
     with pytest.raises(ValueError, match="baseline"):
         compare_to_baseline(rows, "missing")
+
+
+def test_holm_against_its_definition_on_random_p_values():
+    """Holm's adjusted p-values: sorted ascending, (m - i) p_(i), made monotone, capped at 1; a
+    hypothesis is rejected iff its adjusted value is at most alpha (and so every smaller one)."""
+    import random
+
+    from bertkit.stats import holm
+
+    rng = random.Random(3)
+    for _ in range(200):
+        m = rng.randint(1, 8)
+        p = {f"h{i}": rng.random() ** 3 for i in range(m)}
+        result = holm(p)
+        ordered = sorted(p.values())
+        expected, running = [], 0.0
+        for i, value in enumerate(ordered):
+            running = max(running, min(1.0, (m - i) * value))
+            expected.append(running)
+        assert sorted(r["adjusted"] for r in result.values()) == expected
+        for name, r in result.items():
+            assert r["rejected"] == (r["adjusted"] <= 0.05) and r["p_value"] == p[name]
+            assert r["adjusted"] >= p[name]

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from bertkit._io import LOCK_FILE, atomic_path
@@ -111,6 +112,20 @@ class FinetuneConfig(Settings):
     )
     max_eval_examples: int | None = setting(None, "the first N dev examples", check="positive")
     progress: bool = setting(True, "a progress bar")
+    dropout: float | None = setting(
+        0.1,
+        "hidden and attention dropout while fine-tuning: the paper's 0.1 whatever the checkpoint's "
+        "config says (a pre-training recipe's dropout, e.g. the laptop recipe's 0, does not carry "
+        "over); None from Python keeps the checkpoint's",
+        check="fraction",
+    )
+    validation_split: float | None = setting(
+        None,
+        "carve this fraction of the training examples out (the same ones for every seed and run) "
+        "as the validation set that picks the epoch and any threshold; the task's dev set is then "
+        "scored once, by the chosen model, and reported as 'test' (nothing is chosen on it)",
+        check="fraction",
+    )
     bilstm: bool = setting(False, "Table 5's + BiLSTM between encoder and output (QA, tagging)")
     random_init: bool = setting(
         False,
@@ -186,8 +201,10 @@ class TaskData(NamedTuple):
     task: Task
     train: list
     train_features: list
-    devs: dict[str, tuple[list, list]]  # split -> (examples, features)
+    devs: dict[str, tuple[list, list]]  # split -> (examples, features): what picks the epoch
     summaries: dict[str, dict]  # split -> what reading found (Task.data_summary)
+    # with a validation split carved from train: the task's dev splits, scored once at the end
+    held_out: dict[str, tuple[list, list]] = {}
 
 
 def load_task_data(
@@ -197,22 +214,49 @@ def load_task_data(
     stderr) when `config.progress`."""
     max_seq_length = config.sizes().max_seq_length
     train = task.read(data, "train")[: config.max_train_examples]
+    carved = None
+    if config.validation_split:
+        train, carved = carve_validation(train, config.validation_split)
     task = task.fitted(train)
     train_features = task.featurize(train, tokenizer, max_seq_length)
     summaries = {}
     if (summary := task.data_summary("train", train, train_features)) is not None:
         summaries["train"] = summary
-    devs = {}
+    devs: dict[str, tuple[list, list]] = {}
+    held_out: dict[str, tuple[list, list]] = {}
     for split in task.dev_splits():
         examples = task.read(data, split)[: config.max_eval_examples]
         features = task.featurize(examples, tokenizer, max_seq_length)
-        devs[split] = (examples, features)
-        if (summary := task.data_summary(split, examples, features)) is not None:
+        (held_out if carved is not None else devs)[split] = (examples, features)
+        if carved is None and (summary := task.data_summary(split, examples, features)):
             summaries[split] = summary
+    if carved is not None:
+        devs["dev"] = (carved, task.featurize(carved, tokenizer, max_seq_length))
     if config.progress:
         for split, summary in summaries.items():
             print(describe(task.name, split, summary, max_seq_length), file=sys.stderr)
-    return TaskData(task, train, train_features, devs, summaries)
+    return TaskData(task, train, train_features, devs, summaries, held_out)
+
+
+def carve_validation(train: list, fraction: float) -> tuple[list, list]:
+    """(the training examples kept, the validation examples carved out): a fixed shuffle (seed 0,
+    not the run's) so every seed, rate and row is chosen on the same examples; both keep the
+    file's order.
+
+    >>> carve_validation(list(range(10)), 0.2)
+    ([0, 1, 2, 3, 5, 7, 8, 9], [4, 6])
+    """
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"--validation-split {fraction} is not in (0, 1)")
+    order = np.random.default_rng(0).permutation(len(train))
+    count = max(1, round(fraction * len(train)))
+    if count >= len(train):
+        raise ValueError(
+            f"--validation-split {fraction} of {len(train)} training examples leaves none to train on"
+        )
+    chosen = set(order[:count].tolist())
+    kept = [example for i, example in enumerate(train) if i not in chosen]
+    return kept, [example for i, example in enumerate(train) if i in chosen]
 
 
 def build_model(
@@ -221,11 +265,17 @@ def build_model(
     seed: int,
     bilstm: bool = False,
     random_init: bool = False,
+    dropout: float | None = None,
 ):
     """The task's head on the checkpoint's encoder; a fresh head (seeded) where the checkpoint
     has none or one of another size. With `random_init`, no weight is read: the whole model is
-    initialised from `seed` as BERT initialises (the paper's "no pre-training" comparison)."""
+    initialised from `seed` as BERT initialises (the paper's "no pre-training" comparison).
+    `dropout` (if given) replaces the config's hidden and attention dropout."""
     config = task.model_config(read_config(Path(model_dir)))
+    if dropout is not None:
+        config = dataclasses.replace(
+            config, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout
+        )
     torch.manual_seed(seed)
     if random_init:
         return MODEL_CLASSES[task.head_class(bilstm)](config)
@@ -292,7 +342,12 @@ def finetune(
     tokenizer.model_max_length = sizes.max_seq_length
     source = task.source(data)
     # every file is read and checked before OUT is touched: bad input leaves nothing behind
-    task, train, train_features, devs, summaries = loaded or load_task_data(
+    if config.validation_split and task.test_splits():
+        raise ValueError(
+            f"--validation-split: {task.name} has its own test file; carve the validation set "
+            "or give --test, not both"
+        )
+    task, train, train_features, devs, summaries, held_out = loaded or load_task_data(
         task, source, tokenizer, config
     )
     if (
@@ -303,7 +358,9 @@ def finetune(
         return finished
     _claim(out, config)
     if build is None:
-        net = build_model(task, model, config.seed, config.bilstm, config.random_init)
+        net = build_model(
+            task, model, config.seed, config.bilstm, config.random_init, config.dropout
+        )
     else:
         net = build(task, model, config.seed)
     if tokenizer.vocab_size > net.config.vocab_size:
@@ -396,6 +453,9 @@ def finetune(
     }
     if summaries:
         results["read"] = summaries
+    if held_out:  # the dev set as a test: the model chosen on the carved validation, once
+        results["validation_split"] = config.validation_split
+        results["test"] = _score_held_out(task, out, held_out, config, dist.device)
     report = best.get("report")
     tests = task.test_splits()
     if tests or (report is None and task.reports):
@@ -444,6 +504,22 @@ def _final_evaluation(
         del results["report"]
 
 
+def _score_held_out(task: Task, out: Path, held_out, config, device) -> dict[str, float]:
+    """The figures of OUT's model (chosen on the carved validation, with the settings it tuned
+    there) on the task's dev splits; their predictions go where the dev predictions go."""
+    info = read_task_info(out)
+    tuned = task.with_settings(info)
+    net = MODEL_CLASSES[info["head"]].from_pretrained(out).to(device).eval()
+    figures: dict[str, float] = {}
+    for split, (examples, features) in held_out.items():
+        outputs = run_outputs(tuned, net, features, config.eval_batch_size, device)
+        predictions = tuned.predictions(examples, features, outputs)
+        suffix = "" if split == "dev" else "_" + split.removeprefix("dev_")
+        figures |= {f"{k}{suffix}": v for k, v in tuned.score(examples, predictions).items()}
+        tuned.write_predictions(examples, predictions, out / task.prediction_file(split))
+    return figures
+
+
 def _draw_reports(out: Path, task: Task, reports: dict[str, Any]) -> None:
     """confusion.png (and confusion_test.png) from the reports' confusion matrices."""
     for split, report in reports.items():
@@ -467,6 +543,8 @@ def _hyperparameters(config: FinetuneConfig) -> dict[str, Any]:
             "weight_decay",
             "random_init",
             "bucket_batches",
+            "dropout",
+            "validation_split",
         )
     }
 
@@ -505,8 +583,11 @@ def _results_of_finished_run(out: Path, task: Task, config: FinetuneConfig, trai
         return None
     same = (
         results.get("task") == task.name
-        # runs written before `bucket_batches` was a setting sorted 50 batches' worth together
-        and {"bucket_batches": 50} | results.get("hyperparameters", {}) == _hyperparameters(config)
+        # runs written before `bucket_batches` was a setting sorted 50 batches' worth together;
+        # before `dropout` and `validation_split`, they kept the checkpoint's and carved none
+        and {"bucket_batches": 50, "dropout": None, "validation_split": None}
+        | results.get("hyperparameters", {})
+        == _hyperparameters(config)
         and results.get("train_examples") == train_examples
         and info.get("head") == task.head_class(config.bilstm)
     )
@@ -574,14 +655,21 @@ def _write_json(path: Path, value: Any) -> None:
 # --------------------------------------------------------------------------- seeds and grid
 def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Mean, std (sample), min and max of every dev figure over runs."""
-    keys = [k for k in runs[0]["dev"] if all(k in r["dev"] for r in runs)]
-    values = {k: [r["dev"][k] for r in runs] for k in keys}
-    return {
-        "dev": {k: statistics.fmean(v) for k, v in values.items()},
-        "dev_std": {k: statistics.stdev(v) if len(v) > 1 else 0.0 for k, v in values.items()},
-        "dev_min": {k: min(v) for k, v in values.items()},
-        "dev_max": {k: max(v) for k, v in values.items()},
-    }
+    summary: dict[str, dict[str, float]] = {}
+    for split in ("dev", "test"):
+        if not all(split in r for r in runs):
+            continue
+        keys = [k for k in runs[0][split] if all(k in r[split] for r in runs)]
+        values = {k: [r[split][k] for r in runs] for k in keys}
+        summary |= {
+            split: {k: statistics.fmean(v) for k, v in values.items()},
+            f"{split}_std": {
+                k: statistics.stdev(v) if len(v) > 1 else 0.0 for k, v in values.items()
+            },
+            f"{split}_min": {k: min(v) for k, v in values.items()},
+            f"{split}_max": {k: max(v) for k, v in values.items()},
+        }
+    return summary
 
 
 def _load_once(task: Task, model, data, config: FinetuneConfig) -> TaskData:
@@ -621,6 +709,7 @@ def finetune_seeds(
         "hyperparameters": runs[0]["hyperparameters"] | {"seed": None},
         "runs": [
             {"seed": r["hyperparameters"]["seed"], "dev": r["dev"], "seconds": r["seconds"]}
+            | ({"test": r["test"]} if "test" in r else {})
             for r in runs
         ],
         "seconds": round(sum(r["seconds"] for r in runs), 1),
@@ -666,12 +755,14 @@ def finetune_grid(
                 "dev": result["dev"],
                 "score": main_score(loaded.task, result["dev"]),
             }
+            | ({"test": result["test"]} if "test" in result else {})
         )
     selected = max(points, key=lambda p: p["score"])
     results = {
         "task": task.name,
         "model": str(model),
         "dev": selected["dev"],
+        **({"test": selected["test"]} if "test" in selected else {}),
         "selected": {k: selected[k] for k in ("batch_size", "learning_rate", "epochs", "dir")},
         "grid": points,
     }
