@@ -91,7 +91,7 @@ def resolve_precision(
     kind = torch.device(device).type
     if kind == "cuda":
         if requested != "auto":
-            return Precision(requested, "asked for")
+            return Precision(requested, f"{requested}: asked for")
         if torch.cuda.is_bf16_supported():
             return Precision("bf16", "bf16 autocast: this GPU supports it")
         return Precision("fp32", "fp32: this GPU has no bf16")
@@ -113,5 +113,9 @@ def resolve_precision(
             "emulated, expect it many times slower than fp32 (about 20x reported on an "
             "AVX2-only AMD EPYC); --precision auto chooses fp32 here"
         )
-        return Precision("bf16", "asked for; emulated on this CPU (no AVX512-BF16 or AMX-BF16)")
-    return Precision(requested, "asked for" + (f" ({native} on this CPU)" if native else ""))
+        return Precision(
+            "bf16", "bf16: asked for; emulated on this CPU (no AVX512-BF16 or AMX-BF16)"
+        )
+    return Precision(
+        requested, f"{requested}: asked for" + (f" ({native} on this CPU)" if native else "")
+    )
