@@ -353,116 +353,131 @@ def _run_phase(
     model: torch.nn.Module | None = None,
     on_entry: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """One run at one sequence length: `c` is a phase of `PretrainConfig.phase_plan`."""
+    """One run at one sequence length (`c`: a phase of `PretrainConfig.phase_plan`), in the
+    process group torchrun describes, which it leaves only once this run's objects are gone:
+    DDP's reducer (hooked on the model's parameters) holds the group, and a group destroyed
+    under it made a rank abort at exit ('terminate called without an active exception')."""
     c.optim.warmup_steps_for(c.max_steps, c.budget_seconds)  # a bad warm-up fails before any work
     dist = distributed.setup(c.device)
     try:
-        if (out / STATE_FILE).exists() and not c.resume:
-            raise FileExistsError(
-                f"{out}: holds a run in progress; pass --resume to continue it or pick another --out"
-            )
-        if c.resume and not (out / STATE_FILE).exists() and (out / "model.safetensors").exists():
-            # (an empty or new folder with --resume just starts: scripts pass it every time)
-            raise FileExistsError(
-                f"{out}: holds a model but no {STATE_FILE}, so there is nothing to resume, and "
-                f"starting afresh would overwrite the model. Continue from its weights with a "
-                f"fresh schedule (--init-from {out} --out NEW), or pick another --out"
-            )
-        shards = Shards(data)
-        tokenizer = BertTokenizer.from_pretrained(data)
-        parts = dist.world_size * c.accumulation
-        if c.batch_size % parts:
-            raise ValueError(
-                f"--batch-size {c.batch_size} is not divisible by processes x accumulation = {parts}"
-            )
-        assert c.eval_seq_len is not None  # phase_plan sets it
-        model_config = resolve_config(
-            c.config,
-            tokenizer.vocab_size,
-            max(c.seq_len, c.eval_seq_len),
-            c.objective,
-            c.dropout,
-        )
-        model_class = BertForPreTraining if c.objective == "mlm+nsp" else BertForMaskedLM
-        torch.manual_seed(c.seed)
-        if model is None and c.init_from is not None:
-            model = model_class.from_pretrained(c.init_from, config=model_config)
-        elif model is None:
-            model = model_class(model_config)
-            init_schemes.apply(
-                model,
-                position_init=c.position_init,
-                attention_init=c.attention_init,
-                left_to_right=c.objective == "ltr",
-            )
-            if c.mlm_bias_init == "unigram":
-                unigram_bias_(model.cls.predictions.bias, shards.token_counts(tokenizer.vocab_size))
-        stream = PretrainingData(
-            shards,
-            tokenizer,
-            batch_size=c.batch_size // parts,
-            seq_len=c.seq_len,
-            short_seq_prob=c.short_seq_prob,
-            objective=c.objective,
-            masking=c.masking,
-            seed=c.seed,
-            rank=dist.rank,
-            world_size=dist.world_size,
-        )
-        objective_fn = PretrainingObjective(c.objective)
-        evaluate = None
-        if c.eval_data is not None:
-            evaluate = _held_out_evaluation(
-                Shards(c.eval_data),
-                tokenizer,
-                objective_fn,
-                batch_size=c.batch_size // parts,
-                seq_len=c.eval_seq_len,
-                objective=c.objective,
-                masking=c.masking,
-                seed=c.seed + 1,
-                batches=c.eval_batches,
-                dist=dist,
-            )
-
-        def save_model(model, directory: Path) -> None:
-            model.save_pretrained(directory, tokenizer=tokenizer)
-
-        training = TrainingConfig(
-            out_dir=str(out),
-            max_steps=c.max_steps,
-            budget_seconds=c.budget_seconds,
-            optim=c.optim,
-            accumulation=c.accumulation,
-            precision=c.precision,
-            log_every=c.log_every,
-            eval_every=c.eval_every,
-            save_every=c.save_every,
-            seed=c.seed,
-            resume=c.resume,
-            progress=c.progress,
-        )
-        trainer = Trainer(
-            model,
-            objective_fn,
-            stream,
-            training,
-            dist_info=dist,
-            evaluate=evaluate,
-            save_model=save_model,
-            on_entry=on_entry,
-        )
-        entries = trainer.train()
-        if dist.is_main:
-            from bertkit.viz import plot_log
-
-            plot_log(out / LOG_FILE, out / "curves.png", title=f"pre-training: {out.name}")
-        # every rank leaves the process group together: a rank that tore its connections down
-        # while rank 0 still drew the curves was seen to abort at exit (gloo, 2 processes)
-        distributed.barrier(dist)
-        return entries
+        return _train_phase(data, out, c, dist, model=model, on_entry=on_entry)
     finally:
         distributed.cleanup(dist)
+
+
+def _train_phase(
+    data: str | os.PathLike,
+    out: Path,
+    c: PretrainConfig,
+    dist: distributed.Distributed,
+    *,
+    model: torch.nn.Module | None,
+    on_entry: Callable[[dict[str, Any]], None] | None,
+) -> list[dict[str, Any]]:
+    if (out / STATE_FILE).exists() and not c.resume:
+        raise FileExistsError(
+            f"{out}: holds a run in progress; pass --resume to continue it or pick another --out"
+        )
+    if c.resume and not (out / STATE_FILE).exists() and (out / "model.safetensors").exists():
+        # (an empty or new folder with --resume just starts: scripts pass it every time)
+        raise FileExistsError(
+            f"{out}: holds a model but no {STATE_FILE}, so there is nothing to resume, and "
+            f"starting afresh would overwrite the model. Continue from its weights with a "
+            f"fresh schedule (--init-from {out} --out NEW), or pick another --out"
+        )
+    shards = Shards(data)
+    tokenizer = BertTokenizer.from_pretrained(data)
+    parts = dist.world_size * c.accumulation
+    if c.batch_size % parts:
+        raise ValueError(
+            f"--batch-size {c.batch_size} is not divisible by processes x accumulation = {parts}"
+        )
+    assert c.eval_seq_len is not None  # phase_plan sets it
+    model_config = resolve_config(
+        c.config,
+        tokenizer.vocab_size,
+        max(c.seq_len, c.eval_seq_len),
+        c.objective,
+        c.dropout,
+    )
+    model_class = BertForPreTraining if c.objective == "mlm+nsp" else BertForMaskedLM
+    torch.manual_seed(c.seed)
+    if model is None and c.init_from is not None:
+        model = model_class.from_pretrained(c.init_from, config=model_config)
+    elif model is None:
+        model = model_class(model_config)
+        init_schemes.apply(
+            model,
+            position_init=c.position_init,
+            attention_init=c.attention_init,
+            left_to_right=c.objective == "ltr",
+        )
+        if c.mlm_bias_init == "unigram":
+            unigram_bias_(model.cls.predictions.bias, shards.token_counts(tokenizer.vocab_size))
+    stream = PretrainingData(
+        shards,
+        tokenizer,
+        batch_size=c.batch_size // parts,
+        seq_len=c.seq_len,
+        short_seq_prob=c.short_seq_prob,
+        objective=c.objective,
+        masking=c.masking,
+        seed=c.seed,
+        rank=dist.rank,
+        world_size=dist.world_size,
+    )
+    objective_fn = PretrainingObjective(c.objective)
+    evaluate = None
+    if c.eval_data is not None:
+        evaluate = _held_out_evaluation(
+            Shards(c.eval_data),
+            tokenizer,
+            objective_fn,
+            batch_size=c.batch_size // parts,
+            seq_len=c.eval_seq_len,
+            objective=c.objective,
+            masking=c.masking,
+            seed=c.seed + 1,
+            batches=c.eval_batches,
+            dist=dist,
+        )
+
+    def save_model(model, directory: Path) -> None:
+        model.save_pretrained(directory, tokenizer=tokenizer)
+
+    training = TrainingConfig(
+        out_dir=str(out),
+        max_steps=c.max_steps,
+        budget_seconds=c.budget_seconds,
+        optim=c.optim,
+        accumulation=c.accumulation,
+        precision=c.precision,
+        log_every=c.log_every,
+        eval_every=c.eval_every,
+        save_every=c.save_every,
+        seed=c.seed,
+        resume=c.resume,
+        progress=c.progress,
+    )
+    trainer = Trainer(
+        model,
+        objective_fn,
+        stream,
+        training,
+        dist_info=dist,
+        evaluate=evaluate,
+        save_model=save_model,
+        on_entry=on_entry,
+    )
+    entries = trainer.train()
+    if dist.is_main:
+        from bertkit.viz import plot_log
+
+        plot_log(out / LOG_FILE, out / "curves.png", title=f"pre-training: {out.name}")
+    # every rank leaves the process group together: a rank that tore its connections down
+    # while rank 0 still drew the curves was seen to abort at exit (gloo, 2 processes)
+    distributed.barrier(dist)
+    return entries
 
 
 def parse_budget(text: str) -> float:

@@ -71,7 +71,12 @@ def barrier(info: Distributed) -> None:
 
 
 def cleanup(info: Distributed) -> None:
+    """Leave the process group, once what holds it is gone (a DDP wrapper left in a reference
+    cycle would otherwise outlive the group)."""
     if info.enabled and dist.is_initialized():
+        import gc
+
+        gc.collect()
         dist.destroy_process_group()
 
 
