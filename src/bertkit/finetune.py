@@ -481,25 +481,25 @@ def _final_evaluation(
     """Evaluate OUT's model (the best epoch's, with the settings it tuned on dev) on the task's
     test files, and on the dev files when the best epoch's report is not at hand (a resumed
     run): figures, report, predictions."""
-    info = read_task_info(out)
-    task = task.with_settings(info)
-    net = MODEL_CLASSES[info["head"]].from_pretrained(out).to(device).eval()
     max_seq_length = config.sizes().max_seq_length
-    splits = list(task.test_splits())
+    names = list(task.test_splits())
     if report is None:
-        splits = [*task.dev_splits(), *splits]
-    results["report"] = dict(report or {})
-    for split in splits:
+        names = [*task.dev_splits(), *names]
+
+    def read(split: str):
         examples = task.read(source, split)
-        features = task.featurize(examples, tokenizer, max_seq_length)
-        outputs = run_outputs(task, net, features, config.eval_batch_size, device)
-        predictions = task.predictions(examples, features, outputs)
-        if task.labelled(examples, split):
-            if split in task.test_splits():
-                results[split] = task.score(examples, predictions)
-            if (found := task.report(examples, predictions)) is not None:
+        return split, (examples, task.featurize(examples, tokenizer, max_seq_length))
+
+    results["report"] = dict(report or {})
+    splits = (read(split) for split in names)
+    for split, tuned, examples, predictions in _chosen_model_predictions(
+        task, out, splits, config.eval_batch_size, device
+    ):
+        if tuned.labelled(examples, split):
+            if split in tuned.test_splits():
+                results[split] = tuned.score(examples, predictions)
+            if (found := tuned.report(examples, predictions)) is not None:
                 results["report"][split] = found
-        task.write_predictions(examples, predictions, out / task.prediction_file(split))
     if not results["report"]:
         del results["report"]
 
@@ -507,17 +507,27 @@ def _final_evaluation(
 def _score_held_out(task: Task, out: Path, held_out, config, device) -> dict[str, float]:
     """The figures of OUT's model (chosen on the carved validation, with the settings it tuned
     there) on the task's dev splits; their predictions go where the dev predictions go."""
+    figures: dict[str, float] = {}
+    for split, tuned, examples, predictions in _chosen_model_predictions(
+        task, out, held_out.items(), config.eval_batch_size, device
+    ):
+        suffix = "" if split == "dev" else "_" + split.removeprefix("dev_")
+        figures |= {f"{k}{suffix}": v for k, v in tuned.score(examples, predictions).items()}
+    return figures
+
+
+def _chosen_model_predictions(task: Task, out: Path, splits, batch_size: int, device):
+    """OUT's model (the chosen epoch's, with the settings it tuned) on each (split, (examples,
+    features)) of `splits`: yields (split, the tuned task, examples, predictions), having
+    written the predictions where that split's go."""
     info = read_task_info(out)
     tuned = task.with_settings(info)
     net = MODEL_CLASSES[info["head"]].from_pretrained(out).to(device).eval()
-    figures: dict[str, float] = {}
-    for split, (examples, features) in held_out.items():
-        outputs = run_outputs(tuned, net, features, config.eval_batch_size, device)
+    for split, (examples, features) in splits:
+        outputs = run_outputs(tuned, net, features, batch_size, device)
         predictions = tuned.predictions(examples, features, outputs)
-        suffix = "" if split == "dev" else "_" + split.removeprefix("dev_")
-        figures |= {f"{k}{suffix}": v for k, v in tuned.score(examples, predictions).items()}
         tuned.write_predictions(examples, predictions, out / task.prediction_file(split))
-    return figures
+        yield split, tuned, examples, predictions
 
 
 def _draw_reports(out: Path, task: Task, reports: dict[str, Any]) -> None:
