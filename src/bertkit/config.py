@@ -26,6 +26,12 @@ ACTIVATIONS = (
     "tanh",
 )
 
+# bertkit's architecture keys beyond the paper: the paper's value first (and the default).
+ARCHITECTURE_CHOICES: dict[str, tuple[str, ...]] = {
+    "layer_norm_position": ("post", "pre"),
+    "feed_forward": ("mlp", "glu"),
+}
+
 # Google's released sizes (google-research/bert README, "BERT-Tiny" ... "BERT-Large"):
 # name -> (num_hidden_layers L, hidden_size H, num_attention_heads A). intermediate = 4H.
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -127,6 +133,13 @@ class BertConfig:
         None  # "regression" | "single_label_classification" | "multi_label_classification"
     )
     classifier_dropout: float | None = None  # None: use hidden_dropout_prob
+    # Beyond the paper (bertkit's own keys, written to config.json only when not the paper's):
+    # "pre" puts each sub-layer's LayerNorm before it and one more after the last layer
+    # (x + F(LN(x)), as GPT-2 and most later encoders); "glu" makes the feed-forward
+    # act(x W) * (x V) (Shazeer 2020; GEGLU with gelu), the intermediate weight then (2I, H).
+    # Neither is a checkpoint transformers or Google's code can run.
+    layer_norm_position: str = "post"
+    feed_forward: str = "mlp"
     # Anything else the file held, when read with strict=False; written back unchanged.
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -184,6 +197,11 @@ class BertConfig:
                 f"BertConfig.pad_token_id ({self.pad_token_id}) must be within the vocabulary "
                 f"(0..{self.vocab_size - 1})"
             )
+        for name, allowed in ARCHITECTURE_CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"BertConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}"
+                )
         if self.position_embedding_type != "absolute":
             raise ValueError(
                 "BertConfig.position_embedding_type must be 'absolute' (BERT's learned positions), "
@@ -211,8 +229,15 @@ class BertConfig:
         the sizes without building anything: BERT-Base gives 109,482,240."""
         h, i = self.hidden_size, self.intermediate_size
         embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * h
-        layer = 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h
-        return embeddings + 2 * h + self.num_hidden_layers * layer + (h * h + h)
+        up = 2 * (h * i + i) if self.feed_forward == "glu" else h * i + i
+        layer = 4 * (h * h + h) + 2 * h + up + (i * h + h) + 2 * h
+        final = 2 * h if self.layer_norm_position == "pre" else 0
+        return embeddings + 2 * h + self.num_hidden_layers * layer + final + (h * h + h)
+
+    @property
+    def is_paper_architecture(self) -> bool:
+        """Post-LN layers with the MLP feed-forward: what transformers and Google's code run."""
+        return all(getattr(self, k) == allowed[0] for k, allowed in ARCHITECTURE_CHOICES.items())
 
     # ----------------------------------------------------------------------------- helpers
     @property
@@ -305,6 +330,12 @@ class BertConfig:
     def to_dict(self, flavour: str = "hf") -> dict[str, Any]:
         """`flavour="hf"`: a transformers-compatible config.json; "google": bert_config.json."""
         if flavour == "google":
+            if not self.is_paper_architecture:
+                raise ValueError(
+                    "Google's BERT code has no pre-LN or GLU layers: this model "
+                    f"(layer_norm_position {self.layer_norm_position!r}, feed_forward "
+                    f"{self.feed_forward!r}) cannot be written as a TF checkpoint"
+                )
             return {k: getattr(self, k) for k in GOOGLE_KEYS}
         if flavour != "hf":
             raise ValueError(f"flavour must be 'hf' or 'google', got {flavour!r}")
@@ -315,6 +346,8 @@ class BertConfig:
             value = getattr(self, f.name)
             if value is None:
                 continue
+            if f.name in ARCHITECTURE_CHOICES and value == ARCHITECTURE_CHOICES[f.name][0]:
+                continue  # the paper's: config.json stays what transformers writes
             if f.name == "id2label":
                 value = {str(k): v for k, v in value.items()}
             data[f.name] = value

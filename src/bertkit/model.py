@@ -1,4 +1,5 @@
-"""The BERT encoder: embeddings, L post-LayerNorm Transformer layers, pooler.
+"""The BERT encoder: embeddings, L post-LayerNorm Transformer layers, pooler (and, beyond the
+paper, pre-LN layers and a GLU feed-forward: `BertConfig.layer_norm_position`/`feed_forward`).
 
 Module and attribute names equal the checkpoints' own (`attention.self.query`, `LayerNorm`, ...),
 so Hugging Face state dicts load unchanged and Google's TF names convert by a table
@@ -86,7 +87,10 @@ class _Attention(nn.Module):
 # The containers above hold weights only, under the names of Google's and HF's checkpoints
 # (`attention.output.LayerNorm.weight`); all of a layer's arithmetic is in `BertLayer.forward`.
 class BertLayer(nn.Module):
-    """One post-LN Transformer layer: x = LN(x + MHA(x)); x = LN(x + FFN(x))."""
+    """One post-LN Transformer layer: x = LN(x + MHA(x)); x = LN(x + FFN(x)). Pre-LN
+    (`layer_norm_position="pre"`): x = x + MHA(LN(x)); x = x + FFN(LN(x)), the same two
+    LayerNorms (attention.output's before attention, output's before the feed-forward). GLU
+    (`feed_forward="glu"`): FFN(x) = (act(x W) * (x V)) W_2 with [W; V] the intermediate dense."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -94,8 +98,11 @@ class BertLayer(nn.Module):
         self.num_heads = config.num_attention_heads
         self.head_size = config.head_size
         self.attention_dropout = config.attention_probs_dropout_prob
+        self.pre_ln = config.layer_norm_position == "pre"
+        self.glu = config.feed_forward == "glu"
         self.attention = _Attention(hidden, eps)
-        self.intermediate = _Projection(hidden, config.intermediate_size)
+        up = 2 * config.intermediate_size if self.glu else config.intermediate_size
+        self.intermediate = _Projection(hidden, up)
         self.output = _Projection(config.intermediate_size, hidden, eps)
         self.act = activation(config.hidden_act)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
@@ -113,12 +120,13 @@ class BertLayer(nn.Module):
         output projection and the feed-forward (three quarters of a layer's FLOPs) run only on
         the rows read after this layer, and only those rows come out (in `read`'s layout)."""
         batch, seq_len, heads, size = layout.batch, layout.seq_len, self.num_heads, self.head_size
-        attn = self.attention.self
+        attn, out = self.attention.self, self.attention.output
 
         def split_heads(rows: torch.Tensor) -> torch.Tensor:  # (N, H) -> (B, A, S, D)
             return layout.to_grid(rows).view(batch, seq_len, heads, size).transpose(1, 2)
 
-        q, k, v = split_heads(attn.query(x)), split_heads(attn.key(x)), split_heads(attn.value(x))
+        normed = out.LayerNorm(x) if self.pre_ln else x
+        q, k, v = (split_heads(p(normed)) for p in (attn.query, attn.key, attn.value))
         dropout_p = self.attention_dropout if self.training else 0.0
         probs = None
         if output_attentions:
@@ -142,18 +150,35 @@ class BertLayer(nn.Module):
             rows, out_layout = read
             x = x.flatten(0, -2).index_select(0, rows)  # padded rows come as the grid
             context = context.flatten(0, -2).index_select(0, rows)
-        out = self.attention.output
         p = self.dropout.p
+        if self.pre_ln:
+            x = x + out_layout.dropout(out.dense(context), p, self.training)
+            h = self.feed_forward(self.output.LayerNorm(x))
+            return x + out_layout.dropout(self.output.dense(h), p, self.training), probs
         x = out.LayerNorm(x + out_layout.dropout(out.dense(context), p, self.training))
-        h = self.act(self.intermediate.dense(x))  # (N, I)
+        h = self.feed_forward(x)
         x = self.output.LayerNorm(x + out_layout.dropout(self.output.dense(h), p, self.training))
         return x, probs
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, H) -> (N, I)
+        """The intermediate activation: act(x W + b), or act(x W + b) * (x V + c) with GLU."""
+        h = self.intermediate.dense(x)
+        if self.glu:
+            gate, linear = h.chunk(2, dim=-1)
+            return self.act(gate) * linear
+        return self.act(h)
 
 
 class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        # pre-LN layers leave the residual stream un-normalised: one LayerNorm after the last
+        self.LayerNorm = (
+            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+            if config.layer_norm_position == "pre"
+            else None
+        )
         # Recompute each layer's activations in the backward pass: less memory, ~30% more compute.
         self.gradient_checkpointing = False
 
@@ -177,6 +202,8 @@ class BertEncoder(nn.Module):
                 )
             else:
                 x, probs = layer(x, mask, layout, output_attentions, read_i)
+            if i == last and self.LayerNorm is not None:
+                x = self.LayerNorm(x)
             if hidden_states is not None:
                 hidden_states.append(x)
             if attentions is not None:

@@ -177,9 +177,13 @@ def resolve_config(
     seq_len: int,
     objective: str,
     dropout: float | None = None,
+    layer_norm: str | None = None,
+    feed_forward: str | None = None,
 ) -> BertConfig:
     """A preset name (tiny … large), a config.json / bert_config.json path, or a BertConfig;
-    `dropout` (if given) replaces both the hidden and the attention dropout."""
+    `dropout` (if given) replaces both the hidden and the attention dropout; `layer_norm` and
+    `feed_forward` (if given) set the architecture beyond the paper (a GLU feed-forward with
+    2/3 of the config's intermediate size, rounded to a multiple of 8: the MLP's parameters)."""
     resolved = BertConfig.resolve(config, vocab_size)
     if seq_len > resolved.max_position_embeddings:
         raise ValueError(
@@ -191,6 +195,12 @@ def resolve_config(
         resolved = dataclasses.replace(
             resolved, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout
         )
+    if layer_norm is not None:
+        resolved = dataclasses.replace(resolved, layer_norm_position=layer_norm)
+    if feed_forward is not None and feed_forward != resolved.feed_forward:
+        size = resolved.intermediate_size
+        size = max(8, round(size * 2 / 3 / 8) * 8) if feed_forward == "glu" else size * 3 // 2
+        resolved = dataclasses.replace(resolved, feed_forward=feed_forward, intermediate_size=size)
     return dataclasses.replace(resolved, is_decoder=objective == "ltr")
 
 
@@ -217,6 +227,20 @@ class PretrainConfig(Settings):
     seq_len: int = setting(128, "tokens per sequence", check="positive")
     dropout: float | None = setting(
         None, "hidden and attention dropout (default: the config's, 0.1)", check="fraction"
+    )
+    layer_norm: str | None = setting(
+        None,
+        "where each layer's LayerNorms sit: post (the paper's, LN(x + F(x))) or pre "
+        "(x + F(LN(x)) and one LayerNorm after the last layer; beyond the paper, a model "
+        "transformers cannot run) (default: the config's, post)",
+        choices=("post", "pre"),
+    )
+    feed_forward: str | None = setting(
+        None,
+        "the feed-forward: mlp (the paper's) or glu (GEGLU, Shazeer 2020, with the "
+        "intermediate size cut to 2/3 so parameters and FLOPs stay the MLP's; beyond the paper, "
+        "a model transformers cannot run) (default: the config's, mlp)",
+        choices=("mlp", "glu"),
     )
     position_init: str = setting(
         "normal",
@@ -399,6 +423,8 @@ def _train_phase(
         max(c.seq_len, c.eval_seq_len),
         c.objective,
         c.dropout,
+        c.layer_norm,
+        c.feed_forward,
     )
     model_class = BertForPreTraining if c.objective == "mlm+nsp" else BertForMaskedLM
     torch.manual_seed(c.seed)
