@@ -28,6 +28,32 @@ def best_by_context(keys: np.ndarray, targets: np.ndarray, vocab: int) -> dict[i
     return dict(zip(context[first].tolist(), target[first].tolist(), strict=True))
 
 
+def tokens_of(shards: Shards) -> np.ndarray:
+    return np.concatenate([np.asarray(t) for t in shards.tokens]).astype(np.int64)
+
+
+def neighbour_accuracy(
+    every: np.ndarray, held_tokens: np.ndarray, vocab: int, n: int, positions: int = 50_000
+) -> float:
+    """Held-out accuracy of the count table built from the first `n` training tokens (0: all),
+    at `positions` held-out positions drawn with seed 0 (the same ones for every n)."""
+    rng = np.random.default_rng(0)
+    where = rng.choice(np.arange(1, len(held_tokens) - 1), positions, replace=False)
+    t = every[:n] if n else every
+    left = best_by_context(t[:-1], t[1:], vocab)
+    right = best_by_context(t[1:], t[:-1], vocab)
+    both = best_by_context(t[:-2] * vocab + t[2:], t[1:-1], vocab)
+    top = int(np.bincount(t, minlength=vocab).argmax())
+    hits = 0
+    for i in where.tolist():
+        a, b, y = int(held_tokens[i - 1]), int(held_tokens[i + 1]), int(held_tokens[i])
+        guess = both.get(a * vocab + b)
+        if guess is None:
+            guess = left.get(a, right.get(b, top))
+        hits += guess == y
+    return hits / len(where)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--train", required=True)
@@ -37,8 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     train, held = Shards(args.train), Shards(args.held_out)
     vocab = int(train.meta.get("vocab_size", 0)) or 30522
-    every = np.concatenate([np.asarray(t) for t in train.tokens]).astype(np.int64)
-    held_tokens = np.concatenate([np.asarray(t) for t in held.tokens]).astype(np.int64)
+    every, held_tokens = tokens_of(train), tokens_of(held)
     counts = np.bincount(every, minlength=vocab) + 0.5
     logp = np.log(counts / counts.sum())
     held_counts = np.bincount(held_tokens, minlength=vocab)
@@ -46,22 +71,9 @@ def main() -> None:
         f"unigram: cross-entropy {-(held_counts * logp).sum() / held_counts.sum():.3f} nats, "
         f"accuracy {held_counts[counts.argmax()] / held_counts.sum():.2%}"
     )
-    rng = np.random.default_rng(0)
-    where = rng.choice(np.arange(1, len(held_tokens) - 1), args.positions, replace=False)
     for n in args.tokens:
-        t = every[:n] if n else every
-        left = best_by_context(t[:-1], t[1:], vocab)
-        right = best_by_context(t[1:], t[:-1], vocab)
-        both = best_by_context(t[:-2] * vocab + t[2:], t[1:-1], vocab)
-        top = int(np.bincount(t, minlength=vocab).argmax())
-        hits = 0
-        for i in where.tolist():
-            a, b, y = int(held_tokens[i - 1]), int(held_tokens[i + 1]), int(held_tokens[i])
-            guess = both.get(a * vocab + b)
-            if guess is None:
-                guess = left.get(a, right.get(b, top))
-            hits += guess == y
-        print(f"counts from {len(t):,} tokens: neighbour model accuracy {hits / len(where):.2%}")
+        accuracy = neighbour_accuracy(every, held_tokens, vocab, n, args.positions)
+        print(f"counts from {n or len(every):,} tokens: neighbour model accuracy {accuracy:.2%}")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,12 @@ recipe_seeds.py: train on Wikipedia AA/wiki_00..94, tune on AB, report AA/wiki_9
 no choice saw it); the corpus-vocabulary rows use a WordPiece vocabulary of that size trained
 on the training files (`bertkit vocab --size N`) and shards prepared with it. Each finished model
 is scored on both held-out sets by pre-training's own evaluation (20 batches of 32 × 128, 15% of
-the pieces chosen and every chosen piece [MASK], whatever the row trained with). Rows resume
-(a killed row continues, a finished one is kept). OUT/levers.json holds every row.
+the pieces chosen and every chosen piece [MASK], whatever the row trained with), and beside it
+the count table of ngram_baseline.py built from as many training tokens as the row saw, in the
+row's vocabulary, on the final set (the reference a model of its neighbours should pass). Rows
+resume (a killed row continues, a finished one is kept). OUT/levers.json holds every row;
+OUT/levers.png draws held-out accuracy against CPU-minutes; `--report` redraws both from the
+finished rows without training.
 """
 
 from __future__ import annotations
@@ -26,11 +30,14 @@ import time
 from pathlib import Path
 
 from machine import line as machine_line
+from ngram_baseline import neighbour_accuracy, tokens_of
 from recipe_seeds import SPLITS, held_out
 from recipe_seeds import shards as bert_base_shards
 
 from bertkit import BertTokenizer
-from bertkit.pretraining.shards import prepare_shards
+from bertkit.pretraining.shards import Shards, prepare_shards
+from bertkit.pretraining.train import parse_budget
+from bertkit.viz import read_log
 
 # name: (corpus vocabulary size or None for bert-base-uncased's, extra pretrain flags, what it tests)
 ROWS: dict[str, tuple[int | None, list[str], str]] = {
@@ -77,6 +84,89 @@ def tokens_seen(run: Path) -> tuple[int, int]:
     return tokens, steps
 
 
+def curve(run: Path, threads: int) -> list[tuple[float, float]]:
+    """(CPU-minutes, held-out MLM accuracy) at each evaluation, over every phase of a run."""
+    points, offset = [], 0.0
+    for log in sorted(run.glob("phase*/log.jsonl")) + [run / "log.jsonl"]:
+        entries = read_log(log)
+        points += [
+            ((offset + e["seconds"]) * threads / 60, e["mlm_accuracy"])
+            for e in entries
+            if e.get("split") == "eval" and "seconds" in e
+        ]
+        offset += max((e.get("seconds", 0.0) for e in entries), default=0.0)
+    return points
+
+
+def plot(out: Path, rows: dict[str, dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    colours = plt.get_cmap("tab10")
+    for number, (name, row) in enumerate(rows.items()):
+        points = curve(out / name, row["threads"])
+        style = {"color": colours(number % 10), "linewidth": 2.4 if name == "recipe" else 1.4}
+        vocab = "" if row["vocab_size"] == 30522 else f" ({row['vocab_size']:,} pieces)"
+        # a row that masks more is evaluated during training at its own rate: dashed, and only
+        # its end point (scored at 15% like every row) is on the common measure
+        own_rate = "--mask-prob" in row["flags"]
+        note = " (curve at its own masking rate)" if own_rate else ""
+        ax.plot(*zip(*[(m, 100 * a) for m, a in points], strict=True), marker="o", ms=3,
+                linestyle="--" if own_rate else "-", label=f"{name}{vocab}: {row['what']}{note}",
+                **style)  # fmt: skip
+        end = _seconds(row["budget"]) * row["threads"] / 60
+        ax.plot([end], [100 * row["tuning"]["mlm_accuracy"]], marker="*", ms=12, **style)
+    ax.set(
+        xlabel="CPU-minutes of training (threads × wall-clock)",
+        ylabel="held-out MLM accuracy, % (AB, every chosen piece [MASK])",
+        title="Levers at equal CPU time: BERT-tiny, the laptop recipe plus one change each\n"
+        "(stars: each finished model scored alike, 15% of the pieces chosen)",
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out / "levers.png", dpi=100)
+    plt.close(fig)
+
+
+def table(rows: dict[str, dict]) -> str:
+    lines = [
+        "| row | flags | pieces | tokens | tokens/s per thread | MLM acc, AB (tuning) | "
+        "MLM acc, AA 95–99 (final) | count table, same tokens (final) | NSP (final) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in rows.items():
+        seconds = _seconds(r["budget"])
+        nsp = r["final"].get("nsp_accuracy")
+        lines.append(
+            f"| {name} | `{' '.join(r['flags'])}` | {r['vocab_size']:,} | {r['tokens'] / 1e6:.2f}M "
+            f"| {r['tokens'] / seconds / r['threads']:,.0f} | {100 * r['tuning']['mlm_accuracy']:.2f}% "
+            f"| **{100 * r['final']['mlm_accuracy']:.2f}%** | {100 * r['count_table']:.2f}% "
+            f"| {'-' if nsp is None or 'mlm' in r['flags'] else f'{100 * nsp:.1f}%'} |"
+        )
+    return "\n".join(lines)
+
+
+def _seconds(budget: str) -> float:
+    return parse_budget(budget)
+
+
+def splits_for(data: Path, out: Path, size: int | None) -> dict[str, Path]:
+    """The train/tuning/final shards of a vocabulary: bert-base-uncased's (None) or a corpus
+    vocabulary of `size` pieces (made on first use)."""
+    if size is None:
+        return bert_base_shards(data, out.parent / "recipe_seeds")
+    return corpus_vocab_shards(data, out, size)
+
+
+def count_table(paths: dict[str, Path], vocab_size: int, tokens: int) -> float:
+    every, final = tokens_of(Shards(paths["train"])), tokens_of(Shards(paths["final"]))
+    return neighbour_accuracy(every, final, vocab_size, tokens)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -88,21 +178,29 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-batches", type=int, default=20)
     parser.add_argument("--eval-every", type=int, default=500)
+    parser.add_argument("--report", action="store_true", help="table and picture only")
     args = parser.parse_args()
+    results_file = args.out / "levers.json"
     if not args.data:
         raise SystemExit("give --data or set BERTKIT_DATA (../shared/data)")
     data = Path(args.data)
+    if args.report:
+        results = json.loads(results_file.read_text())
+        for row in results["rows"].values():
+            if "count_table" not in row:  # rows scored before the count table was
+                size = None if row["vocab_size"] == 30522 else row["vocab_size"]
+                paths = splits_for(data, args.out, size)
+                row["count_table"] = count_table(paths, row["vocab_size"], row["tokens"])
+        results_file.write_text(json.dumps(results, indent=1) + "\n")
+        plot(args.out, results["rows"])
+        print(table(results["rows"]))
+        return
     datasets: dict[int | None, dict[str, Path]] = {}
     for name in args.rows:
         size = ROWS[name][0]
         if size not in datasets:
-            datasets[size] = (
-                bert_base_shards(data, args.out.parent / "recipe_seeds")
-                if size is None
-                else corpus_vocab_shards(data, args.out, size)
-            )
+            datasets[size] = splits_for(data, args.out, size)
     env = {**os.environ, **{k: str(args.threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
-    results_file = args.out / "levers.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {"rows": {}}
     results["machine"] = machine_line()
     pending = list(args.rows)
@@ -133,21 +231,20 @@ def main() -> None:
             size, flags, what = ROWS[name]
             run = args.out / name
             tokens, steps = tokens_seen(run)
+            paths = datasets[size]
             results["rows"][name] = {
                 "what": what, "flags": flags, "vocab_size": size or 30522, "budget": args.budget,
                 "threads": args.threads, "parallel": len(group), "seed": args.seed,
                 "tokens": tokens, "steps": steps,
-                **{split: held_out(run, datasets[size][split], args.eval_batches)
+                "count_table": count_table(paths, size or 30522, tokens),
+                **{split: held_out(run, paths[split], args.eval_batches)
                    for split in ("tuning", "final")},
             }  # fmt: skip
             print(json.dumps({name: results["rows"][name]}), flush=True)
             args.out.mkdir(parents=True, exist_ok=True)
             results_file.write_text(json.dumps(results, indent=1) + "\n")
-    for name, row in results["rows"].items():
-        print(
-            f"{name:12s} {row['tokens'] / 1e6:6.2f}M tokens  tuning {100 * row['tuning']['mlm_accuracy']:.2f}%"
-            f"  final {100 * row['final']['mlm_accuracy']:.2f}%"
-        )
+    plot(args.out, results["rows"])
+    print(table(results["rows"]))
 
 
 if __name__ == "__main__":
