@@ -149,3 +149,24 @@ def test_pretraining_a_variant_learns_and_loads(setup, tmp_path):
     model = BertForPreTraining.from_pretrained(tmp_path / "run")
     assert model.bert.encoder.LayerNorm is not None
     assert dataclasses.replace(config) == model.config
+
+
+def test_a_variant_exports_to_onnx_and_answers_alike(minilm_dir, tmp_path):
+    pytest.importorskip("onnxruntime")
+    from bertkit.heads import BertForSequenceClassification
+    from bertkit.serving import OnnxModel, export_onnx
+    from bertkit.tokenizer import BertTokenizer
+
+    tokenizer = BertTokenizer.from_pretrained(minilm_dir)
+    config = variant("pre", "glu", vocab_size=tokenizer.vocab_size).with_labels(3)
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(config).eval()
+    model.save_pretrained(tmp_path / "model", tokenizer=tokenizer)
+    export_onnx(tmp_path / "model", tmp_path / "onnx")
+    ids = torch.randint(5, 1000, (3, 24))
+    mask = torch.ones_like(ids)
+    mask[0, 10:] = 0
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask).logits
+    got = OnnxModel(tmp_path / "onnx")(input_ids=ids, attention_mask=mask).logits
+    close(got, expected, atol=1e-4)
