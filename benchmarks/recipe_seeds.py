@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from machine import line as machine_line
 
-from bertkit import BertForPreTraining, BertTokenizer
+from bertkit import BertForMaskedLM, BertForPreTraining, BertTokenizer
 from bertkit.pretraining.dataset import MaskingConfig
 from bertkit.pretraining.shards import Shards, prepare_shards
 from bertkit.pretraining.train import PretrainingObjective, _held_out_evaluation
@@ -55,13 +55,27 @@ def shards(data: Path, out: Path) -> dict[str, Path]:
     return paths
 
 
-def held_out(model_dir: Path, data: Path, batches: int) -> dict[str, float]:
-    """The held-out figures pre-training logs, for a finished model on another set."""
+def held_out(
+    model_dir: Path, data: Path, batches: int, instances: str = "pairs"
+) -> dict[str, float]:
+    """The held-out figures pre-training logs, for a finished model on another set: on sentence
+    pairs as BERT trains (`pairs`, half with a random second segment; MLM and NSP) or on
+    contiguous text as No NSP trains (`text`; MLM). A model trained without segment B reads the
+    pairs' B as A (its type-1 embedding, never trained, is set to its type-0 one)."""
+    objective = {"pairs": "mlm+nsp", "text": "mlm"}[instances]
     tokenizer = BertTokenizer.from_pretrained(model_dir)
-    model = BertForPreTraining.from_pretrained(model_dir).eval()
+    model_class = BertForPreTraining if instances == "pairs" else BertForMaskedLM
+    model = model_class.from_pretrained(model_dir).eval()
+    trained_pairs = "BertForPreTraining" in json.loads((model_dir / "config.json").read_text()).get(
+        "architectures", []
+    )
+    if not trained_pairs:
+        with torch.no_grad():
+            types = model.bert.embeddings.token_type_embeddings.weight
+            types[1:] = types[0]
     evaluate = _held_out_evaluation(
-        Shards(data), tokenizer, PretrainingObjective("mlm+nsp"), batch_size=32, seq_len=128,
-        objective="mlm+nsp", masking=MaskingConfig(), seed=1, batches=batches,
+        Shards(data), tokenizer, PretrainingObjective(objective), batch_size=32, seq_len=128,
+        objective=objective, masking=MaskingConfig(), seed=1, batches=batches,
         dist=distributed.Distributed(),
     )  # fmt: skip
     with torch.no_grad():
