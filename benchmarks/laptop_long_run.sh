@@ -16,6 +16,6 @@ for split in AA AB; do
   fi
 done
 mkdir -p runs/long
-OMP_NUM_THREADS=1 exec nice -n 10 "$bin" pretrain --recipe laptop --budget 3h \
+OMP_NUM_THREADS=1 exec nice -n 10 "$bin" pretrain --recipe laptop --objective mlm+nsp --budget 3h \
   --data runs/data/AA --eval-data runs/data/AB --out runs/long/laptop --eval-every 500 \
   --eval-batches 20 --save-every 200 --log-every 50 --resume

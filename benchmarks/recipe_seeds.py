@@ -90,6 +90,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--budget", default="10m")
     parser.add_argument("--eval-batches", type=int, default=20)
+    parser.add_argument(
+        "--objective", default="mlm+nsp", choices=("mlm+nsp", "mlm"),
+        help="mlm+nsp: the recipe of the committed figures (before 2026-11-25); mlm: its objective since",
+    )  # fmt: skip
     args = parser.parse_args()
     if not args.data:
         raise SystemExit("give --data or set BERTKIT_DATA (../shared/data)")
@@ -100,6 +104,7 @@ def main() -> None:
         command = [
             sys.executable, "-m", "bertkit.cli", "pretrain", "--recipe", "laptop",
             "--budget", args.budget, "--precision", "fp32", "--seed", str(seed),
+            "--objective", args.objective,
             "--data", str(paths["train"]), "--eval-data", str(paths["tuning"]),
             "--eval-batches", str(args.eval_batches), "--out", str(run), "--resume",
         ]  # fmt: skip
