@@ -7,6 +7,8 @@ interpreter, read with `ast` (never by importing a module), so every Python inst
 from __future__ import annotations
 
 import ast
+import dataclasses
+import json
 import sys
 import sysconfig
 import time
@@ -97,6 +99,12 @@ def run_demo(
     }
     settings = apply_recipe("laptop", given)
     out_dir = Path(out_dir)
+    if settings.resume and not _same_objective(out_dir, settings.objective):
+        # an earlier demo's run with another objective (the recipe had NSP before 2026-11-25):
+        # a demo is a throwaway, so it starts afresh rather than refusing
+        say(f"0. {out_dir} holds an earlier demo with another objective: starting afresh")
+        (out_dir / "trainer_state.pt").unlink()
+        settings = dataclasses.replace(settings, resume=False)
     started = time.perf_counter()
     work = out_dir / "data"
     if corpus:
@@ -175,6 +183,15 @@ def run_demo(
         f"curves.png); {time.perf_counter() - started:.0f} s in all"
     )
     return out_dir
+
+
+def _same_objective(out_dir: Path, objective: str) -> bool:
+    """Whether the run in `out_dir` trained the model `objective` builds."""
+    try:
+        written = json.loads((out_dir / "config.json").read_text()).get("architectures", [])
+    except (OSError, ValueError):
+        return True  # no finished checkpoint yet: the state says the rest
+    return written == ["BertForPreTraining" if objective == "mlm+nsp" else "BertForMaskedLM"]
 
 
 def say(text: str) -> None:
