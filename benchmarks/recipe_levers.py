@@ -33,17 +33,15 @@ from pathlib import Path
 from machine import line as machine_line
 from ngram_baseline import neighbour_accuracy, tokens_of
 from recipe_seeds import SPLITS, held_out
-from recipe_seeds import shards as bert_base_shards
+from recipe_seeds import shards as split_shards
 
-from bertkit import BertTokenizer
-from bertkit.pretraining.shards import Shards, prepare_shards
+from bertkit.pretraining.shards import Shards
 from bertkit.pretraining.train import parse_budget
 from bertkit.viz import read_log
 
 # name: (corpus vocabulary size or None for bert-base-uncased's, extra pretrain flags, what it tests)
 ROWS: dict[str, tuple[int | None, list[str], str]] = {
     "recipe": (None, [], "the laptop recipe as it is"),
-    "mask30": (None, ["--mask-prob", "0.3", "--max-predictions", "39"], "30% masked"),
     "mask40": (None, ["--mask-prob", "0.4", "--max-predictions", "52"], "40% masked"),
     "no_nsp": (None, ["--objective", "mlm"], "masked LM only (No NSP)"),
     "curriculum": (None, ["--phases", "64:0.5,128:0.5"], "half the time at length 64"),
@@ -68,15 +66,7 @@ def corpus_vocab_shards(data: Path, out: Path, size: int) -> dict[str, Path]:
     if not (vocab / "vocab.txt").exists():
         command = [sys.executable, "-m", "bertkit.cli", "vocab", *map(str, train_files)]
         subprocess.run([*command, "--size", str(size), "--out", str(vocab)], check=True)
-    tokenizer = BertTokenizer.from_pretrained(vocab)
-    paths = {}
-    for name, (folder, numbers) in SPLITS.items():
-        target = out / f"data{size}" / name
-        if not (target / "meta.json").exists():
-            files = [corpus / folder / f"wiki_{n:02d}" for n in numbers]
-            prepare_shards(files, tokenizer, target, overwrite=True, progress=False)
-        paths[name] = target
-    return paths
+    return split_shards(data, out, vocab=vocab, folder=f"data{size}")
 
 
 def tokens_seen(run: Path) -> tuple[int, int]:
@@ -168,7 +158,7 @@ def splits_for(data: Path, out: Path, size: int | None) -> dict[str, Path]:
     """The train/tuning/final shards of a vocabulary: bert-base-uncased's (None) or a corpus
     vocabulary of `size` pieces (made on first use)."""
     if size is None:
-        return bert_base_shards(data, out.parent / "recipe_seeds")
+        return split_shards(data, out.parent / "recipe_seeds")
     return corpus_vocab_shards(data, out, size)
 
 

@@ -41,14 +41,16 @@ SPLITS = {
 }
 
 
-def shards(data: Path, out: Path) -> dict[str, Path]:
-    vocab = data / "vocab" / "bert-base-uncased"
-    tokenizer = BertTokenizer.from_pretrained(vocab)
+def shards(
+    data: Path, out: Path, vocab: Path | None = None, folder: str = "data"
+) -> dict[str, Path]:
+    """The three splits prepared into OUT/FOLDER with `vocab` (default bert-base-uncased's)."""
+    tokenizer = BertTokenizer.from_pretrained(vocab or data / "vocab" / "bert-base-uncased")
     paths = {}
-    for name, (folder, numbers) in SPLITS.items():
-        target = out / "data" / name
+    for name, (corpus, numbers) in SPLITS.items():
+        target = out / folder / name
         if not (target / "meta.json").exists():
-            files = [data / "corpus" / "wikipedia_2015" / folder / f"wiki_{n:02d}" for n in numbers]
+            files = [data / "corpus" / "wikipedia_2015" / corpus / f"wiki_{n:02d}" for n in numbers]
             meta = prepare_shards(files, tokenizer, target, overwrite=True, progress=False)
             print(f"prepared {name}: {meta['num_tokens']:,} tokens", flush=True)
         paths[name] = target

@@ -127,6 +127,8 @@ def test_glu_flag_keeps_the_mlps_parameters():
     assert (glu.feed_forward, glu.intermediate_size) == ("glu", 344)
     assert abs(glu.parameter_estimate() / mlp.parameter_estimate() - 1) < 0.01
     assert resolve_config(glu, 1000, 128, "mlm+nsp", feed_forward="glu") == glu
+    with pytest.raises(ValueError, match="give an MLP config"):
+        resolve_config(glu, 1000, 128, "mlm+nsp", feed_forward="mlp")
     pre = resolve_config("tiny", 1000, 128, "mlm", layer_norm="pre")
     assert pre.layer_norm_position == "pre" and pre.feed_forward == "mlp"
 

@@ -198,9 +198,12 @@ def resolve_config(
     if layer_norm is not None:
         resolved = dataclasses.replace(resolved, layer_norm_position=layer_norm)
     if feed_forward is not None and feed_forward != resolved.feed_forward:
-        size = resolved.intermediate_size
-        size = max(8, round(size * 2 / 3 / 8) * 8) if feed_forward == "glu" else size * 3 // 2
-        resolved = dataclasses.replace(resolved, feed_forward=feed_forward, intermediate_size=size)
+        if feed_forward != "glu":
+            raise ValueError(
+                f"--feed-forward {feed_forward} on a GLU config: give an MLP config instead"
+            )
+        size = max(8, round(resolved.intermediate_size * 2 / 3 / 8) * 8)
+        resolved = dataclasses.replace(resolved, feed_forward="glu", intermediate_size=size)
     return dataclasses.replace(resolved, is_decoder=objective == "ltr")
 
 
