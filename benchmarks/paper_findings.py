@@ -23,7 +23,10 @@ every row, rate and seed), which also picks each run's epoch; the official dev s
 test, scored once per run by the chosen model and touched by no choice. Without it (the protocol
 of the first findings) rates and epochs are chosen on the dev set that is reported.
 Every row fine-tunes at `--dropout` (0.1, the paper's), whatever its checkpoint's config says.
-The table adds Holm's correction over all the row-vs-random comparisons it reports.
+The table adds Holm's correction over all the row-vs-random comparisons it reports. `--random-init`
+also takes a checkpoint's config.json: random init of that architecture (pre-LN, GLU).
+`--report A/findings.json B/findings.json --out DIR` redraws one table and picture from finished
+studies (tasks run apart, the same rows), training nothing.
 
 `--bilstm NAME…`: those rows are fine-tuned with Table 5's "+ BiLSTM" (a randomly initialised
 BiLSTM between encoder and output) and run only on the tasks that head exists for (tagging and
@@ -34,6 +37,7 @@ span tasks); give the same folder twice to have a checkpoint with and without it
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import statistics
@@ -105,7 +109,7 @@ def corrected(table: dict) -> dict[str, dict]:
     return holm(p_values) if p_values else {}
 
 
-def plot(table: dict, png: Path, rates: list[float], carved: bool) -> None:
+def plot(table: dict, png: Path, rates: list[float], carved: bool, labels: dict[str, str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -120,7 +124,7 @@ def plot(table: dict, png: Path, rates: list[float], carved: bool) -> None:
         means = [100 * statistics.fmean(s) if s else float("nan") for s in scores]
         errors = [100 * mean_interval(s) if s else 0.0 for s in scores]
         positions = [i + (number - (len(rows) - 1) / 2) * width for i in range(len(tasks))]
-        ax.bar(positions, means, width, yerr=errors, capsize=3, label=row)
+        ax.bar(positions, means, width, yerr=errors, capsize=3, label=labels.get(row, row))
     ax.set_xticks(range(len(tasks)), tasks)
     title = "pre-trained vs random init\n(bars: 95% interval of the mean over seeds)"
     if len(rates) > 1:
@@ -136,75 +140,24 @@ def plot(table: dict, png: Path, rates: list[float], carved: bool) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA"))
-    parser.add_argument("--checkpoint", action="append", default=[], help="NAME=DIR (repeat)")
-    parser.add_argument("--random-init", help="size of the random-init row (e.g. tiny)")
-    parser.add_argument("--tasks", nargs="+", default=["sst2", "mrpc", "stsb", "rte", "cola"])
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument(
-        "--lr", type=float, nargs="+", default=[1e-4], help="one rate, or a grid (the best per row)"
-    )
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--dropout", type=float, default=0.1, help="fine-tuning dropout, every row")
-    parser.add_argument(
-        "--validation-split",
-        type=float,
-        help="choose rates and epochs on this fraction of the training examples; report dev as test",
-    )
-    parser.add_argument("--max-train-examples", type=int, help="the first N of each task")
-    parser.add_argument(
-        "--bilstm", nargs="+", default=[], metavar="NAME", help="rows fine-tuned + BiLSTM"
-    )
-    args = parser.parse_args()
-    if not args.data:
-        raise SystemExit("give --data or set BERTKIT_DATA (../shared/data)")
-    checkpoints = {}
-    for item in args.checkpoint:
+def _setting(value):
+    """A list or number of findings.json's settings (older files kept them as Python text)."""
+    return ast.literal_eval(value) if isinstance(value, str) else value
+
+
+def row_labels(settings: dict) -> dict[str, str]:
+    """Legend names that say what each row is: the checkpoint folder, or the random init's size."""
+    labels = {}
+    for item in _setting(settings.get("checkpoint") or []):
         name, _, directory = item.partition("=")
-        if not directory:
-            raise SystemExit(f"--checkpoint {item!r}: expected NAME=DIR")
-        checkpoints[name] = Path(directory)
-    rows: dict[str, tuple[Path, bool]] = {n: (d, False) for n, d in checkpoints.items()}
-    if set(args.bilstm) - set(checkpoints):
-        raise SystemExit(f"--bilstm {sorted(set(args.bilstm) - set(checkpoints))}: no such row")
-    if args.random_init:
-        if not checkpoints:
-            raise SystemExit("--random-init takes its vocabulary from a --checkpoint")
-        vocab = next(iter(checkpoints.values()))
-        init = random_init_dir(args.random_init, vocab, args.out / "random" / "init")
-        rows["random"] = (init, True)
-    table: dict = {}
-    for task in args.tasks:
-        table[task] = {"scores": {}}
-        if len(args.lr) > 1:
-            table[task].update(grid={}, lr={})
-        for name, (model, random) in rows.items():
-            if name in args.bilstm and not has_bilstm(task):
-                continue
-            grid = {lr: run_row(name, model, random, task, lr, args) for lr in args.lr}
-            best = max(grid, key=lambda lr: statistics.fmean(grid[lr][0]))
-            table[task]["scores"][name] = grid[best][1]
-            if len(args.lr) > 1:
-                table[task]["grid"][name] = {
-                    f"{lr:g}": {"selection": chosen_on, "reported": reported}
-                    for lr, (chosen_on, reported) in grid.items()
-                }
-                table[task]["lr"][name] = best
-            if "random" in table[task]["scores"]:
-                table[task]["comparison"] = compare_to_baseline(table[task]["scores"], "random")
-            settings = {k: str(v) for k, v in vars(args).items()}
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "findings.json").write_text(
-                json.dumps(
-                    {"settings": settings, "tasks": table, "holm": corrected(table)}, indent=1
-                )
-            )
-    plot(table, args.out / "findings.png", args.lr, bool(args.validation_split))
+        labels[name] = f"{name}: pre-trained, {directory}"
+    size = settings.get("random_init")
+    if size not in (None, "None"):
+        labels["random"] = f"random: no pre-training, {size}"
+    return labels
+
+
+def print_table(table: dict, rows: list[str]) -> None:
     print("| task | " + " | ".join(rows) + " | Δ vs random (95% CI) |")
     print("|---|" + "---|" * (len(rows) + 1))
     for task, entry in table.items():
@@ -233,6 +186,103 @@ def main() -> None:
             f"{len(holm_table)} comparisons (about {0.05 * len(holm_table):.1f} would clear zero at "
             f"95% by chance); after Holm's correction {len(kept)} still do: {', '.join(kept) or '—'}"
         )
+
+
+def report(files: list[Path], out: Path) -> None:
+    """One table and picture (OUT/findings.png) from finished studies' findings.json files with
+    the same rows (e.g. the GLUE tasks and a CoNLL-2003 run done apart), without training."""
+    table: dict = {}
+    labels: dict[str, str] = {}
+    for file in files:
+        found = json.loads(file.read_text())
+        table.update(found["tasks"])
+        labels.update(row_labels(found["settings"]))
+        rates = _setting(found["settings"]["lr"])
+        carved = bool(_setting(found["settings"].get("validation_split")))
+    out.mkdir(parents=True, exist_ok=True)
+    plot(table, out / "findings.png", rates, carved, labels)
+    print_table(table, list(dict.fromkeys(r for e in table.values() for r in e["scores"])))
+    print(f"wrote {out / 'findings.png'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA"))
+    parser.add_argument("--checkpoint", action="append", default=[], help="NAME=DIR (repeat)")
+    parser.add_argument("--random-init", help="size of the random-init row (e.g. tiny)")
+    parser.add_argument("--tasks", nargs="+", default=["sst2", "mrpc", "stsb", "rte", "cola"])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument(
+        "--lr", type=float, nargs="+", default=[1e-4], help="one rate, or a grid (the best per row)"
+    )
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--dropout", type=float, default=0.1, help="fine-tuning dropout, every row")
+    parser.add_argument(
+        "--validation-split",
+        type=float,
+        help="choose rates and epochs on this fraction of the training examples; report dev as test",
+    )
+    parser.add_argument("--max-train-examples", type=int, help="the first N of each task")
+    parser.add_argument(
+        "--bilstm", nargs="+", default=[], metavar="NAME", help="rows fine-tuned + BiLSTM"
+    )
+    parser.add_argument(
+        "--report", nargs="+", type=Path, metavar="JSON", help="redraw from findings.json files"
+    )
+    args = parser.parse_args()
+    if args.report:
+        report(args.report, args.out)
+        return
+    if not args.data:
+        raise SystemExit("give --data or set BERTKIT_DATA (../shared/data)")
+    checkpoints = {}
+    for item in args.checkpoint:
+        name, _, directory = item.partition("=")
+        if not directory:
+            raise SystemExit(f"--checkpoint {item!r}: expected NAME=DIR")
+        checkpoints[name] = Path(directory)
+    rows: dict[str, tuple[Path, bool]] = {n: (d, False) for n, d in checkpoints.items()}
+    if set(args.bilstm) - set(checkpoints):
+        raise SystemExit(f"--bilstm {sorted(set(args.bilstm) - set(checkpoints))}: no such row")
+    if args.random_init:
+        if not checkpoints:
+            raise SystemExit("--random-init takes its vocabulary from a --checkpoint")
+        vocab = next(iter(checkpoints.values()))
+        init = random_init_dir(args.random_init, vocab, args.out / "random" / "init")
+        rows["random"] = (init, True)
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    table: dict = {}
+    for task in args.tasks:
+        table[task] = {"scores": {}}
+        if len(args.lr) > 1:
+            table[task].update(grid={}, lr={})
+        for name, (model, random) in rows.items():
+            if name in args.bilstm and not has_bilstm(task):
+                continue
+            grid = {lr: run_row(name, model, random, task, lr, args) for lr in args.lr}
+            best = max(grid, key=lambda lr: statistics.fmean(grid[lr][0]))
+            table[task]["scores"][name] = grid[best][1]
+            if len(args.lr) > 1:
+                table[task]["grid"][name] = {
+                    f"{lr:g}": {"selection": chosen_on, "reported": reported}
+                    for lr, (chosen_on, reported) in grid.items()
+                }
+                table[task]["lr"][name] = best
+            if "random" in table[task]["scores"]:
+                table[task]["comparison"] = compare_to_baseline(table[task]["scores"], "random")
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "findings.json").write_text(
+                json.dumps(
+                    {"settings": settings, "tasks": table, "holm": corrected(table)}, indent=1
+                )
+            )
+    plot(
+        table, args.out / "findings.png", args.lr, bool(args.validation_split), row_labels(settings)
+    )
+    print_table(table, list(rows))
     print(f"wrote {args.out / 'findings.json'} and {args.out / 'findings.png'}")
 
 

@@ -217,6 +217,7 @@ def main() -> None:
     env = {**os.environ, **{k: str(args.threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
     results = json.loads(results_file.read_text()) if results_file.exists() else {"rows": {}}
     results["machine"] = machine_line()
+    args.out.mkdir(parents=True, exist_ok=True)
     pending = list(args.rows)
     while pending:
         group, pending = pending[: args.parallel], pending[args.parallel :]
@@ -254,7 +255,6 @@ def main() -> None:
                 **scores(run, paths, args.eval_batches),
             }  # fmt: skip
             print(json.dumps({name: results["rows"][name]}), flush=True)
-            args.out.mkdir(parents=True, exist_ok=True)
             results_file.write_text(json.dumps(results, indent=1) + "\n")
     plot(args.out, results["rows"])
     print(table(results["rows"]))
