@@ -134,9 +134,10 @@ def plot(table: dict, png: Path, rates: list[float], carved: bool, labels: dict[
     ax.set_ylabel("official dev score, %\n(mean of the task's metrics)")
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    # below the axes: inside, a legend of long row names covers bars whatever the corner
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=min(len(rows), 2))
     fig.tight_layout()
-    fig.savefig(png, dpi=100)
+    fig.savefig(png, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
 
