@@ -100,7 +100,7 @@ def run_demo(
     settings = apply_recipe("laptop", given)
     out_dir = Path(out_dir)
     if settings.resume and not _same_objective(out_dir, settings.objective):
-        # an earlier demo's run with another objective (the recipe had NSP before 2026-11-25):
+        # an earlier demo's run with another objective (the recipe went without NSP on 2026-11-25-26):
         # a demo is a throwaway, so it starts afresh rather than refusing
         say(f"0. {out_dir} holds an earlier demo with another objective: starting afresh")
         (out_dir / "trainer_state.pt").unlink()
