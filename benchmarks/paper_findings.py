@@ -154,7 +154,9 @@ def row_labels(settings: dict) -> dict[str, str]:
         labels[name] = f"{name}: pre-trained, {directory}"
     size = settings.get("random_init")
     if size not in (None, "None"):
-        labels["random"] = f"random: no pre-training, {size}"
+        config = Path(str(size))  # a preset name, or a checkpoint's config.json
+        what = f"{config.parent}'s architecture" if config.suffix == ".json" else size
+        labels["random"] = f"random: no pre-training, {what}"
     return labels
 
 

@@ -124,9 +124,10 @@ def plot(out: Path, rows: dict[str, dict]) -> None:
         "(stars: each finished model scored alike, 15% of the pieces chosen)",
     )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    # below the axes: inside, it hid the curves that pass under it
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
-    fig.savefig(out / "levers.png", dpi=100)
+    fig.savefig(out / "levers.png", dpi=100, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument("--eval-batches", type=int, default=20)
     parser.add_argument(
         "--objective", default="mlm+nsp", choices=("mlm+nsp", "mlm"),
-        help="mlm+nsp: the recipe of the committed figures (before 2026-11-25); mlm: its objective since",
+        help="mlm+nsp: the recipe (the committed figures); mlm: its objective on 2026-11-25 only",
     )  # fmt: skip
     args = parser.parse_args()
     if not args.data:

@@ -77,8 +77,8 @@ def run_demo(
     learning_rate: float | None = None,
 ) -> Path:
     """Pre-train a BERT from scratch on the default corpus (or `corpus` files) with the laptop
-    recipe and show what it learnt: vocabulary -> shards -> pre-training (masked LM, the recipe's
-    objective) -> fill-mask.
+    recipe and show what it learnt: vocabulary -> shards -> pre-training (the recipe's objective,
+    MLM + NSP) -> fill-mask.
     Pre-training lasts `budget_seconds` of training time (or `max_steps` steps, whichever ends
     first); progress is printed as it comes."""
     from bertkit import BertForMaskedLM, BertTokenizer, train_vocab
