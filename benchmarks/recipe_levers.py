@@ -125,8 +125,8 @@ def plot(out: Path, rows: dict[str, dict]) -> None:
     )
     ax.grid(alpha=0.3)
     # below the axes: inside, it hid the curves that pass under it
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12))
-    fig.tight_layout()
+    # (no tight_layout: it shrinks the axes to make room for a legend outside them)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13))
     fig.savefig(out / "levers.png", dpi=100, bbox_inches="tight")
     plt.close(fig)
 
