@@ -117,6 +117,7 @@ def plot(out: Path, rows: dict[str, dict]) -> None:
         text = "mlm" in row["flags"]  # a No NSP run evaluates itself on contiguous text
         note = " (curve at its own masking rate)" if own_rate else ""
         note += " (curve on contiguous text)" if text else ""
+        note += f" (pre-training seed {row['seed']})" if row.get("seed") else ""
         ax.plot(*zip(*[(m, 100 * a) for m, a in points], strict=True), marker="o", ms=3,
                 linestyle="--" if own_rate or text else "-", label=f"{name}{vocab}: {row['what']}{note}",
                 **style)  # fmt: skip
