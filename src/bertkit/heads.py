@@ -150,6 +150,41 @@ class _Head(BertPreTrainedModel):
         )
 
 
+class _PerTokenHead(_Head):
+    """A head with an output at every token (tagging, span QA), optionally through Table 5's
+    BiLSTM (`with_bilstm`) between the encoder and its classifier."""
+
+    with_bilstm = False
+
+    def _init_encoder(self, config: BertConfig) -> None:
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.bilstm = BiLSTM(config) if self.with_bilstm else None
+
+    def _encode_tokens(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        *,
+        output_hidden_states: bool,
+        output_attentions: bool,
+    ):
+        """The encoder's output and every token's final vector (B, S, H), through the BiLSTM
+        when the head has one."""
+        out = self._encode(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            per_position=True,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+        )
+        hidden = out.last_hidden_state
+        if self.bilstm is not None:
+            hidden = self.bilstm(hidden, attention_mask)
+        return out, hidden
+
+
 class _MaskedLMMixin:
     """Vocabulary logits only where asked: the paper predicts just the masked tokens, and the
     H x V decoder is most of a pre-training step's cost when run at every position."""
@@ -347,17 +382,14 @@ class BertForSequenceClassification(_Head):
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
 
 
-class BertForTokenClassification(_Head):
+class BertForTokenClassification(_PerTokenHead):
     """A linear layer on every token's final hidden state (NER tagging; label -100 = ignore,
     e.g. the non-first pieces of a word)."""
-
-    with_bilstm = False
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = BertModel(config, add_pooling_layer=False)
-        self.bilstm = BiLSTM(config) if self.with_bilstm else None
+        self._init_encoder(config)
         self.dropout = nn.Dropout(_classifier_dropout(config))
         self.classifier = nn.Linear(config.hidden_size, self.num_labels)
         self.init_weights()
@@ -372,35 +404,28 @@ class BertForTokenClassification(_Head):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> BertHeadOutput:
-        out = self._encode(
+        out, hidden = self._encode_tokens(
             input_ids,
             token_type_ids,
             attention_mask,
-            per_position=True,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
         )
-        hidden = out.last_hidden_state
-        if self.bilstm is not None:
-            hidden = self.bilstm(hidden, attention_mask)
         logits = self.classifier(self.dropout(hidden))  # (B, S, C)
         loss = token_loss(logits, labels) if labels is not None else None
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
 
 
-class BertForQuestionAnswering(_Head):
+class BertForQuestionAnswering(_PerTokenHead):
     """Span extraction: a start vector S and an end vector E (the paper, Sec. 4.2) scored against
     every token; the loss is the mean of the start and end cross-entropies."""
-
-    with_bilstm = False
 
     def __init__(self, config: BertConfig) -> None:
         # Always two outputs (start, end); a label map would make transformers size the layer
         # by len(id2label), so a QA config carries none.
         config = dataclasses.replace(config, id2label=None, label2id=None)
         super().__init__(config)
-        self.bert = BertModel(config, add_pooling_layer=False)
-        self.bilstm = BiLSTM(config) if self.with_bilstm else None
+        self._init_encoder(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.init_weights()
 
@@ -415,17 +440,13 @@ class BertForQuestionAnswering(_Head):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> BertQuestionAnsweringOutput:
-        out = self._encode(
+        out, hidden = self._encode_tokens(
             input_ids,
             token_type_ids,
             attention_mask,
-            per_position=True,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
         )
-        hidden = out.last_hidden_state
-        if self.bilstm is not None:
-            hidden = self.bilstm(hidden, attention_mask)
         logits = self.qa_outputs(hidden)  # (B, S, 2)
         start_logits, end_logits = logits[..., 0], logits[..., 1]  # (B, S) each
         loss = None
