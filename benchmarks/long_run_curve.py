@@ -1,11 +1,14 @@
 """Held-out figures of pre-training runs against the tokens they have seen: NSP and MLM accuracy
 of one run (the long laptop run: does NSP rise above chance?), or a figure of several runs side
-by side (Table 6: model sizes at equal tokens).
+by side (Table 6: model sizes at equal tokens; a run trained again against its first time, whose
+evaluations `--json` kept).
 
     python benchmarks/long_run_curve.py runs/long/laptop/log.jsonl \\
         --out docs/results/findings/long_run.png --json docs/results/findings/long_run.json
     python benchmarks/long_run_curve.py tiny=runs/target/local10m/log.jsonl \\
         mini=runs/table6/mini/log.jsonl --metric mlm_loss --out docs/results/findings/sizes.png
+    python benchmarks/long_run_curve.py first=docs/results/findings/long_run.json \
+        again=runs/long/laptop/log.jsonl --metric mlm_accuracy --out again.png
 """
 
 from __future__ import annotations
@@ -29,7 +32,10 @@ LABELS = {
 
 
 def evaluations(log: Path) -> list[dict]:
-    evals = [e for e in read_log(log) if e.get("split") == "eval"]
+    """A run's held-out evaluations: from its log.jsonl, or from a `--json` file this script
+    wrote (what stays of a run whose folder is gone)."""
+    entries = json.loads(log.read_text()) if log.suffix == ".json" else read_log(log)
+    evals = [e for e in entries if e.get("split") == "eval"]
     if not evals:
         raise SystemExit(f"{log}: no evaluation entries")
     return evals

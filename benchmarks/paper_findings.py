@@ -126,7 +126,9 @@ def plot(table: dict, png: Path, rates: list[float], carved: bool, labels: dict[
         positions = [i + (number - (len(rows) - 1) / 2) * width for i in range(len(tasks))]
         ax.bar(positions, means, width, yerr=errors, capsize=3, label=labels.get(row, row))
     ax.set_xticks(range(len(tasks)), tasks)
-    title = "pre-trained vs random init\n(bars: 95% interval of the mean over seeds)"
+    counts = sorted({len(s) for entry in table.values() for s in entry["scores"].values() if s})
+    seeds = "–".join(map(str, dict.fromkeys([counts[0], counts[-1]]))) if counts else "?"
+    title = f"pre-trained vs random init\n(bars: 95% interval of the mean over {seeds} seeds)"
     if len(rates) > 1:
         chosen = "a validation set carved from train" if carved else "the dev set shown"
         title += f"\neach row and task at its best rate of {', '.join(map(str, rates))}"
