@@ -84,16 +84,16 @@ def several_runs(runs: dict[str, Path], metric: str, out: Path) -> None:
             ms=3,
             label=name,
         )
-    ax.set(
+    label = LABELS.get(metric, metric)
+    ax.set(  # the legend names the runs: the title and label stay short enough to fit
         xlabel="tokens seen (millions)",
-        ylabel=f"held-out {LABELS.get(metric, metric)}",
-        title=f"held-out {LABELS.get(metric, metric).split(' (')[0]} by tokens seen: "
-        + ", ".join(runs),
+        ylabel="held-out " + label.replace(" (", "\n(", 1),
+        title=f"held-out {label.split(' (')[0].split(',')[0]} by tokens seen",
     )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9)
     fig.tight_layout()
-    fig.savefig(out)
+    fig.savefig(out, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -109,7 +109,14 @@ def corrected(table: dict) -> dict[str, dict]:
     return holm(p_values) if p_values else {}
 
 
-def plot(table: dict, png: Path, rates: list[float], carved: bool, labels: dict[str, str]) -> None:
+def plot(
+    table: dict,
+    png: Path,
+    rates: list[float],
+    carved: bool,
+    labels: dict[str, str],
+    dropout: float | None = None,  # fine-tuning dropout of every row (older files: not kept)
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -133,6 +140,8 @@ def plot(table: dict, png: Path, rates: list[float], carved: bool, labels: dict[
         chosen = "a validation set carved from train" if carved else "the dev set shown"
         title += f"\neach row and task at its best rate of {', '.join(map(str, rates))}"
         title += f"\nchosen on {chosen}"
+    if dropout is not None:
+        title += f"; fine-tuning dropout {dropout:g}, every row"
     ax.set_ylabel("official dev score, %\n(mean of the task's metrics)")
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
@@ -204,8 +213,9 @@ def report(files: list[Path], out: Path) -> None:
         labels.update(row_labels(found["settings"]))
         rates = _setting(found["settings"]["lr"])
         carved = bool(_setting(found["settings"].get("validation_split")))
+        dropout = found["settings"].get("dropout")
     out.mkdir(parents=True, exist_ok=True)
-    plot(table, out / "findings.png", rates, carved, labels)
+    plot(table, out / "findings.png", rates, carved, labels, dropout)
     print_table(table, list(dict.fromkeys(r for e in table.values() for r in e["scores"])))
     print(f"wrote {out / 'findings.png'}")
 
@@ -285,7 +295,12 @@ def main() -> None:
                 )
             )
     plot(
-        table, args.out / "findings.png", args.lr, bool(args.validation_split), row_labels(settings)
+        table,
+        args.out / "findings.png",
+        args.lr,
+        bool(args.validation_split),
+        row_labels(settings),
+        args.dropout,
     )
     print_table(table, list(rows))
     print(f"wrote {args.out / 'findings.json'} and {args.out / 'findings.png'}")
