@@ -134,7 +134,7 @@ def plot(
         ax.bar(positions, means, width, yerr=errors, capsize=3, label=labels.get(row, row))
     ax.set_xticks(range(len(tasks)), tasks)
     counts = sorted({len(s) for entry in table.values() for s in entry["scores"].values() if s})
-    seeds = "–".join(map(str, dict.fromkeys([counts[0], counts[-1]]))) if counts else "?"
+    seeds = f"{counts[0]}–{counts[-1]}" if len(counts) > 1 else counts[0]  # a set: sorted, distinct
     title = f"pre-trained vs random init\n(bars: 95% interval of the mean over {seeds} seeds)"
     if len(rates) > 1:
         chosen = "a validation set carved from train" if carved else "the dev set shown"
@@ -213,7 +213,7 @@ def report(files: list[Path], out: Path) -> None:
         labels.update(row_labels(found["settings"]))
         rates = _setting(found["settings"]["lr"])
         carved = bool(_setting(found["settings"].get("validation_split")))
-        dropout = found["settings"].get("dropout")
+        dropout = _setting(found["settings"].get("dropout"))  # None: older files kept none
     out.mkdir(parents=True, exist_ok=True)
     plot(table, out / "findings.png", rates, carved, labels, dropout)
     print_table(table, list(dict.fromkeys(r for e in table.values() for r in e["scores"])))
