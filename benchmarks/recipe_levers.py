@@ -125,7 +125,7 @@ def plot(out: Path, rows: dict[str, dict]) -> None:
         ax.plot([end], [100 * row["tuning"]["mlm_accuracy"]], marker="*", ms=12, **style)
     ax.set(
         xlabel="CPU-minutes of training (threads × wall-clock)",
-        ylabel="held-out MLM accuracy, % (AB, every chosen piece [MASK])",
+        ylabel="held-out MLM accuracy, %\n(AB, every chosen piece [MASK])",
         title="Levers at equal CPU time: BERT-tiny, the laptop recipe and its changes\n"
         "(stars: each finished model scored alike, 15% of the pieces chosen)",
     )
