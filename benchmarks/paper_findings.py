@@ -23,6 +23,10 @@ every row, rate and seed), which also picks each run's epoch; the official dev s
 test, scored once per run by the chosen model and touched by no choice. Without it (the protocol
 of the first findings) rates and epochs are chosen on the dev set that is reported.
 Every row fine-tunes at `--dropout` (0.1, the paper's), whatever its checkpoint's config says.
+Several `--dropout` values join the grid (OUT/NAME/TASK/lr_RATE_dropout_D): each row and task is
+reported at its best (rate, dropout) pair on the selection set, kept under "lr" and "dropout". A
+checkpoint pre-trained without dropout (the laptop recipe) may fine-tune best without it too, and
+issue 28 found the gap larger than the rate grid's, so the protocol chooses it like the rate.
 The table adds Holm's correction over all the row-vs-random comparisons it reports. `--random-init`
 also takes a checkpoint's config.json: random init of that architecture (pre-LN, GLU).
 `--report A/findings.json B/findings.json --out DIR` redraws one table and picture from finished
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import itertools
 import json
 import os
 import statistics
@@ -55,13 +60,32 @@ from bertkit.stats import compare_to_baseline, holm, t_ppf
 from bertkit.tasks import get_task
 
 
+def grid_points(args) -> list[tuple[float, float]]:
+    """Every (rate, dropout) pair of the grid, rates outermost."""
+    return list(itertools.product(args.lr, args.dropout))
+
+
+def point_dir(lr: float, dropout: float, args) -> str:
+    """A grid point's folder under OUT/NAME/TASK ("" for a single point): the layout of studies
+    without a dropout grid (lr_RATE) is kept, so they resume."""
+    parts = [f"lr_{lr:g}"] if len(args.lr) > 1 or len(args.dropout) > 1 else []
+    return "_".join(parts + ([f"dropout_{dropout:g}"] if len(args.dropout) > 1 else []))
+
+
+def point_key(lr: float, dropout: float, args) -> str:
+    """A grid point's key in findings.json's "grid": the rate (as before), and the dropout when
+    it is part of the grid."""
+    return f"{lr:g}" + (f", dropout {dropout:g}" if len(args.dropout) > 1 else "")
+
+
 def run_row(
-    name: str, model: Path, random: bool, task: str, lr: float, args
+    name: str, model: Path, random: bool, task: str, point: tuple[float, float], args
 ) -> tuple[list[float], list[float]]:
     """(the seeds' scores on the selection set, their scores to report): the carved validation
     set and the dev set with --validation-split; the dev set twice without."""
+    lr, dropout = point
     config = FinetuneConfig(
-        dropout=args.dropout,
+        dropout=dropout,
         validation_split=args.validation_split,
         bilstm=name in args.bilstm,
         epochs=args.epochs,
@@ -73,9 +97,7 @@ def run_row(
         random_init=random,
         max_train_examples=args.max_train_examples,
     )
-    out = args.out / name / task
-    if len(args.lr) > 1:
-        out = out / f"lr_{lr:g}"
+    out = args.out / name / task / point_dir(lr, dropout, args)
     results = finetune_seeds(task, model, task_data(Path(args.data), task), out, config, args.seeds)
     task_obj = get_task(task)
     chosen_on = [main_score(task_obj, run["dev"]) for run in results["runs"]]
@@ -115,7 +137,7 @@ def plot(
     rates: list[float],
     carved: bool,
     labels: dict[str, str],
-    dropout: float | None = None,  # fine-tuning dropout of every row (older files: not kept)
+    dropout: float | list[float] | None = None,  # fine-tuning dropout(s); older files: not kept
 ) -> None:
     import matplotlib
 
@@ -136,12 +158,16 @@ def plot(
     counts = sorted({len(s) for entry in table.values() for s in entry["scores"].values() if s})
     seeds = f"{counts[0]}–{counts[-1]}" if len(counts) > 1 else counts[0]  # a set: sorted, distinct
     title = f"pre-trained vs random init\n(bars: 95% interval of the mean over {seeds} seeds)"
-    if len(rates) > 1:
-        chosen = "a validation set carved from train" if carved else "the dev set shown"
-        title += f"\neach row and task at its best rate of {', '.join(map(str, rates))}"
+    dropouts = dropout if isinstance(dropout, list) else [dropout]
+    chosen = "a validation set carved from train" if carved else "the dev set shown"
+    if len(rates) > 1 or len(dropouts) > 1:
+        best = [f"rate of {', '.join(map(str, rates))}"] if len(rates) > 1 else []
+        if len(dropouts) > 1:
+            best.append(f"dropout of {', '.join(f'{d:g}' for d in dropouts)}")
+        title += f"\neach row and task at its best {' and '.join(best)}"
         title += f"\nchosen on {chosen}"
-    if dropout is not None:
-        title += f"; fine-tuning dropout {dropout:g}, every row"
+    if len(dropouts) == 1 and dropouts[0] is not None:
+        title += f"; fine-tuning dropout {dropouts[0]:g}, every row"
     ax.set_ylabel("official dev score, %\n(mean of the task's metrics)")
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
@@ -182,7 +208,10 @@ def print_table(table: dict, rows: list[str]) -> None:
                 cells.append("—")
                 continue
             std = statistics.stdev(s) if len(s) > 1 else 0.0
-            rate = f" (lr {entry['lr'][name]:g})" if "lr" in entry else ""
+            chosen = [f"lr {entry['lr'][name]:g}"] if "lr" in entry else []
+            if "dropout" in entry:
+                chosen.append(f"dropout {entry['dropout'][name]:g}")
+            rate = f" ({', '.join(chosen)})" if chosen else ""
             cells.append(f"{100 * statistics.fmean(s):.1f} ± {100 * std:.1f}{rate}")
         deltas = []
         for name, comparison in entry.get("comparison", {}).items():
@@ -234,7 +263,13 @@ def main() -> None:
         "--lr", type=float, nargs="+", default=[1e-4], help="one rate, or a grid (the best per row)"
     )
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--dropout", type=float, default=0.1, help="fine-tuning dropout, every row")
+    parser.add_argument(
+        "--dropout",
+        type=float,
+        nargs="+",
+        default=[0.1],
+        help="fine-tuning dropout of every row; several join the grid (the best per row)",
+    )
     parser.add_argument(
         "--validation-split",
         type=float,
@@ -270,22 +305,27 @@ def main() -> None:
         rows["random"] = (init, True)
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     table: dict = {}
+    points = grid_points(args)
     for task in args.tasks:
         table[task] = {"scores": {}}
-        if len(args.lr) > 1:
+        if len(points) > 1:
             table[task].update(grid={}, lr={})
+            if len(args.dropout) > 1:
+                table[task]["dropout"] = {}
         for name, (model, random) in rows.items():
             if name in args.bilstm and not has_bilstm(task):
                 continue
-            grid = {lr: run_row(name, model, random, task, lr, args) for lr in args.lr}
-            best = max(grid, key=lambda lr: statistics.fmean(grid[lr][0]))
+            grid = {point: run_row(name, model, random, task, point, args) for point in points}
+            best = max(grid, key=lambda point: statistics.fmean(grid[point][0]))
             table[task]["scores"][name] = grid[best][1]
-            if len(args.lr) > 1:
+            if len(points) > 1:
                 table[task]["grid"][name] = {
-                    f"{lr:g}": {"selection": chosen_on, "reported": reported}
-                    for lr, (chosen_on, reported) in grid.items()
+                    point_key(*point, args): {"selection": chosen_on, "reported": reported}
+                    for point, (chosen_on, reported) in grid.items()
                 }
-                table[task]["lr"][name] = best
+                table[task]["lr"][name] = best[0]
+                if len(args.dropout) > 1:
+                    table[task]["dropout"][name] = best[1]
             if "random" in table[task]["scores"]:
                 table[task]["comparison"] = compare_to_baseline(table[task]["scores"], "random")
             args.out.mkdir(parents=True, exist_ok=True)
