@@ -12,6 +12,10 @@ fp32 --seed S` (resumable: a killed seed continues, a finished one is kept), the
 scored on both held-out sets by the evaluation pre-training runs (the same 20 batches of 32 × 128
 every time, every chosen piece [MASK]). OUT/results.json: per seed and set, and the mean with a
 95% t interval over seeds (what one pre-training run cannot show: its spread).
+
+Table 6 at equal tokens (issue 28 §1): `--config mini --max-steps 3567 --out runs/sizes/mini`
+pre-trains another size for the 10-minute tiny seeds' mean step count instead of a budget (the
+recipe lowers the peak rate above width 256), on the same shards.
 """
 
 from __future__ import annotations
@@ -91,6 +95,8 @@ def main() -> None:
     parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--budget", default="10m")
+    parser.add_argument("--max-steps", type=int, help="train this many steps, not for --budget")
+    parser.add_argument("--config", default="tiny", help="model size (Table 6's rows)")
     parser.add_argument("--eval-batches", type=int, default=20)
     parser.add_argument(
         "--objective", default="mlm+nsp", choices=("mlm+nsp", "mlm"),
@@ -100,12 +106,14 @@ def main() -> None:
     if not args.data:
         raise SystemExit("give --data or set BERTKIT_DATA (../shared/data)")
     paths = shards(Path(args.data), args.out)
-    results: dict = {"machine": machine_line(), "budget": args.budget, "seeds": {}}
+    length = {"max_steps": args.max_steps} if args.max_steps else {"budget": args.budget}
+    results: dict = {"machine": machine_line(), "config": args.config, **length, "seeds": {}}
     for seed in args.seeds:
         run = args.out / f"seed{seed}"
         command = [
             sys.executable, "-m", "bertkit.cli", "pretrain", "--recipe", "laptop",
-            "--budget", args.budget, "--precision", "fp32", "--seed", str(seed),
+            *(f"--{k.replace('_', '-')}={v}" for k, v in length.items()),
+            "--config", args.config, "--precision", "fp32", "--seed", str(seed),
             "--objective", args.objective,
             "--data", str(paths["train"]), "--eval-data", str(paths["tuning"]),
             "--eval-batches", str(args.eval_batches), "--out", str(run), "--resume",
