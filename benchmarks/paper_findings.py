@@ -32,6 +32,16 @@ also takes a checkpoint's config.json: random init of that architecture (pre-LN,
 `--report A/findings.json B/findings.json --out DIR` redraws one table and picture from finished
 studies (tasks run apart, the same rows), training nothing.
 
+`--baseline NAME` compares every row with that row instead of random init (Table 6: the sizes
+against BERT-tiny). `--pool NAME=A,B,C` (with `--report`) makes one row of several rows, each at
+its own chosen point: a model pre-trained with several seeds. The pooled row holds one value per
+pre-training seed, the mean of its fine-tuning seeds: its fine-tuning runs are not independent
+draws of the model (they share one pre-training), so the interval counts pre-training seeds:
+
+    python benchmarks/paper_findings.py --out docs/results/findings/table6_protocol \
+        --report runs/findings_10m_dgrid/findings.json runs/findings_10m_dgrid_sst2/findings.json \
+        --pool tiny=p0,p1,p2 --baseline tiny
+
 `--bilstm NAME…`: those rows are fine-tuned with Table 5's "+ BiLSTM" (a randomly initialised
 BiLSTM between encoder and output) and run only on the tasks that head exists for (tagging and
 span tasks); give the same folder twice to have a checkpoint with and without it:
@@ -120,7 +130,7 @@ def mean_interval(values: list[float]) -> float:
 
 
 def corrected(table: dict) -> dict[str, dict]:
-    """Holm's correction over every row-vs-random interval of the table ("TASK/ROW" keys): how
+    """Holm's correction over every row-vs-baseline interval of the table ("TASK/ROW" keys): how
     many would clear zero by chance is what it guards against (at 95%, one in twenty)."""
     p_values = {
         f"{task}/{name}": comparison["vs_baseline"]["p_value"]
@@ -138,6 +148,7 @@ def plot(
     carved: bool,
     labels: dict[str, str],
     dropout: float | list[float] | None = None,  # fine-tuning dropout(s); older files: not kept
+    baseline: str = "random",
 ) -> None:
     import matplotlib
 
@@ -157,7 +168,8 @@ def plot(
     ax.set_xticks(range(len(tasks)), tasks)
     counts = sorted({len(s) for entry in table.values() for s in entry["scores"].values() if s})
     seeds = f"{counts[0]}–{counts[-1]}" if len(counts) > 1 else counts[0]  # a set: sorted, distinct
-    title = f"pre-trained vs random init\n(bars: 95% interval of the mean over {seeds} seeds)"
+    versus = "pre-trained vs random init" if baseline == "random" else f"each row vs {baseline}"
+    title = f"{versus}\n(bars: 95% interval of the mean over {seeds} seeds)"
     dropouts = dropout if isinstance(dropout, list) else [dropout]
     chosen = "a validation set carved from train" if carved else "the dev set shown"
     if len(rates) > 1 or len(dropouts) > 1:
@@ -197,8 +209,8 @@ def row_labels(settings: dict) -> dict[str, str]:
     return labels
 
 
-def print_table(table: dict, rows: list[str]) -> None:
-    print("| task | " + " | ".join(rows) + " | Δ vs random (95% CI) |")
+def print_table(table: dict, rows: list[str], baseline: str = "random") -> None:
+    print("| task | " + " | ".join(rows) + f" | Δ vs {baseline} (95% CI) |")
     print("|---|" + "---|" * (len(rows) + 1))
     for task, entry in table.items():
         cells = []
@@ -208,8 +220,9 @@ def print_table(table: dict, rows: list[str]) -> None:
                 cells.append("—")
                 continue
             std = statistics.stdev(s) if len(s) > 1 else 0.0
-            chosen = [f"lr {entry['lr'][name]:g}"] if "lr" in entry else []
-            if "dropout" in entry:
+            # a pooled row has no one choice: each of its rows chose its own
+            chosen = [f"lr {entry['lr'][name]:g}"] if name in entry.get("lr", {}) else []
+            if name in entry.get("dropout", {}):
                 chosen.append(f"dropout {entry['dropout'][name]:g}")
             rate = f" ({', '.join(chosen)})" if chosen else ""
             cells.append(f"{100 * statistics.fmean(s):.1f} ± {100 * std:.1f}{rate}")
@@ -231,9 +244,30 @@ def print_table(table: dict, rows: list[str]) -> None:
         )
 
 
-def report(files: list[Path], out: Path) -> None:
+def pool_rows(table: dict, labels: dict[str, str], name: str, members: list[str]) -> None:
+    """Replace `members` by one row `name` holding each member's mean score, task by task (each
+    member at its own chosen point); a task that lacks every member gets no pooled row."""
+    for task, entry in table.items():
+        scores = entry["scores"]
+        missing = [m for m in members if m not in scores]
+        if len(missing) < len(members) and missing:
+            raise SystemExit(f"--pool {name}: {task} has no row {', '.join(missing)}")
+        if not missing:
+            pooled = [statistics.fmean(scores.pop(member)) for member in members]
+            entry["scores"] = {name: pooled, **scores}
+        entry.pop("comparison", None)
+    seeds = ", ".join(members)
+    labels[name] = f"{name}: the means of pre-training seeds {seeds}"
+    for member in members:
+        labels.pop(member, None)
+
+
+def report(
+    files: list[Path], out: Path, baseline: str = "random", pools: dict | None = None
+) -> None:
     """One table and picture (OUT/findings.png) from finished studies' findings.json files with
-    the same rows (e.g. the GLUE tasks and a CoNLL-2003 run done apart), without training."""
+    the same rows (e.g. the GLUE tasks and a CoNLL-2003 run done apart), without training; the
+    comparisons are made again against `baseline`, after `pools` (NAME: member rows) join."""
     table: dict = {}
     labels: dict[str, str] = {}
     for file in files:
@@ -243,9 +277,16 @@ def report(files: list[Path], out: Path) -> None:
         rates = _setting(found["settings"]["lr"])
         carved = bool(_setting(found["settings"].get("validation_split")))
         dropout = _setting(found["settings"].get("dropout"))  # None: older files kept none
+    for name, members in (pools or {}).items():
+        pool_rows(table, labels, name, members)
+    for entry in table.values():
+        entry.pop("comparison", None)
+        if baseline in entry["scores"]:
+            entry["comparison"] = compare_to_baseline(entry["scores"], baseline)
     out.mkdir(parents=True, exist_ok=True)
-    plot(table, out / "findings.png", rates, carved, labels, dropout)
-    print_table(table, list(dict.fromkeys(r for e in table.values() for r in e["scores"])))
+    plot(table, out / "findings.png", rates, carved, labels, dropout, baseline)
+    rows = list(dict.fromkeys(r for e in table.values() for r in e["scores"]))
+    print_table(table, rows, baseline)
     print(f"wrote {out / 'findings.png'}")
 
 
@@ -282,9 +323,23 @@ def main() -> None:
     parser.add_argument(
         "--report", nargs="+", type=Path, metavar="JSON", help="redraw from findings.json files"
     )
+    parser.add_argument("--baseline", default="random", help="the row every other is compared to")
+    parser.add_argument(
+        "--pool",
+        action="append",
+        default=[],
+        metavar="NAME=A,B,...",
+        help="with --report: one row of several rows' scores (a model's pre-training seeds)",
+    )
     args = parser.parse_args()
+    pools = {}
+    for item in args.pool:
+        name, _, members = item.partition("=")
+        if not members or not args.report:
+            raise SystemExit(f"--pool {item!r}: expected NAME=A,B,... with --report")
+        pools[name] = members.split(",")
     if args.report:
-        report(args.report, args.out)
+        report(args.report, args.out, args.baseline, pools)
         return
     if not args.data:
         raise SystemExit("give --data or set BERTKIT_DATA (../shared/data)")
@@ -326,8 +381,10 @@ def main() -> None:
                 table[task]["lr"][name] = best[0]
                 if len(args.dropout) > 1:
                     table[task]["dropout"][name] = best[1]
-            if "random" in table[task]["scores"]:
-                table[task]["comparison"] = compare_to_baseline(table[task]["scores"], "random")
+            if args.baseline in table[task]["scores"]:
+                table[task]["comparison"] = compare_to_baseline(
+                    table[task]["scores"], args.baseline
+                )
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "findings.json").write_text(
                 json.dumps(
@@ -341,8 +398,9 @@ def main() -> None:
         bool(args.validation_split),
         row_labels(settings),
         args.dropout,
+        args.baseline,
     )
-    print_table(table, list(rows))
+    print_table(table, list(rows), args.baseline)
     print(f"wrote {args.out / 'findings.json'} and {args.out / 'findings.png'}")
 
 
