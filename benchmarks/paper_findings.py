@@ -255,11 +255,11 @@ def pool_rows(table: dict, labels: dict[str, str], name: str, members: list[str]
         if not missing:
             pooled = [statistics.fmean(scores.pop(member)) for member in members]
             entry["scores"] = {name: pooled, **scores}
-        entry.pop("comparison", None)
-    seeds = ", ".join(members)
-    labels[name] = f"{name}: the means of pre-training seeds {seeds}"
-    for member in members:
-        labels.pop(member, None)
+    # the legend names the members' folders: runs/recipe_seeds/seed0, seed1, seed2
+    folders = [labels.pop(m, m).rpartition(", ")[2] for m in members]
+    common = os.path.dirname(os.path.commonprefix(folders))
+    short = [folders[0]] + [f[len(common) + 1 :] if common else f for f in folders[1:]]
+    labels[name] = f"{name}: the means of {len(members)} pre-training seeds, {', '.join(short)}"
 
 
 def report(
@@ -279,6 +279,8 @@ def report(
         dropout = _setting(found["settings"].get("dropout"))  # None: older files kept none
     for name, members in (pools or {}).items():
         pool_rows(table, labels, name, members)
+    if not any(baseline in entry["scores"] for entry in table.values()) and baseline != "random":
+        raise SystemExit(f"--baseline {baseline}: no such row in {', '.join(map(str, files))}")
     for entry in table.values():
         entry.pop("comparison", None)
         if baseline in entry["scores"]:
@@ -352,6 +354,8 @@ def main() -> None:
     rows: dict[str, tuple[Path, bool]] = {n: (d, False) for n, d in checkpoints.items()}
     if set(args.bilstm) - set(checkpoints):
         raise SystemExit(f"--bilstm {sorted(set(args.bilstm) - set(checkpoints))}: no such row")
+    if args.baseline not in {*checkpoints, "random"}:
+        raise SystemExit(f"--baseline {args.baseline}: no such row (give it as a --checkpoint)")
     if args.random_init:
         if not checkpoints:
             raise SystemExit("--random-init takes its vocabulary from a --checkpoint")
