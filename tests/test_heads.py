@@ -219,6 +219,34 @@ def test_fused_vocab_cross_entropy_equals_the_plain_softmax_and_its_gradients():
     assert torch.allclose(again, total.detach()) and int(hits) == int(correct)
 
 
+def test_fused_vocab_cross_entropy_under_autocast_is_autocast_s_arithmetic():
+    """Under CPU bf16 autocast the fused loop gives what autocast's linear + fp32 cross-entropy
+    give (bf16 products, fp32 softmax), gradients included; fp32 states under autocast (what
+    CUDA's layer norm hands over) once reached the fp32 loop, whose products came out bf16
+    into fp32 buffers: "Expected out tensor to have dtype BFloat16" at the first LTR step on an
+    H100. Under CUDA autocast it is the plain path."""
+    from bertkit.losses import fused_vocab_cross_entropy
+
+    generator = torch.Generator().manual_seed(2)
+    weight = torch.randn(90, 16, generator=generator, requires_grad=True)
+    bias = torch.randn(90, generator=generator, requires_grad=True)
+    labels = torch.randint(0, 90, (70,), generator=generator)
+    for dtype in (torch.float32, torch.bfloat16):
+        states = torch.randn(70, 16, generator=generator).to(dtype).requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = torch.nn.functional.linear(states, weight, bias).float()
+            plain = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+            total, correct = fused_vocab_cross_entropy(states, weight, bias, labels, chunk=32)
+        assert total.dtype == torch.float32
+        torch.testing.assert_close(total, plain, rtol=1e-5, atol=1e-4)
+        assert int(correct) == int((logits.argmax(-1) == labels).sum())
+        expected = torch.autograd.grad(3.0 * plain, (states, weight, bias))
+        got = torch.autograd.grad(3.0 * total, (states, weight, bias))
+        for a, b in zip(got, expected, strict=True):
+            assert a.dtype == b.dtype
+            torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
 def test_fused_mlm_step_equals_the_logits_path():
     """A pre-training step through `fused_mlm=True` gives the loss and every gradient of the
     plain path (logits, F.cross_entropy)."""
