@@ -42,6 +42,8 @@ def describe() -> dict:
         "caps": {name: os.environ[name] for name in CAPS if name in os.environ},
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        # a GPU run's speed is the GPU's: named where one is visible
+        **({"gpu": torch.cuda.get_device_name()} if torch.cuda.is_available() else {}),
     }
 
 
@@ -53,4 +55,4 @@ def line(machine: dict | None = None) -> str:
     if m.get("caps"):
         kernels += " (" + ", ".join(f"{k}={v}" for k, v in m["caps"].items()) + ")"
     return (f"{m['cpu']} ({' '.join(m['flags']) or 'no AVX2'}{kernels}), {m['threads']} threads, "
-            f"torch {m['torch']}")  # fmt: skip
+            f"torch {m['torch']}" + (f", GPU {m['gpu']}" if m.get("gpu") else ""))  # fmt: skip

@@ -30,7 +30,9 @@ issue 28 found the gap larger than the rate grid's, so the protocol chooses it l
 The table adds Holm's correction over all the row-vs-random comparisons it reports. `--random-init`
 also takes a checkpoint's config.json: random init of that architecture (pre-LN, GLU).
 `--report A/findings.json B/findings.json --out DIR` redraws one table and picture from finished
-studies (tasks run apart, the same rows), training nothing.
+studies, training nothing: tasks run apart, or rows run apart (a model pre-trained later joins
+finished rows under the same protocol; a different grid is an error). OUT/report.json keeps the
+merged table, its comparisons and Holm's correction.
 
 `--baseline NAME` compares every row with that row instead of random init (Table 6: the sizes
 against BERT-tiny). `--pool NAME=A,B,C` (with `--report`) makes one row of several rows, each at
@@ -108,11 +110,34 @@ def run_row(
         max_train_examples=args.max_train_examples,
     )
     out = args.out / name / task / point_dir(lr, dropout, args)
-    results = finetune_seeds(task, model, task_data(Path(args.data), task), out, config, args.seeds)
+    if args.finished_only:
+        results = finished_runs(out, lr, dropout, args)
+    else:
+        data = task_data(Path(args.data), task)
+        results = finetune_seeds(task, model, data, out, config, args.seeds)
     task_obj = get_task(task)
     chosen_on = [main_score(task_obj, run["dev"]) for run in results["runs"]]
     reported = "test" if args.validation_split else "dev"
     return chosen_on, [main_score(task_obj, run[reported]) for run in results["runs"]]
+
+
+def finished_runs(out: Path, lr: float, dropout: float, args) -> dict:
+    """`--finished-only`: the runs of a grid point that finished (OUT/seed_S/results.json),
+    training nothing: a study cut short (its model gone with the machine that trained it)
+    reports what it has, each point over the seeds that finished."""
+    runs = []
+    for seed in range(args.seed, args.seed + args.seeds):
+        file = out / f"seed_{seed}" / "results.json"
+        if not file.exists():
+            continue
+        run = json.loads(file.read_text())
+        settings = run["hyperparameters"]
+        if (settings["learning_rate"], settings["dropout"]) != (lr, dropout):
+            raise SystemExit(f"{file}: lr {settings['learning_rate']}, dropout "
+                             f"{settings['dropout']}, not this point's {lr:g}, {dropout:g}")  # fmt: skip
+        runs.append(run)
+    print(f"{out}: {len(runs)} of {args.seeds} seeds finished")
+    return {"runs": runs}
 
 
 def has_bilstm(task: str) -> bool:
@@ -262,6 +287,19 @@ def pool_rows(table: dict, labels: dict[str, str], name: str, members: list[str]
     labels[name] = f"{name}: the means of {len(members)} pre-training seeds, {', '.join(short)}"
 
 
+def merge_task(entry: dict, found: dict, task: str, file: Path) -> None:
+    """Add one file's rows of `task` to the table's `entry` (studies of the same tasks with
+    different rows: a row pre-trained later joins the finished ones); a row twice is an error."""
+    twice = set(entry["scores"]) & set(found["scores"])
+    if twice:
+        raise SystemExit(
+            f"--report: {file} has {task} rows already read: {', '.join(sorted(twice))}"
+        )
+    for key in ("scores", "grid", "lr", "dropout"):
+        if key in found:
+            entry.setdefault(key, {}).update(found[key])
+
+
 def report(
     files: list[Path], out: Path, baseline: str = "random", pools: dict | None = None
 ) -> None:
@@ -270,13 +308,23 @@ def report(
     comparisons are made again against `baseline`, after `pools` (NAME: member rows) join."""
     table: dict = {}
     labels: dict[str, str] = {}
+    protocols: dict[tuple, list[str]] = {}
     for file in files:
         found = json.loads(file.read_text())
-        table.update(found["tasks"])
+        for task, entry in found["tasks"].items():
+            merge_task(table.setdefault(task, {"scores": {}}), entry, task, file)
         labels.update(row_labels(found["settings"]))
         rates = _setting(found["settings"]["lr"])
         carved = bool(_setting(found["settings"].get("validation_split")))
         dropout = _setting(found["settings"].get("dropout"))  # None: older files kept none
+        key = (tuple(rates), carved, str(dropout), _setting(found["settings"].get("epochs")))
+        protocols.setdefault(key, []).append(str(file))
+    if len(protocols) > 1:  # rows chosen over different grids are not one table
+        raise SystemExit(
+            "--report: the files were fine-tuned under different protocols (rates, carved "
+            "validation, dropout, epochs): "
+            + "; ".join(f"{k} in {', '.join(v)}" for k, v in protocols.items())
+        )
     for name, members in (pools or {}).items():
         pool_rows(table, labels, name, members)
     if not any(baseline in entry["scores"] for entry in table.values()) and baseline != "random":
@@ -287,9 +335,12 @@ def report(
             entry["comparison"] = compare_to_baseline(entry["scores"], baseline)
     out.mkdir(parents=True, exist_ok=True)
     plot(table, out / "findings.png", rates, carved, labels, dropout, baseline)
+    merged = {"sources": [str(f) for f in files], "baseline": baseline, "pools": pools or {}}
+    merged.update(labels=labels, tasks=table, holm=corrected(table))
+    (out / "report.json").write_text(json.dumps(merged, indent=1) + "\n")
     rows = list(dict.fromkeys(r for e in table.values() for r in e["scores"]))
     print_table(table, rows, baseline)
-    print(f"wrote {out / 'findings.png'}")
+    print(f"wrote {out / 'findings.png'} and {out / 'report.json'}")
 
 
 def main() -> None:
@@ -333,6 +384,11 @@ def main() -> None:
         metavar="NAME=A,B,...",
         help="with --report: one row of several rows' scores (a model's pre-training seeds)",
     )
+    parser.add_argument(
+        "--finished-only",
+        action="store_true",
+        help="train nothing: each grid point over its seeds that finished (a study cut short)",
+    )
     args = parser.parse_args()
     pools = {}
     for item in args.pool:
@@ -375,6 +431,9 @@ def main() -> None:
             if name in args.bilstm and not has_bilstm(task):
                 continue
             grid = {point: run_row(name, model, random, task, point, args) for point in points}
+            grid = {point: scores for point, scores in grid.items() if scores[0]}  # none finished
+            if not grid:
+                continue
             best = max(grid, key=lambda point: statistics.fmean(grid[point][0]))
             table[task]["scores"][name] = grid[best][1]
             if len(points) > 1:
