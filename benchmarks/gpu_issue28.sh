@@ -21,7 +21,7 @@
 # LTR_STEPS, SMALL_STEPS, FT_SEEDS and FT_MAX (first N training examples) shrink it for a dry run.
 #
 # Run once, 2026-11-26, H100 (DEADLINE=480, 489 s): small pre-trained in 95 s of training and 67 of
-# its 72 fine-tuning runs finished (13-24 s each, six processes under MPS; the rest were cut by the
+# its 72 fine-tuning runs finished (8-47 s each, six processes under MPS; the rest were cut by the
 # deadline: docs/results/findings, Table 6). LTR crashed at its first step (the fused loss under
 # CUDA autocast, fixed since) and ran in a second call alone to step 16,105 in 250 s (15.5 ms a
 # step), finished on the Zen 5: the whole LTR run needs about 6.6 minutes of H100 on its own.
