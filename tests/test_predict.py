@@ -114,3 +114,75 @@ def test_entities_with_offsets_from_a_file(words_model, tmp_path):
         predict_file(
             Predictor(tmp_path / "run"), source, None, text_column="tokens", progress=False
         )
+
+
+def _topic_of_other(rows, seed):
+    """For each row, a headline of another topic (what a stray `text` column would say)."""
+    pool = iter(topic_rows(400, seed=seed))
+    return [next(p["headline"] for p in pool if p["topic"] != r["topic"]) for r in rows]
+
+
+def test_the_trained_column_wins_over_a_column_named_text(topics_model, tmp_path, capsys):
+    """Trained on `headline`, the model reads `headline` from a row that also has a `text`
+    column (which says another topic), from a file, the command line and Python alike."""
+    rows = topic_rows(40, seed=7)
+    decoys = _topic_of_other(rows, seed=8)
+    source = tmp_path / "new.csv"
+    with open(source, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["id", "headline", "text"])
+        writer.writerows([[r["id"], r["headline"], d] for r, d in zip(rows, decoys, strict=True)])
+    predictor = Predictor(topics_model)
+    from_headlines = [a["label"] for a in predictor([r["headline"] for r in rows])]
+    from_decoys = [a["label"] for a in predictor(decoys)]
+    assert sum(a != b for a, b in zip(from_headlines, from_decoys, strict=True)) >= 30
+    out = tmp_path / "a.jsonl"
+    assert main(["predict", "--model", str(topics_model), "--input", str(source),
+                 "--output", str(out), "--quiet"]) == 0  # fmt: skip
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [w["label"] for w in written] == from_headlines
+    items = [{"headline": r["headline"], "text": d} for r, d in zip(rows, decoys, strict=True)]
+    assert [a["label"] for a in predictor(items)] == from_headlines
+    # a row without the trained column is an error naming the file, line and column, even
+    # when it has a `text` (only the generic {"text"[, "text_pair"]} shape reads `text`)
+    partial = tmp_path / "partial.csv"
+    partial.write_text("id,text\n1,goal match team\n")
+    assert main(["predict", "--model", str(topics_model), "--input", str(partial),
+                 "--output", str(tmp_path / "b.jsonl"), "--quiet"]) == 2  # fmt: skip
+    assert "partial.csv:2: no column 'headline'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no column 'headline'"):
+        predictor([{"id": 1, "text": "goal match team"}])
+    assert [a["label"] for a in predictor([{"text": "goal match team"}])] == ["sports"]
+
+
+def test_predict_reads_files_as_the_model_was_trained(words_model, tmp_path):
+    """The reading settings saved with the model (header-less columns, separator) read a new
+    file of the same layout without flags; a flag overrides them."""
+
+    def write(path, rows):
+        path.write_text("".join(f"{r['id']};{r['headline']};{r['topic']}\n" for r in rows))
+        return path
+
+    train = write(tmp_path / "train.txt", topic_rows(160))
+    dev = write(tmp_path / "dev.txt", topic_rows(32, seed=1))
+    data = DataConfig(train=str(train), validation=str(dev), format="csv", delimiter=";",
+                      columns="id,headline,topic", text_column="headline",
+                      label_column="topic")  # fmt: skip
+    finetune("text-classification", words_model, data, tmp_path / "run",
+             FinetuneConfig(**OWN_QUICK))  # fmt: skip
+    rows = topic_rows(20, seed=9)
+    source = write(tmp_path / "new.txt", rows)  # the trained layout (with the label column)
+    predictor = Predictor(tmp_path / "run")
+    expected = [a["label"] for a in predictor([r["headline"] for r in rows])]
+    assert predict_file(predictor, source, tmp_path / "a.jsonl", progress=False) == 20
+    written = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert [w["id"] for w in written] == [str(r["id"]) for r in rows]
+    assert [w["label"] for w in written] == expected
+    # a flag wins over the saved setting: the same rows, comma-separated, with a header
+    commas = tmp_path / "new.csv"
+    commas.write_text("id,headline\n" + "".join(f"{r['id']},{r['headline']}\n" for r in rows))
+    assert main(["predict", "--model", str(tmp_path / "run"), "--input", str(commas),
+                 "--output", str(tmp_path / "b.jsonl"), "--delimiter", ",", "--columns", "",
+                 "--quiet"]) == 0  # fmt: skip
+    written = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()]
+    assert [w["label"] for w in written] == expected

@@ -22,6 +22,7 @@ line) to JSON Lines or CSV, a chunk at a time, with a progress bar.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import sys
@@ -37,6 +38,7 @@ from bertkit.heads import MODEL_CLASSES
 from bertkit.precision import resolve_precision
 from bertkit.tasks.base import DataError, run_outputs, task_of_checkpoint
 from bertkit.tasks.files import FileOptions, file_format, open_text, read_rows
+from bertkit.tasks.own import OwnTask
 from bertkit.tokenizer import BertTokenizer
 
 
@@ -75,6 +77,13 @@ class Predictor:
         self.precision = resolve_precision(precision, self.device, backend=backend)
         labels = config.id2label
         self.labels = [labels[i] for i in sorted(labels)] if labels else None
+
+    def file_options(self, **given: Any) -> FileOptions:
+        """How this model reads a file: the reading settings saved with it (your own data's
+        format, header-less columns, encoding, separators), each `given` one replacing its
+        saved value (`columns=None`: the file's first line names its columns)."""
+        saved = self.task.data.file_options() if isinstance(self.task, OwnTask) else FileOptions()
+        return dataclasses.replace(saved, **given)
 
     def items_from(
         self,
@@ -129,8 +138,11 @@ def predict_file(
     followed by the answer's fields (an answer field named like an input column is written as
     `predicted_<name>`); in CSV, lists and objects are JSON. `text_column` (and
     `text_pair_column`) name the input of the model; by default the model reads the columns it
-    was trained on (`text`, `text_pair` for the paper's tasks). Returns the rows written."""
-    rows = _input_rows(source, options or FileOptions())
+    was trained on (`text`, `text_pair` for the paper's tasks), and a row of other columns
+    without them is an error (a row of `text` alone, or `text` and `text_pair`, is the generic
+    input every model reads). `options`: how to read `source`; by default as the model read
+    its training files (`Predictor.file_options`). Returns the rows written."""
+    rows = _input_rows(source, options or predictor.file_options())
     target = None if output is None or str(output) == "-" else Path(output)
     kind = "jsonl" if target is None else file_format(target, "auto", default="jsonl")
     bar = None

@@ -11,20 +11,23 @@ import sys
 from bertkit._io import read_jsonl
 from bertkit.settings import add_flags, from_flags
 
-
 # --------------------------------------------------------------------------- predict, export, serve
+_FILE_FLAGS = ("format", "columns", "encoding", "delimiter", "escape_char")
+
+
 def _predict(args: argparse.Namespace) -> None:
     from bertkit.predict import Predictor, predict_file
-    from bertkit.tasks.files import FileOptions
 
     predictor = Predictor(args.model, device=args.device, batch_size=args.batch_size,
                           backend=args.backend, precision=args.precision)  # fmt: skip
     if args.input is not None:
         if args.text or args.question or args.context:
             raise ValueError("give texts on the command line or --input FILE, not both")
-        columns = tuple(c.strip() for c in args.columns.split(",")) if args.columns else None
-        options = FileOptions(args.format, columns, args.encoding, args.delimiter,
-                              args.escape_char)  # fmt: skip
+        given = {k: getattr(args, k) for k in _FILE_FLAGS if getattr(args, k) is not None}
+        if "columns" in given:  # "": the first line names the columns
+            names = tuple(c.strip() for c in given["columns"].split(","))
+            given["columns"] = names if any(names) else None
+        options = predictor.file_options(**given)
         count = predict_file(
             predictor,
             args.input,
@@ -66,11 +69,20 @@ def add_predict(commands) -> None:
         "--text-column", help="with --input: the column the model reads (default: as trained)"
     )
     predict.add_argument("--text-pair-column", help="with --input: a second text column")
-    predict.add_argument("--format", default="auto", choices=FILE_FORMATS, help="of --input")
-    predict.add_argument("--columns", help="names of a header-less --input file's columns")
-    predict.add_argument("--encoding", default="utf-8", help="of --input")
-    predict.add_argument("--delimiter", help="CSV field separator of --input")
-    predict.add_argument("--escape-char", help="CSV: a character escaping quotes in --input")
+    # how --input is read: as the model's training files were, unless a flag says otherwise
+    predict.add_argument(
+        "--format", choices=FILE_FORMATS, help="of --input (default: as trained, else auto)"
+    )
+    predict.add_argument(
+        "--columns",
+        help="names of a header-less --input file's columns (default: as trained; '': the "
+        "first line names them)",
+    )
+    predict.add_argument("--encoding", help="of --input (default: as trained, else utf-8)")
+    predict.add_argument("--delimiter", help="CSV field separator of --input (default: as trained)")
+    predict.add_argument(
+        "--escape-char", help="CSV: a character escaping quotes in --input (default: as trained)"
+    )
     predict.add_argument("--quiet", action="store_true", help="no progress bar")
     predict.add_argument("--batch-size", type=int, default=32)
     predict.add_argument("--device")

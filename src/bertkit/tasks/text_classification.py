@@ -342,15 +342,13 @@ class TextClassificationTask(OwnTask):
 
     def example_of(self, item: Any, n: int) -> TextExample:
         d = self.data
-        if isinstance(item, dict):
+        if isinstance(item, dict):  # the columns the model was trained on, and no other
             for column in (d.text_column, d.text_pair_column):
-                if column is not None and column not in item and "text" not in item:
+                if column is not None and column not in item:
                     found = missing_column(column, list(item), "item's keys are")
                     raise ValueError(f"item {n}: {found}")
-            text = item.get("text", item.get(d.text_column))
-            pair = item.get(
-                "text_pair", item.get(d.text_pair_column) if d.text_pair_column else None
-            )
+            text = item[d.text_column]
+            pair = item[d.text_pair_column] if d.text_pair_column else None
         elif isinstance(item, (list, tuple)):
             if len(item) != 2:
                 raise ValueError(f"item {n}: a pair is two texts, got {len(item)}")

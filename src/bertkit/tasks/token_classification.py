@@ -127,7 +127,8 @@ class TokenClassificationTask(OwnTask, WordTagger):
         return bool(examples) and all(e.tags for e in examples)
 
     def item_keys(self) -> tuple[str, ...]:
-        return ("text", self.data.tokens_column, "words", "tokens")
+        # the trained column first: a row's `text` must not shadow the words it was read from
+        return tuple(dict.fromkeys((self.data.tokens_column, "text", "words", "tokens")))
 
     # ----------------------------------------------------------------- the tag set
     def fitted(self, train: Sequence[TaggedSentence]) -> TokenClassificationTask:
