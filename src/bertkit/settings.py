@@ -179,6 +179,20 @@ def field_names(cls: type) -> set[str]:
     return names
 
 
+def flat(settings: Any) -> dict[str, tuple[Any, str]]:
+    """Every field of a settings object by name, nested settings' included, with the flag that
+    sets it: {"max_steps": (1000, "--max-steps"), "learning_rate": (1e-4, "--lr"), ...}."""
+    values: dict[str, tuple[Any, str]] = {}
+    for field in dataclasses.fields(settings):
+        value = getattr(settings, field.name)
+        if field.metadata.get("nested"):
+            values.update(flat(value))
+        else:
+            spellings = field.metadata.get("flags") or ()
+            values[field.name] = (value, spellings[0] if spellings else flag(field.name))
+    return values
+
+
 def from_values(cls: type, values: dict[str, Any]):
     """An instance of `cls` from flat values by field name, nested settings filled from theirs
     (`learning_rate` goes to the optimiser's settings); a name `cls` does not take is refused."""

@@ -387,16 +387,109 @@ def test_ctrl_c_saves_and_says_one_line_instead_of_a_traceback(setup, tmp_path):
     assert step == max(losses(out))
 
 
+class _KillPoints:
+    """Copies of a run folder as a SIGKILL would leave it at each point of each file write:
+    a temporary file just made (empty), half written, whole but not renamed, renamed in; and
+    after each log line, that line cut in half. `copies` lists (file, stage, folder)."""
+
+    def __init__(self, out, root, monkeypatch):
+        import tempfile
+
+        from bertkit.training import loop
+
+        self.out, self.root, self.copies = out, root, []
+        real_replace, real_mkstemp, real_write = os.replace, tempfile.mkstemp, loop._Log.write
+
+        def replace(src, dst, *args, **kwargs):
+            name = os.path.basename(dst)
+            if self._ours(dst):
+                self.copy(name, "written, not renamed")
+                self.copy(name, "half written", cut=(src, 0.5))
+            real_replace(src, dst, *args, **kwargs)
+            if self._ours(dst):
+                self.copy(name, "renamed in")
+
+        def mkstemp(*args, dir=None, **kwargs):
+            made = real_mkstemp(*args, dir=dir, **kwargs)
+            if dir is not None and self._ours(made[1]):  # atomic_path's ".NAME.XXXX.tmp"
+                self.copy(os.path.basename(made[1])[1:].rsplit(".", 2)[0], "temporary made")
+            return made
+
+        def write(log, entry):
+            real_write(log, entry)
+            self.copy("log.jsonl", f"line of step {entry['step']} cut", cut=(log.path, "line"))
+
+        monkeypatch.setattr(os, "replace", replace)
+        monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+        monkeypatch.setattr(loop._Log, "write", write)
+
+    def _ours(self, path) -> bool:
+        return os.path.dirname(os.path.abspath(path)) == str(self.out)
+
+    def copy(self, name, stage, cut=None):
+        import shutil
+
+        folder = self.root / f"kill{len(self.copies):03d}"
+        shutil.copytree(self.out, folder)
+        if cut is not None:
+            path, how = cut
+            target = folder / os.path.basename(path)
+            data = target.read_bytes()
+            if how == "line":  # the last line loses its second half and its newline
+                start = data.rstrip(b"\n").rfind(b"\n") + 1
+                data = data[: start + (len(data) - start) // 2]
+            else:
+                data = data[: int(len(data) * how)]
+            target.write_bytes(data)
+        self.copies.append((name, stage, folder))
+
+
+def test_a_kill_at_any_point_of_any_save_resumes_to_the_uninterrupted_run(
+    setup, tmp_path, monkeypatch, caplog
+):
+    """Every point of every file write of a run (run record, log, the first save's model,
+    vocabulary, config, state and digests, the final save, the curves): the folder a kill
+    leaves there, resumed, ends with the uninterrupted run's losses and model bit for bit, and
+    no temporary file. The first save included: a model beside no state is this run's own."""
+    args = dict(
+        config=str(setup / "config.json"), max_steps=4, batch_size=4, seq_len=32,
+        learning_rate=1e-3, warmup_steps=1, save_every=2, log_every=1, progress=False,
+    )  # fmt: skip
+    run_pretraining(setup / "shards", tmp_path / "whole", **args)
+    expected, model = losses(tmp_path / "whole"), (tmp_path / "whole" / "model.safetensors")
+    points = _KillPoints(tmp_path / "run", tmp_path / "kills", monkeypatch)
+    run_pretraining(setup / "shards", tmp_path / "run", **args)
+    monkeypatch.undo()
+    assert losses(tmp_path / "run") == expected  # the copying changed nothing
+    written = {name for name, _, _ in points.copies}
+    assert written >= {"run.json", "log.jsonl", "model.safetensors", "config.json", "vocab.txt",
+                       "trainer_state.pt", "trainer_state.sha256", "curves.png"}, written  # fmt: skip
+    first_save = [stage for name, stage, folder in points.copies
+                  if name == "model.safetensors" and not (folder / "trainer_state.pt").exists()]  # fmt: skip
+    assert "renamed in" in first_save, "no kill point between the first model and its state"
+    for name, stage, folder in points.copies:
+        what = f"{name}: {stage} ({folder.name})"
+        caplog.clear()
+        run_pretraining(setup / "shards", folder, resume=True, **args)
+        assert losses(folder) == expected, what
+        assert (folder / "model.safetensors").read_bytes() == model.read_bytes(), what
+        assert torch.load(folder / "trainer_state.pt", weights_only=True)["step"] == 4, what
+        assert not list(folder.glob(".*.tmp")), what
+    assert len(points.copies) >= 40
+
+
 def test_resume_without_a_state_never_overwrites_a_model(setup, tmp_path):
     from bertkit.cli import main
 
     out = tmp_path / "run"
     args = [str(a) for a in tiny_cli_args(setup, out, steps=3)]
     assert main(["pretrain", *args, "--resume"]) == 0  # a new folder: --resume just starts
-    (out / "trainer_state.pt").unlink()
+    (out / "trainer_state.pt").unlink()  # deleted by hand: the run's record says it existed
     before = (out / "model.safetensors").read_bytes()
-    with pytest.raises(FileExistsError, match="holds a model but no trainer_state.pt"):
-        run_pretraining(
-            setup / "shards", out, tiny_settings(setup), max_steps=3, warmup_steps=2, resume=True
-        )
+    settings = tiny_settings(setup, max_steps=3, warmup_steps=2, resume=True)
+    with pytest.raises(FileExistsError, match=r"no trainer_state.pt \(its checkpoint of step 3"):
+        run_pretraining(setup / "shards", out, settings)
+    (out / "run.json").unlink()  # a model from elsewhere
+    with pytest.raises(FileExistsError, match=r"no trainer_state.pt \(no run.json says"):
+        run_pretraining(setup / "shards", out, settings)
     assert (out / "model.safetensors").read_bytes() == before

@@ -7,6 +7,7 @@ segment, masked LM only), "ltr" (left-to-right LM: causal attention, next-token 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -28,6 +29,7 @@ from bertkit.pretraining.shards import Shards
 from bertkit.settings import (
     Settings,
     device_setting,
+    flat,
     nested,
     precision_setting,
     replaced,
@@ -35,7 +37,14 @@ from bertkit.settings import (
 )
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
-from bertkit.training.loop import LOG_FILE, STATE_FILE, Trainer, TrainingConfig
+from bertkit.training.loop import (
+    LOG_FILE,
+    RUN_FILE,
+    STATE_FILE,
+    Trainer,
+    TrainingConfig,
+    claim_folder,
+)
 from bertkit.training.optim import OptimConfig
 
 logger = logging.getLogger("bertkit")
@@ -364,7 +373,7 @@ def run_pretraining(
         directory = out if number == len(plan) else out / f"phase{number}-seq{phase.seq_len}"
         # A finished phase is run too: the trainer sees it is done, makes sure its model file
         # holds the final weights, and the curves are drawn again (nothing is trained twice).
-        resume = c.resume and (directory / STATE_FILE).exists()
+        resume = c.resume and any((directory / f).exists() for f in (STATE_FILE, RUN_FILE))
         phase = dataclasses.replace(phase, init_from=previous, resume=resume)
         phase_entries = _run_phase(data, directory, phase, on_entry=on_entry)
         entries.extend({**e, "phase": number} for e in phase_entries)
@@ -392,6 +401,32 @@ def _run_phase(
         distributed.cleanup(dist)
 
 
+# Settings that never change what a run computes: a resumed run may give them other values.
+_NOT_IDENTITY = frozenset(("resume", "progress", "device", "log_every", "eval_every", "save_every",
+                           "eval_data", "eval_batches", "eval_seq_len"))  # fmt: skip
+
+
+def run_identity(
+    c: PretrainConfig, shards: Shards, model_config: BertConfig, model: torch.nn.Module | None
+) -> dict[str, Any]:
+    """What makes a pre-training run this run (run.json, `claim_folder`): its settings but the
+    cadence of logs, evaluations and checkpoints, the model as resolved (a preset's name and its
+    config.json are the same run), the starting checkpoint's full path and the shards' content
+    (vocabulary, token and document counts: a moved folder is the same data)."""
+    identity: dict[str, Any] = {
+        name: value for name, (value, _) in flat(c).items() if name not in _NOT_IDENTITY
+    }
+    identity["config"] = (
+        model_config.to_dict() if model is None else f"a given {type(model).__name__}"
+    )
+    if c.init_from is not None:
+        identity["init_from"] = str(Path(c.init_from).resolve())
+    identity["data"] = {
+        k: shards.meta.get(k) for k in ("vocab_hash", "num_tokens", "num_documents")
+    }
+    return json.loads(json.dumps(identity, default=str))  # as run.json will read back
+
+
 def _train_phase(
     data: str | os.PathLike,
     out: Path,
@@ -401,17 +436,6 @@ def _train_phase(
     model: torch.nn.Module | None,
     on_entry: Callable[[dict[str, Any]], None] | None,
 ) -> list[dict[str, Any]]:
-    if (out / STATE_FILE).exists() and not c.resume:
-        raise FileExistsError(
-            f"{out}: holds a run in progress; pass --resume to continue it or pick another --out"
-        )
-    if c.resume and not (out / STATE_FILE).exists() and (out / "model.safetensors").exists():
-        # (an empty or new folder with --resume just starts: scripts pass it every time)
-        raise FileExistsError(
-            f"{out}: holds a model but no {STATE_FILE}, so there is nothing to resume, and "
-            f"starting afresh would overwrite the model. Continue from its weights with a "
-            f"fresh schedule (--init-from {out} --out NEW), or pick another --out"
-        )
     shards = Shards(data)
     tokenizer = BertTokenizer.from_pretrained(data)
     parts = dist.world_size * c.accumulation
@@ -429,6 +453,9 @@ def _train_phase(
         c.layer_norm,
         c.feed_forward,
     )
+    identity = run_identity(c, shards, model_config, model)
+    # (an empty or new folder with --resume just starts: scripts pass it every time)
+    claim_folder(out, identity, resume=c.resume, flags={k: f for k, (_, f) in flat(c).items()})
     model_class = BertForPreTraining if c.objective == "mlm+nsp" else BertForMaskedLM
     torch.manual_seed(c.seed)
     if model is None and c.init_from is not None:
@@ -487,6 +514,7 @@ def _train_phase(
         seed=c.seed,
         resume=c.resume,
         progress=c.progress,
+        identity=identity,
     )
     trainer = Trainer(
         model,

@@ -50,6 +50,7 @@ STATE_FILE = "trainer_state.pt"
 DIGEST_FILE = "trainer_state.sha256"  # the state's (and model's) checksums, verified on resume
 MODEL_FILE = "model.safetensors"  # what `save_model` writes, checked against its recorded digest
 LOG_FILE = "log.jsonl"
+RUN_FILE = "run.json"  # what the run is (TrainingConfig.identity), written before its first step
 
 
 # What fixes a run's learning-rate schedule: a resumed run must bring the same values.
@@ -84,6 +85,9 @@ class TrainingConfig:
     resume: bool = False
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in the checkpoint
+    # The settings that make the run what it is ({name: JSON value}), recorded in OUT/run.json
+    # before its first step: `claim_folder` knows the run's own folder by it.
+    identity: dict[str, Any] | None = None
 
     def schedule_values(self) -> dict[str, Any]:
         """What fixes the learning-rate schedule, resolved (a resumed run must match)."""
@@ -96,6 +100,82 @@ class TrainingConfig:
             "warmup_fraction": optim.budget_warmup(),
             "schedule": optim.schedule,
         }
+
+
+def claim_folder(
+    out: Path, identity: dict[str, Any], *, resume: bool, flags: dict[str, str] | None = None
+) -> None:
+    """Refuse, before any work, an output folder that a run (`identity`: TrainingConfig's)
+    must not write to. Without `resume`, a folder holding a run in progress. With it: a folder
+    whose run.json records other settings (another run's: the differences are named, with
+    their `flags`), and a model without a trainer state unless run.json says it is this run's
+    and that no checkpoint was written yet. That is a run killed during its first save: it
+    starts again from step 0, which reaches the uninterrupted run's result. A model with no
+    record is someone's, and a recorded checkpoint that is gone was deleted: never overwritten."""
+    state = (out / STATE_FILE).exists()
+    if not resume:
+        if state:
+            raise FileExistsError(
+                f"{out}: holds a run in progress; pass --resume to continue it or pick another "
+                "--out"
+            )
+        return
+    record = read_run_record(out)
+    recorded = record["identity"] if record is not None else None
+    if recorded is not None and recorded != identity:
+        flags, before, now = flags or {}, _leaves(recorded), _leaves(identity)
+        changed = [
+            f"{key} = {before.get(key)}, not {now.get(key)}"
+            + (f" ({flags[key]})" if key in flags else "")
+            for key in sorted(set(before) | set(now))
+            if before.get(key) != now.get(key)
+        ]
+        raise ValueError(
+            f"{out}: holds a run started with other settings ({'; '.join(changed)}), so this "
+            f"would not continue it (a changed step count, rate or warm-up would also bend its "
+            f"learning-rate schedule mid-run). Resume with the settings it was started with, "
+            f"start a new run from its weights with a fresh schedule (bertkit pretrain "
+            f"--init-from {out} --out NEW), or pick another --out"
+        )
+    if not state and (out / MODEL_FILE).exists():
+        if record is None:
+            why = f"no {RUN_FILE} says this run wrote it"
+        elif record.get("checkpoint_step") is not None:
+            why = f"its checkpoint of step {record['checkpoint_step']} is gone (deleted?)"
+        else:  # this run's own, killed during its first save
+            return
+        raise FileExistsError(
+            f"{out}: holds a model but no {STATE_FILE} ({why}), so there is nothing to resume, "
+            f"and starting afresh would overwrite the model. Continue from its weights with a "
+            f"fresh schedule (--init-from {out} --out NEW), or pick another --out"
+        )
+
+
+def _leaves(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested values by dotted name: _leaves({"a": 1, "b": {"c": 2}}) -> {"a": 1, "b.c": 2}"""
+    leaves: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            leaves.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            leaves[prefix + key] = value
+    return leaves
+
+
+def read_run_record(out: Path) -> dict[str, Any] | None:
+    """OUT/run.json: the run's `identity` and `checkpoint_step`, the step of the last state
+    written (None: none yet); None where there is no record. A record that cannot be read
+    names the file (it is written atomically: only a hand edit breaks it)."""
+    path = out / RUN_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not a run record ({err}); delete it to resume anyway") from None
+    if not isinstance(record, dict) or not isinstance(record.get("identity"), dict):
+        raise ValueError(f'{path}: not a run record (expected {{"identity": {{...}}}})')
+    return record
 
 
 class Objective(Protocol):
@@ -207,7 +287,14 @@ class Trainer:
                 if model_digest is not None:
                     record[MODEL_FILE] = model_digest
                 atomic_write_text(self.out_dir / DIGEST_FILE, json.dumps(record))
+            self._write_run_record(self.step)
         distributed.barrier(self.dist)
+
+    def _write_run_record(self, checkpoint_step: int | None) -> None:
+        """run.json: the run's identity and the step of its last state (claim_folder)."""
+        if self.config.identity is not None:
+            record = {"identity": self.config.identity, "checkpoint_step": checkpoint_step}
+            atomic_write_text(self.out_dir / RUN_FILE, json.dumps(record))
 
     def _check_finite_weights(self) -> None:
         bad = [n for n, p in self.model.named_parameters() if not torch.isfinite(p).all()]
@@ -311,7 +398,21 @@ class Trainer:
         torch.manual_seed(config.seed)
         resumed = config.resume and self.load()
         if config.resume and not resumed:
-            logger.warning("%s: no %s to resume from; starting afresh", self.out_dir, STATE_FILE)
+            if (self.out_dir / RUN_FILE).exists():  # claim_folder found it this run's own
+                logger.warning(
+                    "%s: this run was stopped before its first checkpoint; starting it again "
+                    "from step 0",
+                    self.out_dir,
+                )
+            else:
+                logger.warning(
+                    "%s: no %s to resume from; starting afresh", self.out_dir, STATE_FILE
+                )
+        if self.dist.is_main and not resumed:
+            # a kill during the first save can leave the digests of a state never renamed in
+            (self.out_dir / DIGEST_FILE).unlink(missing_ok=True)
+        if self.dist.is_main and not (resumed and (self.out_dir / RUN_FILE).exists()):
+            self._write_run_record(self.step if resumed else None)
         if resumed and self.save_model is not None and self.dist.is_main:
             # The model file is written before the state: a kill between the two, a state from
             # before that order or a file changed since leaves a model.safetensors that is not
