@@ -8,7 +8,8 @@ A step is what `bertkit finetune` does for a sequence-pair classifier: forward o
 path, backward, gradient clipping at 1, AdamW over the paper's decay groups; all-MiniLM-L6-v2 on
 MRPC's first training pairs, batches of 32 padded to their longest. Variants: `default` (the
 loop's optimiser, `build_optimizer`), `single-adamw` (torch's AdamW one tensor at a time: its
-choice on CPU, what the loop ran before 2026-11-23), `foreach` (`AdamW(foreach=True)`).
+choice on CPU, what the loop ran before 2026-11-23), `foreach` (`AdamW(foreach=True)`), `parity`
+(the default's optimiser, dropout masks drawn as transformers draws them: `--parity`).
 `--precision bf16` runs the step under bf16 autocast, as `finetune --precision bf16` does;
 `--implementation transformers` times transformers' class of the same name on the same batches
 (oneDNN left on, as in a user's loop); `--profile N` then runs one more round under
@@ -31,6 +32,7 @@ from _harness import add_timing_arguments, alternate, gemm_peak, medians, ratios
 from task_data import task_data
 
 from bertkit.heads import BertForSequenceClassification
+from bertkit.model import set_dropout_parity
 from bertkit.tasks import get_task
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training.optim import OptimConfig, build_optimizer, parameter_groups
@@ -39,7 +41,7 @@ VARIANTS = {"single-adamw": {"foreach": False}, "foreach": {"foreach": True}}
 
 
 def optimizer_for(model, variant: str) -> torch.optim.Optimizer:
-    if variant == "default":
+    if variant in ("default", "parity"):
         return build_optimizer(model, OptimConfig(learning_rate=2e-5))
     return torch.optim.AdamW(parameter_groups(model, 0.01), lr=2e-5, eps=1e-6, **VARIANTS[variant])
 
@@ -90,6 +92,7 @@ def main() -> None:
     setups = {}
     for variant in args.variants:
         model = copy.deepcopy(base)
+        set_dropout_parity(model, variant == "parity")
         setups[variant] = (model, optimizer_for(model, variant))
 
     def step(model, optimizer, batch) -> None:

@@ -4,8 +4,8 @@
         sst2 conll2003 squad1 --seeds 3 --out runs/finetune_bench [--resume] [--parallel]
 
 Both sides run `bertkit.finetune.finetune_seeds` with the paper's default hyperparameters on the
-same features, batches, seeds, optimiser and schedule; only the model differs: bertkit's
-head class, or transformers' class of the same name started from the same initial weights
+same features, batches, seeds, optimiser, schedule and (parity mode) dropout masks; only the
+model differs: bertkit's head class, or transformers' class of the same name started from the same initial weights
 (the encoder from the checkpoint, the head from bertkit's seeded initialisation). So the dev
 figures compare the two implementations' numerics, and the wall-clock ratio their speed.
 SQuAD 1.1 trains and evaluates on the two article halves of the shared dev-v1.1.json (only the
@@ -105,6 +105,7 @@ def run(task: str, name: str, model, root: Path, out: Path, args) -> None:
         epochs=args.epochs,
         progress=False,
         resume=args.resume,
+        parity=True,  # transformers' dropout masks: the two runs compare run for run
     )
     build = build_transformers if name == "transformers" else None
     result = finetune_seeds(task, model, data, out / task / name, config, args.seeds, build)

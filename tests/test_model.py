@@ -16,6 +16,7 @@ from bertkit import (
 from bertkit import model as model_module
 from bertkit import unpad as unpad_module
 from bertkit.checkpoint import load_state_dict_into
+from bertkit.model import set_dropout_parity
 from bertkit.unpad import TokenLayout
 
 from helpers import close, hf_config, pair
@@ -311,13 +312,14 @@ def test_last_layer_runs_only_where_read(tiny_config, tiny_batch, unpad, checkpo
 def test_training_with_dropout_draws_the_same_masks_padded_unpadded_and_in_hf(
     cls, tiny_config, tiny_batch, transformers
 ):
-    """With dropout on, a seeded training step gives the same loss and gradients on the
-    unpadded path (what training uses), the padded path and transformers: the masks do not
-    depend on unpadding, so a fine-tuning run can be compared with transformers' step by step."""
+    """In parity mode, with dropout on, a seeded training step gives the same loss and
+    gradients on the unpadded path (what training uses), the padded path and transformers: the
+    masks do not depend on unpadding, so a fine-tuning run can be compared with transformers'
+    step by step."""
     config = tiny_config.with_labels(3)
     torch.manual_seed(0)
     hf = getattr(transformers, cls)(hf_config(config))
-    ours = getattr(bertkit, cls)(config)
+    ours = set_dropout_parity(getattr(bertkit, cls)(config))
     load_state_dict_into(ours, hf.state_dict(), strict=True)
     real = tiny_batch["attention_mask"].bool()
     if cls == "BertForSequenceClassification":

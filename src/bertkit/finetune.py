@@ -43,7 +43,15 @@ import torch
 from bertkit._io import LOCK_FILE, atomic_path
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
-from bertkit.settings import Settings, device_setting, precision_setting, setting
+from bertkit.model import set_dropout_parity
+from bertkit.settings import (
+    Settings,
+    compile_setting,
+    device_setting,
+    parity_setting,
+    precision_setting,
+    setting,
+)
 from bertkit.tasks import Task, get_task
 from bertkit.tasks.base import (
     TASK_FILE,
@@ -104,6 +112,8 @@ class FinetuneConfig(Settings):
         check="positive",
     )
     precision: str = precision_setting()
+    parity: bool = parity_setting()
+    compile: str = compile_setting()
     device: str | None = device_setting()
     resume: bool = setting(False, "continue a killed run in the output folder")
     keep_state: bool = setting(False, "keep trainer_state.pt (the optimiser too: 3x the model)")
@@ -363,6 +373,7 @@ def finetune(
         )
     else:
         net = build(task, model, config.seed)
+    set_dropout_parity(net, config.parity)
     if tokenizer.vocab_size > net.config.vocab_size:
         raise ValueError(
             f"{model}: vocab.txt has {tokenizer.vocab_size} tokens, the model embeds "
@@ -424,6 +435,7 @@ def finetune(
             max_steps=max_steps,
             optim=config.optim(max_steps),
             precision=config.precision,
+            compile=config.compile,
             log_every=max(1, min(50, steps_per_epoch // 4)),
             eval_every=steps_per_epoch,
             save_every=steps_per_epoch,
@@ -555,6 +567,7 @@ def _hyperparameters(config: FinetuneConfig) -> dict[str, Any]:
             "bucket_batches",
             "dropout",
             "validation_split",
+            "parity",
         )
     }
 
@@ -594,8 +607,9 @@ def _results_of_finished_run(out: Path, task: Task, config: FinetuneConfig, trai
     same = (
         results.get("task") == task.name
         # runs written before `bucket_batches` was a setting sorted 50 batches' worth together;
-        # before `dropout` and `validation_split`, they kept the checkpoint's and carved none
-        and {"bucket_batches": 50, "dropout": None, "validation_split": None}
+        # before `dropout` and `validation_split`, they kept the checkpoint's and carved none;
+        # before `parity`, every run drew its dropout masks as transformers does
+        and {"bucket_batches": 50, "dropout": None, "validation_split": None, "parity": True}
         | results.get("hyperparameters", {})
         == _hyperparameters(config)
         and results.get("train_examples") == train_examples

@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from bertkit.checkpoint import load_pretrained, save_pretrained
 from bertkit.config import BertConfig
+from bertkit.dropout import dropout as fast_dropout
 from bertkit.unpad import TokenLayout, row_multiple
 
 
@@ -41,7 +42,8 @@ class BertEmbeddings(nn.Module):
         input_ids: torch.Tensor,  # (B, S)
         token_type_ids: torch.Tensor | None = None,  # (B, S), 0 for segment A, 1 for B
         position_ids: torch.Tensor | None = None,  # (B, S) or (S,), default 0..S-1
-    ) -> torch.Tensor:  # (B, S, H)
+        layout: TokenLayout | None = None,
+    ) -> torch.Tensor:  # (B, S, H); with `layout`, its rows (its dropout masks: TokenLayout)
         seq_len = input_ids.shape[1]
         if position_ids is None:
             positions = self.position_embeddings.weight[:seq_len]  # (S, H)
@@ -51,8 +53,10 @@ class BertEmbeddings(nn.Module):
             segments = self.token_type_embeddings.weight[0]  # (H,): all segment A
         else:
             segments = self.token_type_embeddings(token_type_ids)  # (B, S, H)
-        embeddings = self.word_embeddings(input_ids) + segments + positions
-        return self.dropout(self.LayerNorm(embeddings))
+        embeddings = self.LayerNorm(self.word_embeddings(input_ids) + segments + positions)
+        if layout is None:
+            return self.dropout(embeddings)
+        return layout.dropout(layout.to_rows(embeddings), self.dropout.p, self.training)
 
 
 class _Projections(nn.Module):
@@ -129,7 +133,10 @@ class BertLayer(nn.Module):
         q, k, v = (split_heads(p(normed)) for p in (attn.query, attn.key, attn.value))
         dropout_p = self.attention_dropout if self.training else 0.0
         probs = None
-        if output_attentions:
+        # SDPA draws its dropout with torch's CPU generator, one element at a time: on the CPU,
+        # unless parity asks for those draws, attention is computed here with bertkit.dropout's
+        fast_masks = dropout_p > 0.0 and not layout.parity and q.device.type == "cpu"
+        if output_attentions or fast_masks:
             # Explicit softmax(QK^T / sqrt(D)) so the probabilities can be returned.
             scores = q @ k.transpose(-1, -2) / math.sqrt(size)  # (B, A, S, S)
             if mask is not None and mask.is_floating_point():
@@ -137,7 +144,8 @@ class BertLayer(nn.Module):
             elif mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             probs = scores.softmax(dim=-1)
-            context = F.dropout(probs, dropout_p, self.training) @ v  # (B, A, S, D)
+            attention_dropout = F.dropout if layout.parity else fast_dropout
+            context = attention_dropout(probs, dropout_p, self.training) @ v  # (B, A, S, D)
         else:
             # the scale given, not derived from q's shape: exported to ONNX it is then a constant
             # that ONNX Runtime folds into the score product, instead of Sqrt and Mul on q and k
@@ -145,19 +153,21 @@ class BertLayer(nn.Module):
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1 / math.sqrt(size)
             )
         context = layout.to_rows(context.transpose(1, 2))  # (B, S, A, D) -> (N, H)
-        out_layout = layout  # the rows that come out of this layer
+        within = None  # the rows that come out of this layer, among the layout's: all
         if read is not None:
-            rows, out_layout = read
-            x = x.flatten(0, -2).index_select(0, rows)  # padded rows come as the grid
-            context = context.flatten(0, -2).index_select(0, rows)
-        p = self.dropout.p
+            within = read[0]
+            x = x.flatten(0, -2).index_select(0, within)  # padded rows come as the grid
+            context = context.flatten(0, -2).index_select(0, within)
+
+        def drop(rows: torch.Tensor) -> torch.Tensor:
+            return layout.dropout(rows, self.dropout.p, self.training, within)
+
         if self.pre_ln:
-            x = x + out_layout.dropout(out.dense(context), p, self.training)
+            x = x + drop(out.dense(context))
             h = self.feed_forward(self.output.LayerNorm(x))
-            return x + out_layout.dropout(self.output.dense(h), p, self.training), probs
-        x = out.LayerNorm(x + out_layout.dropout(out.dense(context), p, self.training))
-        h = self.feed_forward(x)
-        x = self.output.LayerNorm(x + out_layout.dropout(self.output.dense(h), p, self.training))
+            return x + drop(self.output.dense(h)), probs
+        x = out.LayerNorm(x + drop(out.dense(context)))
+        x = self.output.LayerNorm(x + drop(self.output.dense(self.feed_forward(x))))
         return x, probs
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, H) -> (N, I)
@@ -370,6 +380,8 @@ class BertModel(BertPreTrainedModel):
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
+        # Dropout masks as transformers draws them (TokenLayout.dropout): `set_dropout_parity`
+        self.dropout_parity = False
         self.init_weights()
 
     def forward(
@@ -410,7 +422,8 @@ class BertModel(BertPreTrainedModel):
                 f"token_type_ids {tuple(token_type_ids.shape)} must match input_ids "
                 f"{tuple(input_ids.shape)}"
             )
-        if input_ids.device.type == "cpu":  # a cheap check here; on GPU it would force a sync
+        # a cheap check on the CPU (on a GPU it would force a sync; compiled, a graph break)
+        if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
             _check_ids(input_ids, self.config.vocab_size, "input_ids", "vocab_size")
             if token_type_ids is not None:
                 _check_ids(
@@ -430,10 +443,11 @@ class BertModel(BertPreTrainedModel):
 
         batch = input_ids.shape[0]
         multiple = row_multiple(input_ids.device)
+        parity = self.dropout_parity
         if unpad and attention_mask is not None:
-            layout = TokenLayout.unpadded(attention_mask, multiple)
+            layout = TokenLayout.unpadded(attention_mask, multiple, parity)
         else:
-            layout = TokenLayout(batch, seq_len)
+            layout = TokenLayout(batch, seq_len, parity=parity)
         # Left to right, [CLS] attends to itself alone, so a sentence representation read there
         # would be the same for every input: the pooler reads the last real token instead (the
         # final [SEP], which has seen the whole input, as GPT's classifier does). The paper does
@@ -454,7 +468,7 @@ class BertModel(BertPreTrainedModel):
             if read_positions is not None:
                 keep.scatter_(1, read_positions.long(), True)
             read = layout.subset(keep, multiple)
-        x = layout.to_rows(self.embeddings(input_ids, token_type_ids, position_ids))  # rows
+        x = self.embeddings(input_ids, token_type_ids, position_ids, layout)  # rows
         x, hidden_states, attentions = self.encoder(
             x, mask, layout, output_hidden_states, output_attentions, read
         )
@@ -463,6 +477,17 @@ class BertModel(BertPreTrainedModel):
             hidden_states = tuple(layout.to_grid(h) for h in hidden_states)
         pooled = self.pooler(x, pool_at) if self.pooler is not None else None  # (B, H)
         return BertModelOutput(x, pooled, hidden_states, attentions)
+
+
+def set_dropout_parity(model: nn.Module, parity: bool = True) -> nn.Module:
+    """Draw the dropout masks of every encoder in `model` as transformers draws them (the
+    padded grid's, from torch's generator: slower on the CPU), so that a seeded training run
+    follows transformers' step for step; `parity=False`, the default, draws them for real
+    tokens only with a parallel generator (`bertkit.dropout`): statistically the same run."""
+    for module in model.modules():
+        if isinstance(module, BertModel):
+            module.dropout_parity = parity
+    return model
 
 
 def _check_ids(ids: torch.Tensor, limit: int, name: str, field: str) -> None:

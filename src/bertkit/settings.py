@@ -100,6 +100,27 @@ def precision_setting() -> Any:
     )
 
 
+def parity_setting() -> Any:
+    """Dropout masks as transformers draws them (a run of every kind takes the same flag)."""
+    return setting(
+        False,
+        "draw dropout masks as transformers does (the padded grid's, from torch's generator), "
+        "so a seeded run follows transformers' step for step; slower on CPUs. Default: masks "
+        "for real tokens only from a parallel generator, the same distribution",
+    )
+
+
+def compile_setting() -> Any:
+    """Whether a run compiles its model (every run takes the same choices)."""
+    return setting(
+        "auto",
+        "torch.compile the model's forward and backward (the compile time is logged on its own "
+        "line): on, off, or auto: on with CUDA; off on CPUs, where unpadded batches change shape "
+        "from step to step and a new shape can take seconds to compile",
+        choices=("auto", "on", "off"),
+    )
+
+
 def device_setting() -> Any:
     return setting(None, "cpu or cuda (default: cuda when available)")
 

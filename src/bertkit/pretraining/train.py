@@ -21,6 +21,7 @@ import torch
 from bertkit.config import BertConfig
 from bertkit.heads import BertForMaskedLM, BertForPreTraining
 from bertkit.losses import IGNORE_INDEX, sequence_loss, token_loss
+from bertkit.model import set_dropout_parity
 from bertkit.pretraining import init_schemes
 from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
 from bertkit.pretraining.init_schemes import ATTENTION_INITS, POSITION_INITS
@@ -28,9 +29,11 @@ from bertkit.pretraining.instances import OBJECTIVES
 from bertkit.pretraining.shards import Shards
 from bertkit.settings import (
     Settings,
+    compile_setting,
     device_setting,
     flat,
     nested,
+    parity_setting,
     precision_setting,
     replaced,
     setting,
@@ -292,6 +295,8 @@ class PretrainConfig(Settings):
     seed: int = setting(0, "seed of weights, data and masks")
     resume: bool = setting(False, "continue from OUT/trainer_state.pt")
     precision: str = precision_setting()
+    parity: bool = parity_setting()
+    compile: str = compile_setting()
     device: str | None = device_setting()
     progress: bool = setting(True, "a progress bar")
     phases: str | list[tuple[int, float]] | None = setting(
@@ -403,7 +408,7 @@ def _run_phase(
 
 # Settings that never change what a run computes: a resumed run may give them other values.
 _NOT_IDENTITY = frozenset(("resume", "progress", "device", "log_every", "eval_every", "save_every",
-                           "eval_data", "eval_batches", "eval_seq_len"))  # fmt: skip
+                           "eval_data", "eval_batches", "eval_seq_len", "compile"))  # fmt: skip
 
 
 def run_identity(
@@ -470,6 +475,7 @@ def _train_phase(
         )
         if c.mlm_bias_init == "unigram":
             unigram_bias_(model.cls.predictions.bias, shards.token_counts(tokenizer.vocab_size))
+    set_dropout_parity(model, c.parity)
     stream = PretrainingData(
         shards,
         tokenizer,
@@ -508,6 +514,7 @@ def _train_phase(
         optim=c.optim,
         accumulation=c.accumulation,
         precision=c.precision,
+        compile=c.compile,
         log_every=c.log_every,
         eval_every=c.eval_every,
         save_every=c.save_every,

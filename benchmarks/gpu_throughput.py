@@ -1,0 +1,245 @@
+"""Training-step throughput on a GPU, with model FLOPs utilisation: bertkit against transformers
+on the same batches, variants alternated round by round in one process (the CPU runs it too,
+for a dry run: `--device cpu`).
+
+    python benchmarks/gpu_throughput.py --data SHARDS --case base:128:256 \\
+        --variants bertkit bertkit-compiled transformers --out OUT/base-128.jsonl
+
+A case is MODEL:SEQ_LEN:BATCH. Pre-training cases take real batches of the shards (MLM + NSP,
+the paper's masking; the bert-base-uncased vocabulary: a 30,522-wide decoder); `squad-MODEL`
+cases time SQuAD fine-tuning (span QA at SEQ_LEN, every position a real token, as SQuAD's
+384-piece windows nearly are). A step: forward, backward, clipping at 1, AdamW (fused), under
+bf16 autocast (`--precision fp32` for none). Variants:
+
+- `bertkit`: the loop's model and objective (unpadded dense layers, the MLM head at the masked
+  positions only, the fused vocabulary softmax where it applies), eager;
+- `bertkit-compiled`: the same after `model.compile()` (what `--compile on` does; its first
+  steps, compilation included, are timed apart as `first_s`);
+- `bertkit-padded`: eager on the padded path (every grid cell a row);
+- `transformers`, `transformers-compiled`: transformers' class of the same name (SDPA
+  attention, logits at every position) from the same initial weights, fused AdamW.
+
+Model FLOPs of a step = 3 x the forward's (the backward is twice the forward): per real token
+and layer 24 H^2 (the dense layers: 6 x the non-embedding parameters per token over the three
+passes) + 4 S H (attention's two S x S products), plus at each masked position the MLM head's
+2 H^2 + 2 V H (a QA head: 4 H a token). MFU = those FLOPs / the step's seconds / the card's dense
+bf16 peak (H100 and H200 SXM: 989 TFLOP/s; A100: 312; `--peak` for another card or the CPU).
+Padding counts for nothing: a padded implementation's extra work is not useful work.
+
+`data_ms`: the host time `PretrainingData.next_batch` takes a step (the loop makes batches
+between steps, so this is the time the card waits per step unless it is hidden).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from _harness import TransformersHead, transformers_copy
+from machine import describe
+
+from bertkit import BertConfig, BertForPreTraining, BertForQuestionAnswering
+from bertkit.pretraining.dataset import PretrainingData
+from bertkit.pretraining.shards import Shards
+from bertkit.pretraining.train import PretrainingObjective
+from bertkit.tokenizer import BertTokenizer
+from bertkit.training.optim import ADAM_EPSILON, OptimConfig, build_optimizer, parameter_groups
+
+PEAKS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "A100": 312e12, "L40S": 362e12}
+
+
+def card_peak(device: torch.device, given: float | None) -> float | None:
+    """The dense bf16 peak in FLOP/s: `given` (TFLOP/s), else the card's by its name."""
+    if given:
+        return given * 1e12
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, peak in PEAKS.items():
+            if key in name:
+                return peak
+    return None
+
+
+def pretraining_batches(args, tokenizer, seq_len: int, batch: int) -> tuple[list, list[float]]:
+    stream = PretrainingData(Shards(args.data), tokenizer, batch_size=batch, seq_len=seq_len)
+    batches, seconds = [], []
+    for _ in range(args.steps):
+        started = time.perf_counter()
+        batches.append(stream.next_batch())
+        seconds.append(time.perf_counter() - started)
+    return batches, seconds
+
+
+def squad_batches(args, vocab: int, seq_len: int, batch: int) -> list:
+    generator = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(args.steps):
+        ids = torch.randint(1000, vocab, (batch, seq_len), generator=generator)
+        types = torch.zeros_like(ids)
+        types[:, 24:] = 1  # a question of 24 pieces, then the paragraph
+        start = torch.randint(24, seq_len - 8, (batch,), generator=generator)
+        batches.append(
+            {"input_ids": ids, "token_type_ids": types, "attention_mask": torch.ones_like(ids),
+             "start_positions": start, "end_positions": start + 3}
+        )  # fmt: skip
+    return batches
+
+
+def step_flops(config: BertConfig, batches: list, squad: bool) -> float:
+    """Model FLOPs of a step, averaged over `batches` (the module doc's formula)."""
+    hidden, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
+    total = 0.0
+    for batch in batches:
+        real = float(batch["attention_mask"].sum())
+        length = batch["input_ids"].shape[1]
+        forward = real * layers * (24 * hidden**2 + 4 * length * hidden)
+        if squad:
+            forward += real * 4 * hidden
+        else:
+            masked = float((batch["labels"] != -100).sum())
+            forward += masked * (2 * hidden**2 + 2 * vocab * hidden)
+        total += 3 * forward
+    return total / len(batches)
+
+
+def build(variant: str, config: BertConfig, squad: bool, tokenizer, device):
+    """(the model the step calls, the optimiser) of a variant, from the same initial weights."""
+    torch.manual_seed(0)
+    ours = (BertForQuestionAnswering if squad else BertForPreTraining)(config).train()
+    if variant.startswith("transformers"):
+        model = TransformersHead(ours) if squad else transformers_copy(config, ours.state_dict(),
+                                                                       tokenizer)  # fmt: skip
+        model = model.to(device).train()
+        groups = parameter_groups(model, 0.01)
+        optimizer = torch.optim.AdamW(groups, lr=1e-4, eps=ADAM_EPSILON, fused=True)
+    else:
+        model = ours.to(device)
+        if variant == "bertkit-padded":
+            encode = model.bert.forward
+            model.bert.forward = lambda *a, **k: encode(*a, **{**k, "unpad": False})
+        optimizer = build_optimizer(model, OptimConfig(learning_rate=1e-4))
+    if variant.endswith("compiled"):
+        model.compile()
+    return model, optimizer
+
+
+def run_case(args, case: str, device: torch.device) -> list[dict]:
+    name, seq_len, batch = case.split(":")
+    seq_len, batch = int(seq_len), int(batch)
+    squad = name.startswith("squad-")
+    tokenizer = BertTokenizer.from_pretrained(args.data)
+    config = BertConfig.from_preset(name.removeprefix("squad-"), vocab_size=tokenizer.vocab_size)
+    config = config.with_labels(2) if squad else config
+    data_seconds: list[float] = []
+    if squad:
+        batches = squad_batches(args, tokenizer.vocab_size, seq_len, batch)
+    else:
+        batches, data_seconds = pretraining_batches(args, tokenizer, seq_len, batch)
+    batches = [{k: v.pin_memory() if device.type == "cuda" else v for k, v in b.items()}
+               for b in batches]  # fmt: skip
+    flops = step_flops(config, batches, squad)
+    tokens = sum(float(b["attention_mask"].sum()) for b in batches) / len(batches)
+    objective = PretrainingObjective("mlm+nsp")
+    totals = [objective.counts(b).double() for b in batches]
+    bf16 = args.precision == "bf16"
+
+    def step(model, optimizer, i: int) -> None:
+        batch = {k: v.to(device, non_blocking=True) for k, v in batches[i].items()}
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            if squad:
+                loss = model(**batch).loss
+            else:
+                loss, _ = objective.loss(model, batch, totals[i].to(device))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    setups, first = {}, {}
+    for variant in args.variants:
+        model, optimizer = build(variant, config, squad, tokenizer, device)
+        started = time.perf_counter()
+        for i in range(min(args.warmup, len(batches))):  # compilation, cuDNN/cuBLAS choices
+            step(model, optimizer, i)
+        sync()
+        first[variant] = time.perf_counter() - started
+        setups[variant] = (model, optimizer)
+        print(f"{case} {variant}: {args.warmup} warm-up steps {first[variant]:.1f} s", flush=True)
+    times: dict[str, list[float]] = {v: [] for v in setups}
+    for _ in range(args.rounds):  # alternated: a card's clock drift hits every variant alike
+        for variant, (model, optimizer) in setups.items():
+            sync()
+            started = time.perf_counter()
+            for i in range(len(batches)):
+                step(model, optimizer, i)
+            sync()
+            times[variant].append((time.perf_counter() - started) / len(batches))
+    peak = card_peak(device, args.peak)
+    memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    rows = []
+    reference = statistics.median(times[args.variants[0]])
+    for variant, values in times.items():
+        seconds = statistics.median(values)
+        row = {
+            "case": case, "variant": variant, "precision": args.precision,
+            "step_ms": round(1000 * seconds, 2), "steps_ms": [round(1000 * v, 2) for v in values],
+            "seq_per_s": round(batch / seconds, 1), "tokens_per_s": round(tokens / seconds),
+            "real_tokens_per_step": round(tokens), "model_tflop_per_step": round(flops / 1e12, 4),
+            "model_tflops": round(flops / seconds / 1e12, 2),
+            "mfu": round(flops / seconds / peak, 4) if peak else None,
+            "peak_tflops": peak / 1e12 if peak else None,
+            "speed_vs_first": round(reference / seconds, 3), "first_s": round(first[variant], 2),
+            "data_ms": round(1000 * statistics.median(data_seconds), 2) if data_seconds else None,
+            "max_memory_gib": round(memory, 2) if memory else None,
+        }  # fmt: skip
+        rows.append(row)
+        mfu = f", MFU {row['mfu']:.1%}" if row["mfu"] else ""
+        print(f"{case} {variant:22s} {row['step_ms']:9.2f} ms a step, {row['seq_per_s']:9.1f} "
+              f"seq/s, {row['tokens_per_s']:>11,} tokens/s{mfu}, {row['speed_vs_first']:.2f}x "
+              f"{args.variants[0]}", flush=True)  # fmt: skip
+    for model, optimizer in setups.values():
+        del model, optimizer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="shards (bertkit prepare) with their vocab")
+    parser.add_argument("--case", nargs="+", required=True, help="MODEL:SEQ_LEN:BATCH ...")
+    parser.add_argument("--variants", nargs="+", default=["bertkit", "transformers"])
+    parser.add_argument("--steps", type=int, default=8, help="batches, each step of a round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--peak", type=float, help="dense bf16 TFLOP/s of the device")
+    parser.add_argument("--out", help="append the rows to this JSON-lines file")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 runs: what a GPU user gets
+        torch.backends.cudnn.allow_tf32 = True
+    machine = describe()
+    print(json.dumps(machine), flush=True)
+    for case in args.case:
+        rows = run_case(args, case, device)
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            with open(args.out, "a") as out:
+                for row in rows:
+                    out.write(json.dumps({**row, "machine": machine}) + "\n")
+
+
+if __name__ == "__main__":
+    main()

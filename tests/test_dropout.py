@@ -1,0 +1,88 @@
+"""The default dropout masks (bertkit.dropout): drawn by a parallel counter-based generator, the
+same distribution as torch's, governed by torch's seed; and the encoder under them: unpadded
+training draws masks for real tokens only, and `set_dropout_parity` brings torch's draws back."""
+
+import pytest
+import torch
+
+from bertkit import BertModel
+from bertkit.dropout import dropout, keep_mask
+from bertkit.model import set_dropout_parity
+
+
+def test_the_masks_have_the_rate_and_independence_asked_for():
+    torch.manual_seed(0)
+    n = 2_000_000
+    for p in (0.1, 0.5):
+        dropped = ~keep_mask((n,), p)
+        rate = dropped.float().mean().item()
+        sigma = (p * (1 - p) / n) ** 0.5
+        assert abs(rate - round(p * 65536) / 65536) < 5 * sigma, (p, rate)
+        for lag in (1, 2, 3, 4, 5, 64):  # within a 64-bit word, across words
+            both = (dropped[:-lag] & dropped[lag:]).float().mean().item()
+            assert abs(both - rate * rate) < 5 * (rate * rate / n) ** 0.5 * 2, (p, lag, both)
+    first, second = keep_mask((n,), 0.1), keep_mask((n,), 0.1)
+    assert abs((~first & ~second).float().mean().item() - 0.01) < 0.0005  # calls independent
+
+
+def test_torch_seed_governs_the_draws_and_the_expectation_is_kept():
+    torch.manual_seed(3)
+    a = keep_mask((64, 33), 0.1)
+    torch.manual_seed(3)
+    assert torch.equal(a, keep_mask((64, 33), 0.1))
+    assert not torch.equal(a, keep_mask((64, 33), 0.1))
+    x = torch.ones(1_000_000)
+    assert abs(dropout(x, 0.1, True).mean().item() - 1.0) < 0.002  # kept values scaled
+    assert torch.equal(dropout(x, 0.1, False), x) and torch.equal(dropout(x, 0.0, True), x)
+    assert dropout(x[:10], 1.0, True).abs().sum() == 0
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_a_trained_encoder_sees_the_same_distribution_as_with_torchs_masks(tiny_config, p):
+    """Hidden states of a training forward: mean and spread under bertkit's masks equal those
+    under torch's masks (parity), over many seeds; the draws themselves differ."""
+    import dataclasses
+
+    config = dataclasses.replace(tiny_config, hidden_dropout_prob=p, attention_probs_dropout_prob=p)
+    torch.manual_seed(0)
+    model = BertModel(config).train()
+    ids = torch.randint(5, config.vocab_size, (4, 16))
+    mask = torch.ones_like(ids)
+    mask[1, 10:] = 0
+
+    def stats(parity):
+        set_dropout_parity(model, parity)
+        outs = []
+        with torch.no_grad():
+            for seed in range(40):
+                torch.manual_seed(seed)
+                outs.append(model(ids, attention_mask=mask, unpad=True).last_hidden_state)
+        out = torch.stack(outs)[:, mask.bool()]
+        return out.mean(0), out.std(0)
+
+    (fast_mean, fast_std), (torch_mean, torch_std) = stats(False), stats(True)
+    assert not torch.allclose(fast_mean, torch_mean, atol=1e-6)
+    # the per-element means over 40 draws agree within their standard error
+    error = (fast_std.square() / 40 + torch_std.square() / 40).sqrt()
+    assert ((fast_mean - torch_mean).abs() / error).mean() < 1.0
+    assert abs(fast_std.mean() / torch_std.mean() - 1) < 0.05
+
+
+def test_unpadded_training_draws_masks_for_real_tokens_only(tiny_config, monkeypatch):
+    from bertkit import dropout as module
+
+    drawn = []
+    real = module.keep_mask
+
+    def counting(shape, p):
+        drawn.append(shape)
+        return real(shape, p)
+
+    monkeypatch.setattr(module, "keep_mask", counting)
+    model = BertModel(tiny_config).train()
+    ids = torch.randint(5, tiny_config.vocab_size, (3, 20))
+    mask = torch.zeros_like(ids)
+    mask[:, :5] = 1  # a quarter of the grid is real
+    model(ids, attention_mask=mask, unpad=True).last_hidden_state.sum().backward()
+    hidden = [s for s in drawn if len(s) == 2]
+    assert hidden and all(s == (15, tiny_config.hidden_size) for s in hidden)
