@@ -22,7 +22,9 @@ bf16` (bf16 autocast, fp32 master weights), `transformers-bf16` the same loop un
 `torch.autocast("cpu", torch.bfloat16)` (what `TrainingArguments(bf16=True)` does on a CPU). The
 ratios are against the plain fp32 transformers loop; the sides' order rotates by task and seed.
 `bertkit-bf16-random` is `bertkit-bf16` with random batches (`--bucket-batches 1`) instead of
-length-bucketed ones: what bucketing does to the dev scores. The dev score column is the mean ±
+length-bucketed ones: what bucketing does to the dev scores. `bertkit-parity` is `bertkit
+finetune --parity`: dropout masks drawn as transformers draws them (slower on CPUs), against
+the default's parallel draws: what the default's other random numbers do to the dev scores. The dev score column is the mean ±
 the standard deviation over seeds of the task's main score; Δ: Welch's 95% interval of the
 difference of the means to the fp32 transformers loop, or to `--baseline` (with two seeds or more
 on both sides).
@@ -52,7 +54,7 @@ NO_DECAY = ("bias", "LayerNorm.weight")
 
 
 SIDES = ("bertkit", "transformers", "bertkit-bf16", "transformers-bf16", "bertkit-bf16-random",
-         "bertkit-random")  # fmt: skip
+         "bertkit-random", "bertkit-parity")  # fmt: skip
 
 
 def transformers_user(
@@ -261,7 +263,7 @@ def main() -> None:
                         args.out / task_name / f"{side}_{seed}",
                         FinetuneConfig(
                             **{**vars(config), "seed": seed, "precision": precision,
-                               "bucket_batches": bucket}
+                               "bucket_batches": bucket, "parity": side.endswith("-parity")}
                         ),
                     )  # fmt: skip
                     figures = last_epoch(run)
