@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -430,3 +431,50 @@ def test_fine_tuning_dropout_is_the_papers_not_the_checkpoints(tiny_checkpoint, 
         finetune("sst2", checkpoint, data, out, config)
         saved = json.loads((out / "config.json").read_text())
         assert saved["hidden_dropout_prob"] == saved["attention_probs_dropout_prob"] == expected
+
+
+def test_early_stopping_keeps_the_best_evaluation_and_stops(words_model, tmp_path, capsys):
+    """--metric picks the evaluation whose model OUT keeps, --patience stops the run after that
+    many evaluations without a better one, --eval-every evaluates within epochs; a resumed
+    stopped run trains no further; an unknown --metric names the figures there are."""
+    import csv
+
+    from bertkit.cli import main
+    from bertkit.tasks.own import DataConfig
+
+    from helpers import OWN_QUICK, topic_rows
+
+    for name, rows in (("train", topic_rows(160)), ("dev", topic_rows(32, 1))):
+        with open(tmp_path / f"{name}.csv", "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["headline", "topic"])
+            writer.writerows([[r["headline"], r["topic"]] for r in rows])
+    data = DataConfig(train=str(tmp_path / "train.csv"), validation=str(tmp_path / "dev.csv"),
+                      text_column="headline", label_column="topic")  # fmt: skip
+    settings = FinetuneConfig(
+        **OWN_QUICK | {"epochs": 10}, metric="macro_f1", patience=2, eval_every=10
+    )
+    out = tmp_path / "run"
+    results = finetune("text-classification", words_model, data, out, settings)
+    evals = results["epochs"]
+    assert results["selected_by"] == "macro_f1" and results["stopped_early"]["patience"] == 2
+    assert results["stopped_early"]["step"] < results["steps"] == 200
+    assert [e["epoch"] for e in evals[:2]] == [0.5, 1.0]  # every 10 steps of 20 an epoch
+    best = max(evals, key=lambda e: e["macro_f1"])
+    assert results["best_epoch"] == best["epoch"] and results["dev"]["macro_f1"] == best["macro_f1"]
+    assert evals[-1]["epoch"] > best["epoch"] and len(evals) - evals.index(best) - 1 == 2
+    # what OUT holds is the best evaluation's model
+    assert evaluate(out, tmp_path / "dev.csv")["dev"]["macro_f1"] == pytest.approx(best["macro_f1"])
+    # resumed, the stopped run trains no further
+    again = finetune("text-classification", words_model, data, out,
+                     dataclasses.replace(settings, resume=True))  # fmt: skip
+    assert again["epochs"] == evals
+    argv = ["finetune", "text-classification", "--model", str(words_model), "--train",
+            str(tmp_path / "train.csv"), "--validation", str(tmp_path / "dev.csv"),
+            "--text-column", "headline", "--label-column", "topic", "--epochs", "1",
+            "--metric", "f2", "--out", str(tmp_path / "bad")]  # fmt: skip
+    assert main(argv) == 2
+    assert (
+        "--metric f2: not a figure of text-classification's evaluation; its figures are "
+        "accuracy, macro_f1, mcc, micro_f1" in capsys.readouterr().err
+    )

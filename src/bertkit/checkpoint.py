@@ -23,6 +23,7 @@ import torch
 from bertkit._io import atomic_path, atomic_write_text
 from bertkit._tf_bundle import _BFloat16, bundle_prefix, read_bundle, write_bundle
 from bertkit.config import BertConfig
+from bertkit.hub import model_dir
 
 
 class PreTrainedModule(Protocol):
@@ -417,8 +418,9 @@ def load_pretrained(
 
     `config` replaces the directory's; `num_labels` sets the classification head's size (e.g.
     a fresh classifier on a pre-trained encoder). `verify` checks Google checkpoints' CRCs.
+    `path` may be a Hub name (`bertkit.hub.model_dir`).
     """
-    path = Path(path)
+    path = model_dir(path)
     fmt = detect_checkpoint_format(path)
     if config is None:
         config = read_config(path)
@@ -512,7 +514,7 @@ def convert(
     A non-empty `dst` is refused unless `overwrite`, which first removes the weights and configs
     of both layouts there (a stale `model.safetensors` beside new Google files would be what
     `from_pretrained` loads)."""
-    src, dst = Path(src), Path(dst)
+    src, dst = model_dir(src), Path(dst)
     if to not in ("hf", "google"):
         raise ValueError(f"unknown target format {to!r}; expected 'hf' or 'google'")
     if dst.is_dir() and any(dst.iterdir()) and dst.resolve() != src.resolve():

@@ -46,6 +46,9 @@ class FillMask:
         batch_size: int = 32,
         max_seq_length: int | None = None,
     ) -> None:
+        from bertkit.hub import model_dir
+
+        model = model_dir(model)  # a folder, or a Hub name
         if not has_mlm_head(model):  # refused before loading: no warning of random tensors
             raise ValueError(
                 f"{model}: this checkpoint has no masked-LM head (no {MLM_HEAD_TENSOR}), so "

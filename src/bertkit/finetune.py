@@ -27,7 +27,6 @@ import functools
 import itertools
 import json
 import logging
-import math
 import os
 import statistics
 import sys
@@ -43,6 +42,7 @@ import torch
 from bertkit._io import LOCK_FILE, atomic_path
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
+from bertkit.hub import model_dir
 from bertkit.model import set_dropout_parity
 from bertkit.settings import (
     Settings,
@@ -88,6 +88,18 @@ class FinetuneConfig(Settings):
     The `bertkit finetune` flags are these fields (`--learning-rate`, ...)."""
 
     epochs: int | None = setting(None, "epochs (the paper's: 3; SQuAD 2.0: 2)", check="positive")
+    metric: str | None = setting(
+        None,
+        "the dev figure that picks the best evaluation, whose model OUT keeps: any key of the "
+        "task's figures (accuracy, f1, mcc, pearson, macro_f1, ...; one ending in loss or mse is "
+        "lowered, the rest raised); default: the mean of the task's main metrics",
+    )
+    patience: int | None = setting(
+        None, "stop after this many evaluations without a better --metric", check="positive"
+    )
+    eval_every: int | None = setting(
+        None, "training steps between evaluations (default: one each epoch)", check="positive"
+    )
     learning_rate: float | None = setting(
         None, "peak learning rate (5e-5; SWAG: 2e-5)", check="positive", flags=("--lr",)
     )
@@ -202,6 +214,33 @@ def main_score(task: Task, figures: dict[str, float]) -> float:
     """What selects epochs, seeds and grid points: the mean of the task's dev metrics (as the
     GLUE leaderboard averages F1 and accuracy, Pearson and Spearman)."""
     return statistics.fmean(figures[m] for m in task.metrics)
+
+
+class Selection:
+    """What picks the best evaluation: the mean of the task's main metrics, or the dev figure
+    `metric` names (one ending in loss or mse is lowered, the rest raised)."""
+
+    LOWER = ("loss", "mse")
+
+    def __init__(self, task: Task, metric: str | None) -> None:
+        self.task, self.metric = task, metric
+        self.name = metric or "mean of " + ", ".join(task.metrics)
+        self.lower = metric is not None and metric.endswith(self.LOWER)
+
+    def score(self, figures: dict[str, float]) -> float:
+        if self.metric is None:
+            return main_score(self.task, figures)
+        if self.metric not in figures:
+            raise ValueError(
+                f"--metric {self.metric}: not a figure of {self.task.name}'s evaluation; its "
+                f"figures are {', '.join(sorted(figures))}"
+            )
+        return float(figures[self.metric])
+
+    def better(self, score: float, than: float | None) -> bool:
+        if than is None:
+            return True
+        return score < than if self.lower else score > than
 
 
 class TaskData(NamedTuple):
@@ -344,6 +383,7 @@ def finetune(
     `build(task, model, seed)` replaces `build_model` (another implementation, for
     benchmarks)."""
     task, config, out = _resolve(task, config, out, data)
+    model = model_dir(model)  # a folder, or a Hub name resolved once
     task.head_class(config.bilstm)  # a head this task cannot have fails before any work
     _check_out(out, config)
     started = time.perf_counter()
@@ -393,12 +433,14 @@ def finetune(
     steps_per_epoch = batches.batches_per_epoch
     max_steps = steps_per_epoch * sizes.epochs
     best: dict[str, Any] = {}
+    chosen = Selection(task, config.metric)
 
     def evaluate(wrapped, step: int) -> dict[str, Any]:
-        """Score every dev split; keep the best epoch's model and predictions."""
+        """Score every dev split; keep the best evaluation's model and predictions; ask the
+        loop to stop after `patience` evaluations without a better score."""
         model_ = distributed.unwrap(wrapped)
         if not best:
-            best.update(_best_so_far(out))
+            best.update(_best_so_far(out, chosen))
         epoch = round(step / steps_per_epoch, 3)
         figures, predictions, tuned_tasks, settings = {}, {}, {}, {}
         for split, (examples, features) in devs.items():
@@ -409,10 +451,10 @@ def finetune(
                 settings = tuned
             suffix = "" if split == "dev" else "_" + split.removeprefix("dev_")
             figures.update({f"{k}{suffix}": v for k, v in scores.items()})
-        score = main_score(task, figures)
-        entry = {"split": "eval", "epoch": epoch, **figures, "score": score}
-        if score > best.get("score", -math.inf):
-            best.update(score=score, epoch=epoch, dev=figures, report={})
+        score = chosen.score(figures)
+        entry: dict[str, Any] = {"split": "eval", "epoch": epoch, **figures, "score": score}
+        if chosen.better(score, best.get("score")):
+            best.update(score=score, epoch=epoch, dev=figures, report={}, since=0)
             save_finetuned(model_, tokenizer, out, task, config, settings)
             tuned_task = task.with_settings(settings)
             for split, (examples, _) in devs.items():
@@ -423,7 +465,14 @@ def finetune(
                     best["report"][split] = report
             logger.info("epoch %s: dev %s (best so far)", epoch, _brief(figures))
         else:
+            best["since"] = best.get("since", 0) + 1
             logger.info("epoch %s: dev %s", epoch, _brief(figures))
+        if config.patience and best["since"] >= config.patience:
+            logger.info(
+                "epoch %s: %d evaluations without a better %s: stopping (the best, epoch %s, "
+                "is what %s holds)", epoch, best["since"], chosen.name, best["epoch"], out,
+            )  # fmt: skip
+            entry["stop"] = True
         return entry
 
     trainer = Trainer(
@@ -437,8 +486,8 @@ def finetune(
             precision=config.precision,
             compile=config.compile,
             log_every=max(1, min(50, steps_per_epoch // 4)),
-            eval_every=steps_per_epoch,
-            save_every=steps_per_epoch,
+            eval_every=config.eval_every or steps_per_epoch,
+            save_every=config.eval_every or steps_per_epoch,
             seed=config.seed,
             resume=config.resume and (out / STATE_FILE).exists(),  # a fresh seed starts quietly
             progress=config.progress,
@@ -449,13 +498,14 @@ def finetune(
     )
     trainer.train()
     if not best:
-        best.update(_best_so_far(out))
+        best.update(_best_so_far(out, chosen))
     results = {
         "task": task.name,
         "model": str(model),
         "data": task.data_description(data),
         "dev": best.get("dev", {}),
         "best_epoch": best.get("epoch"),
+        "selected_by": chosen.name,
         "epochs": [e for e in read_log(out / LOG_FILE) if e.get("split") == "eval"],
         "hyperparameters": _hyperparameters(config),
         "precision": trainer.precision.as_dict(),  # what auto chose here, and why
@@ -463,6 +513,8 @@ def finetune(
         "train_features": len(train_features),
         "steps": max_steps,
     }
+    if trainer.stopped:  # early stopping: the steps run, the evaluations without a gain
+        results["stopped_early"] = {"step": trainer.step, "patience": config.patience}
     if summaries:
         results["read"] = summaries
     if held_out:  # the dev set as a test: the model chosen on the carved validation, once
@@ -568,6 +620,9 @@ def _hyperparameters(config: FinetuneConfig) -> dict[str, Any]:
             "dropout",
             "validation_split",
             "parity",
+            "metric",
+            "patience",
+            "eval_every",
         )
     }
 
@@ -608,8 +663,17 @@ def _results_of_finished_run(out: Path, task: Task, config: FinetuneConfig, trai
         results.get("task") == task.name
         # runs written before `bucket_batches` was a setting sorted 50 batches' worth together;
         # before `dropout` and `validation_split`, they kept the checkpoint's and carved none;
-        # before `parity`, every run drew its dropout masks as transformers does
-        and {"bucket_batches": 50, "dropout": None, "validation_split": None, "parity": True}
+        # before `parity`, every run drew its dropout masks as transformers does; before early
+        # stopping, the mean of the main metrics chose among epochs
+        and {
+            "bucket_batches": 50,
+            "dropout": None,
+            "validation_split": None,
+            "parity": True,
+            "metric": None,
+            "patience": None,
+            "eval_every": None,
+        }
         | results.get("hyperparameters", {})
         == _hyperparameters(config)
         and results.get("train_examples") == train_examples
@@ -659,15 +723,18 @@ def _brief(figures: dict[str, float]) -> str:
 _NOT_FIGURES = ("step", "split", "epoch", "score", "tokens", "seconds")
 
 
-def _best_so_far(out: Path) -> dict[str, Any]:
-    """The best evaluation already in log.jsonl (a resumed run keeps its best epoch)."""
+def _best_so_far(out: Path, chosen: Selection) -> dict[str, Any]:
+    """The best evaluation already in log.jsonl (a resumed run keeps its best epoch), and how
+    many evaluations came after it (`since`: patience goes on counting)."""
     best: dict[str, Any] = {}
     for entry in read_log(out / LOG_FILE) if (out / LOG_FILE).exists() else []:
-        if entry.get("split") == "eval" and entry.get("score", -math.inf) > best.get(
-            "score", -math.inf
-        ):
+        if entry.get("split") != "eval" or "score" not in entry:
+            continue
+        if chosen.better(entry["score"], best.get("score")):
             figures = {k: v for k, v in entry.items() if k not in _NOT_FIGURES}
-            best = {"score": entry["score"], "epoch": entry["epoch"], "dev": figures}
+            best = {"score": entry["score"], "epoch": entry["epoch"], "dev": figures, "since": 0}
+        else:
+            best["since"] = best.get("since", 0) + 1
     return best
 
 
@@ -812,6 +879,7 @@ def evaluate(
     data, the confusion picture. Unlabelled files get predictions only. `progress`: a progress
     bar over the batches."""
     # the checkpoint's settings: SQuAD 2.0's threshold, a user's labels and columns
+    model = model_dir(model)
     task_obj, info = task_of_checkpoint(model, task)
     tokenizer = BertTokenizer.from_pretrained(model)
     max_seq_length = info.get("max_seq_length", task_obj.default_max_seq_length)

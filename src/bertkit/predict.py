@@ -35,6 +35,7 @@ import torch
 from bertkit._io import atomic_path, read_jsonl
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
+from bertkit.hub import model_dir
 from bertkit.precision import resolve_precision
 from bertkit.tasks.base import DataError, run_outputs, task_of_checkpoint
 from bertkit.tasks.files import FileOptions, file_format, open_text, read_rows
@@ -58,6 +59,7 @@ class Predictor:
         natively, fp32 elsewhere; an ONNX export runs as it was exported."""
         if backend not in ("torch", "onnx"):
             raise ValueError(f"backend must be torch or onnx, not {backend!r}")
+        model = model_dir(model)  # a folder, or a Hub name
         self.task, info = task_of_checkpoint(model)
         self.max_seq_length = int(info.get("max_seq_length", self.task.default_max_seq_length))
         self.tokenizer = BertTokenizer.from_pretrained(model)

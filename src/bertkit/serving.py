@@ -72,9 +72,10 @@ def export_onnx(
     """Write `out/model.onnx` (fp32, or int8 with `quantize="int8"`) and the files `Predictor`
     needs beside it. Returns the ONNX file's path."""
     from bertkit.heads import MODEL_CLASSES
+    from bertkit.hub import model_dir
     from bertkit.model import BertPreTrainedModel
 
-    model, out = Path(model), Path(out)
+    model, out = model_dir(model), Path(out)
     if quantize not in (None, "int8"):
         raise ValueError(f"quantize must be int8 or None, not {quantize!r}")
     if out.is_dir() and any(out.iterdir()) and not overwrite:

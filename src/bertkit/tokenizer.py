@@ -30,6 +30,7 @@ from tokenizers import (
 )
 
 from bertkit._io import atomic_write_text
+from bertkit.hub import model_dir
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -174,9 +175,9 @@ class BertTokenizer:
 
         `do_lower_case` comes from `tokenizer_config.json` when present, otherwise from the
         vocabulary itself (an uncased vocabulary has no upper-case tokens); keyword arguments
-        override both.
+        override both. `path` may be a Hub name (`bertkit.hub.model_dir`).
         """
-        path = Path(path)
+        path = model_dir(path)
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such folder (a model directory or vocab.txt)")
         directory = path.parent if path.is_file() else path

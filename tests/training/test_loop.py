@@ -520,3 +520,49 @@ def test_a_compiled_run_equals_the_eager_run_and_logs_its_compile_time(setup, tm
     trained = [e["seconds"] for e in log if e["split"] == "train"][-1]
     assert spent > 0 and trained < spent  # compiling a tiny model takes longer than 3 steps
     assert not any(e["split"] == "compile" for e in eager)
+
+
+def test_the_divergence_rule_spares_every_committed_pretraining_curve():
+    """48 real pre-training runs (docs/results: BERT-tiny and mini on Wikipedia, every lever and
+    recipe tried, transformers' too), their logged losses fed to the rule as the loop feeds it
+    (weights' norms steady): none trips it; a curve that climbs as `--lr 1000` did does."""
+    from pathlib import Path
+
+    from bertkit.training.loop import Divergence
+
+    logs = sorted(Path(__file__).parents[2].glob("docs/results/**/*.jsonl"))
+    curves = []
+    for path in logs:
+        losses = [e["loss"] for e in map(json.loads, path.read_text().splitlines())
+                  if e.get("split") == "train" and e.get("loss") is not None]  # fmt: skip
+        if len(losses) >= 5:
+            curves.append((path, losses))
+    assert len(curves) >= 40
+    for path, losses in curves:
+        rule = Divergence()
+        assert all(rule.check(loss, 100.0) is None for loss in losses), path
+    rule = Divergence()
+    verdicts = [rule.check(loss, 100.0) for loss in (0.69, 0.71, 25_296.0, 913_408.0)]
+    assert verdicts[:2] == [None, None] and verdicts[2].startswith("the loss diverged")
+    rule = Divergence()
+    assert rule.check(0.69, 100.0) is None and "norm exploded" in rule.check(0.6, 1e5)
+
+
+def test_a_diverging_finetune_stops_with_exit_2_and_writes_no_results(tiny_checkpoint, tmp_path,
+                                                                       capsys):  # fmt: skip
+    """`bertkit finetune ... --lr 1000` (the issue's run, on a sentence-pair task here): the
+    loss climbs without reaching infinity; stopped by name with exit 2, no results."""
+    from bertkit.cli import main
+
+    from helpers import FIXTURES, grow_copies
+
+    data = grow_copies(FIXTURES / "glue" / "QNLI", tmp_path / "data", 5)
+    out = tmp_path / "run"
+    argv = ["finetune", "qnli", "--model", str(tiny_checkpoint), "--data", str(data), "--out",
+            str(out), "--lr", "1000", "--epochs", "3", "--batch-size", "4",
+            "--max-seq-length", "64"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "the loss diverged" in err or "norm exploded" in err, err
+    assert "learning rate" in err and "last checkpoint is kept" in err and "Traceback" not in err
+    assert not (out / "results.json").exists()

@@ -20,6 +20,7 @@ import torch
 
 from bertkit.config import BertConfig
 from bertkit.heads import BertForMaskedLM, BertForPreTraining
+from bertkit.hub import model_dir
 from bertkit.losses import IGNORE_INDEX, sequence_loss, token_loss
 from bertkit.model import set_dropout_parity
 from bertkit.pretraining import init_schemes
@@ -425,7 +426,7 @@ def run_identity(
         model_config.to_dict() if model is None else f"a given {type(model).__name__}"
     )
     if c.init_from is not None:
-        identity["init_from"] = str(Path(c.init_from).resolve())
+        identity["init_from"] = str(model_dir(c.init_from).resolve())
     identity["data"] = {
         k: shards.meta.get(k) for k in ("vocab_hash", "num_tokens", "num_documents")
     }

@@ -75,10 +75,12 @@ class ServedModel:
         precision: str = "auto",
         on_forward: Callable[[], None] = lambda: None,
     ) -> None:
+        from bertkit.hub import model_dir
         from bertkit.predict import Predictor
         from bertkit.serving import ONNX_FILE, ONNX_INFO, OnnxModel, export_onnx
         from bertkit.tokenizer import BertTokenizer
 
+        path = model_dir(path)  # a folder, or a Hub name
         if backend not in ("torch", "onnx"):
             raise ValueError(f"backend must be torch or onnx, not {backend!r}")
         if quantize not in (None, "int8"):

@@ -382,7 +382,9 @@ TASK_FILE = "bertkit_task.json"
 
 def read_task_info(model: str | os.PathLike) -> dict:
     """The `bertkit_task.json` of a fine-tuned checkpoint directory."""
-    path = Path(model) / TASK_FILE
+    from bertkit.hub import model_dir
+
+    path = model_dir(model) / TASK_FILE
     if not path.exists():
         raise FileNotFoundError(
             f"{path}: not a fine-tuned bertkit checkpoint (no {TASK_FILE}); pass the task"

@@ -15,7 +15,8 @@ corrupt state is refused, a model file that is not the state's is written again)
 
 Nothing is lost and nothing is silent: one process writes a run folder (an OS lock); SIGTERM and
 Ctrl-C finish the step, save and raise `TrainingInterrupted`; a NaN or infinite loss, gradient or
-weight raises `TrainingDiverged` before anything is written.
+weight raises `TrainingDiverged` before anything is written, and so does a finite divergence
+(`Divergence`: a loss far above where it started, or weights whose norm exploded).
 """
 
 from __future__ import annotations
@@ -195,6 +196,52 @@ def read_run_record(out: Path) -> dict[str, Any] | None:
     return record
 
 
+class Divergence:
+    """A run that diverges without reaching infinity (`finetune --lr 1000`: the loss went 0.69 ->
+    25,296 -> 913,408 and the run ended with exit 0). Read at log steps, on the logged loss (the
+    same on every rank): the smoothed loss (an exponential average of the logged losses, weight
+    1/2 to the newest) above both 3x the run's first step's loss and 10x its own lowest value,
+    or the weights' total norm above 100x the run's first. A healthy run's loss falls from
+    where it starts (BERT's first loss is near the entropy of a uniform guess: ln 30522 + ln 2
+    pre-training, ln C for C classes), so neither factor is reached by noise: 48 committed
+    pre-training curves and every fine-tuning run of the test suite stay below them; a weight
+    norm 100x its start is no training (BERT-base's grows a few fold from Google's init)."""
+
+    LOSS_OVER_START, LOSS_OVER_LOW, NORM_OVER_START = 3.0, 10.0, 100.0
+
+    def __init__(self) -> None:
+        self.start: float | None = None  # the first step's loss
+        self.smoothed: float | None = None
+        self.low: float | None = None
+        self.norm: float | None = None  # the weights' norm at the first check
+
+    def state_dict(self) -> dict[str, float | None]:
+        return {k: getattr(self, k) for k in ("start", "smoothed", "low", "norm")}
+
+    def load_state_dict(self, state: dict[str, float | None]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+    def check(self, loss: float, norm: float) -> str | None:
+        """Why the run diverged, or None; `loss` the newest logged loss, `norm` the weights'."""
+        if self.start is None:
+            self.start = loss
+        self.smoothed = loss if self.smoothed is None else (self.smoothed + loss) / 2
+        self.low = self.smoothed if self.low is None else min(self.low, self.smoothed)
+        self.norm = norm if self.norm is None else self.norm
+        if (
+            self.smoothed > self.LOSS_OVER_START * self.start
+            and self.smoothed > self.LOSS_OVER_LOW * self.low
+        ):
+            return (
+                f"the loss diverged: {self.smoothed:,.4g} (smoothed) against {self.start:.4g} "
+                f"at the first step and {self.low:.4g} at its lowest"
+            )
+        if norm > self.NORM_OVER_START * self.norm:
+            return f"the weights' norm exploded: {norm:,.4g} against {self.norm:.4g} at the start"
+        return None
+
+
 class Objective(Protocol):
     def counts(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Units each loss term averages over in this micro-batch, e.g. [masked tokens, pairs]."""
@@ -245,6 +292,8 @@ class Trainer:
         )
         self.wrapped = distributed.wrap(self.model, self.dist)
         self.step = 0
+        self.stopped = False  # an evaluation returned "stop": True (early stopping)
+        self.divergence = Divergence()
         self.tokens_seen = 0  # real (unpadded) tokens so far: this rank's times the world size
         self.train_seconds = 0.0  # time in training steps (what a budget counts), all sessions
         # wall-clock seconds of the work this state holds: before this process (from the
@@ -296,6 +345,8 @@ class Trainer:
                 "seconds": self.seconds,
                 "train_seconds": self.train_seconds,
                 "tokens_seen": self.tokens_seen,
+                "stopped": self.stopped,
+                "divergence": self.divergence.state_dict(),
             }
             with atomic_path(self.out_dir / STATE_FILE) as tmp:
                 torch.save(state, tmp)
@@ -315,6 +366,12 @@ class Trainer:
         if self.config.identity is not None:
             record = {"identity": self.config.identity, "checkpoint_step": checkpoint_step}
             atomic_write_text(self.out_dir / RUN_FILE, json.dumps(record))
+
+    def _weight_norm(self) -> float:
+        """The weights' total L2 norm (read at log steps: a device sync there only)."""
+        with torch.no_grad():
+            norms = [p.detach().float().norm() for p in self.model.parameters()]
+            return float(torch.stack(norms).norm()) if norms else 0.0
 
     def _check_finite_weights(self) -> None:
         bad = [n for n, p in self.model.named_parameters() if not torch.isfinite(p).all()]
@@ -376,13 +433,18 @@ class Trainer:
         self.seconds_before = float(state.get("seconds", 0.0))
         self.train_seconds = float(state.get("train_seconds", 0.0))
         self.tokens_seen = int(state.get("tokens_seen", 0))
+        self.stopped = bool(state.get("stopped", False))
+        self.divergence.load_state_dict(state.get("divergence", {}))
         return True
 
     def finished(self) -> bool:
-        """The step count or the time budget is spent, whichever comes first."""
+        """The step count or the time budget is spent, whichever comes first, or an evaluation
+        asked to stop (early stopping)."""
         config = self.config
-        return bool(config.max_steps and self.step >= config.max_steps) or (
-            config.budget_seconds is not None and self.train_seconds >= config.budget_seconds
+        return (
+            self.stopped
+            or bool(config.max_steps and self.step >= config.max_steps)
+            or (config.budget_seconds is not None and self.train_seconds >= config.budget_seconds)
         )
 
     @property
@@ -533,6 +595,10 @@ class Trainer:
             if budget:  # every rank stops at the same step: rank 0's clock decides
                 self.train_seconds = distributed.broadcast_float(self.train_seconds, self.dist)
             last = self.finished()
+            if self.divergence.start is None:  # the run's first step: where its loss starts
+                assert sums is not None
+                first = distributed.all_reduce_sum(sums.clone(), self.dist).cpu()
+                self.divergence.start = self.objective.log_entry(first)["loss"]
             if self.step % config.log_every == 0 or last:
                 assert sums is not None
                 sums = distributed.all_reduce_sum(sums, self.dist).cpu()
@@ -550,6 +616,13 @@ class Trainer:
                 entries.append(entry)
                 log.write(entry)
                 self._tell(entry)
+                why = self.divergence.check(float(entry["loss"]), self._weight_norm())
+                if why is not None:
+                    raise TrainingDiverged(
+                        f"{self.out_dir}: {why}, at step {self.step} (learning rate {lr:g}); "
+                        "stopped, the last checkpoint is kept. Lower --lr (the peak was "
+                        f"{config.optim.learning_rate:g})"
+                    )
                 if bar is not None:
                     bar.set_postfix(
                         loss=f"{entry['loss']:.4f}", tok_s=f"{entry['tokens_per_s']:.0f}"
@@ -567,6 +640,8 @@ class Trainer:
                     "tokens": self.tokens_seen,
                     "seconds": round(self.train_seconds, 2),
                 }
+                if entry.pop("stop", False):  # early stopping: this step is the last
+                    self.stopped = last = True
                 entries.append(entry)
                 log.write(entry)
                 self._tell(entry)

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# GPU speed in one call of a lent machine (at most ~8 minutes), everything prepared on the CPU:
+#
+#   1. BERT-base phase 1 (seq 128, batch 256), bf16: bertkit eager, padded, compiled against
+#      transformers' BertForPreTraining (SDPA, fused AdamW) on the same batches, alternated;
+#      tokens/s and MFU (benchmarks/gpu_throughput.py states the FLOPs formula and the peaks).
+#   2. The loop itself, `bertkit pretrain --config base` at the same batch, defaults (compile
+#      auto: on with CUDA): tokens/s from its log, compile seconds on their own line; what the
+#      throughput of step 1 loses to the data path and the loop.
+#   3. Small models (tiny, mini, small; batch 256 x 128): launch-bound or not, eager and compiled.
+#   4. bf16 against fp32 loss curves: BERT-mini, 300 steps, the same data and seed.
+#   5. BERT-large phase 1 (128 x 256) and phase 2 (512 x 32); SQuAD fine-tuning of BERT-large at
+#      384 (batch 32): seq/s and MFU, bertkit against transformers.
+#
+# On the CPU machine, once (Wikipedia AA wiki_00..09 with the bert-base-uncased vocabulary,
+# 5 MB of shards in runs/gpu_pack, which the call carries):
+#   BERTKIT_DATA=../shared/data bash benchmarks/gpu_suite.sh pack
+# On the GPU machine (OUT: what comes back; DEADLINE: seconds after which every step is stopped
+# and what is done is packed):
+#   OUT=$OUT DEADLINE=450 bash benchmarks/gpu_suite.sh run
+# A dry run of the whole on the CPU, every step at toy size (the same commands):
+#   DRY=1 OUT=/tmp/gpu_dry DEADLINE=900 bash benchmarks/gpu_suite.sh run
+# What comes back: OUT/throughput.jsonl (one row per case and variant, with the machine), OUT/
+# summary.txt (the card, driver, torch; each step's exit code and time; the printed tables) and
+# OUT/logs.tar.gz (every step's log, the loop's and the curves' log.jsonl).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+pack=runs/gpu_pack
+case "${1:-}" in
+pack)
+  data="${BERTKIT_DATA:?set BERTKIT_DATA to ../shared/data}"
+  files=()
+  for n in 00 01 02 03 04 05 06 07 08 09; do files+=("$data/corpus/wikipedia_2015/AA/wiki_$n"); done
+  .venv/bin/bertkit prepare "${files[@]}" --vocab "$data/vocab/bert-base-uncased" \
+    --out "$pack/shards" --overwrite || exit 1
+  du -sh "$pack"
+  exit 0 ;;
+run) ;;
+*) echo "usage: gpu_suite.sh pack|run" >&2; exit 2 ;;
+esac
+
+out="${OUT:?set OUT}"
+deadline="${DEADLINE:-450}"
+PY="${PY:-python3}"
+dry="${DRY:-}"
+export PYTHONPATH="$PWD/src:$PWD/benchmarks" PYTHONUNBUFFERED=1
+data="$pack/shards"
+[ -f "$data/meta.json" ] || { echo "no $data: run 'gpu_suite.sh pack' first and carry $pack" >&2; exit 2; }
+work=$(mktemp -d /tmp/gpu_suite.XXXX)
+mkdir -p "$out" "$work/logs"
+left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
+summary="$work/summary.txt"
+# step NAME COMMAND...: runs it until the deadline, its output in logs/NAME.log
+step() {
+  local name=$1
+  shift
+  echo "== $name (at ${SECONDS}s, $(left)s left)" | tee -a "$summary"
+  timeout "$(left)" "$@" > "$work/logs/$name.log" 2>&1
+  local rc=$?
+  grep -E "seq/s|first step|warm-up|tokens/s" "$work/logs/$name.log" | tee -a "$summary"
+  echo "-- $name: exit $rc at ${SECONDS}s" | tee -a "$summary"
+}
+
+if [ -n "$dry" ]; then  # toy sizes on the CPU: every command runs, nothing is measured
+  device=(--device cpu --precision fp32 --steps 2 --rounds 1 --warmup 1)
+  base=(tiny:32:8) small=(tiny:32:8) large=(tiny:64:4) squad=(squad-tiny:64:4)
+  loop=(--config tiny --max-steps 6 --batch-size 8 --seq-len 32 --device cpu)
+  curves=(--config tiny --max-steps 6 --batch-size 8 --seq-len 32 --device cpu)
+  bf16=fp32
+else
+  device=()
+  base=(base:128:256) small=(tiny:128:256 mini:128:256 small:128:256)
+  large=(large:128:256 large:512:32) squad=(squad-large:384:32)
+  loop=(--config base --max-steps 60 --batch-size 256 --seq-len 128)
+  curves=(--config mini --max-steps 300 --batch-size 128 --seq-len 128)
+  bf16=bf16
+fi
+{
+  date -u
+  command -v nvidia-smi > /dev/null &&
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+  "$PY" -c "import torch, machine; print(machine.line(), '| cuda', torch.version.cuda)"
+} 2>&1 | tee -a "$summary"
+
+rows="$work/throughput.jsonl"
+bench() { "$PY" benchmarks/gpu_throughput.py --data "$data" --out "$rows" "${device[@]}" "$@"; }
+step base bench --case "${base[@]}" --variants bertkit bertkit-padded bertkit-compiled transformers
+step loop "$PY" -m bertkit.cli pretrain --data "$data" "${loop[@]}" --warmup-steps 4 \
+  --log-every 5 --save-every 100000 --out "$work/loop"
+step small bench --case "${small[@]}" --variants bertkit bertkit-compiled transformers
+for precision in fp32 "$bf16"; do
+  step "curves_$precision" "$PY" -m bertkit.cli pretrain --data "$data" "${curves[@]}" \
+    --lr 1e-4 --warmup-steps 30 --log-every 10 --save-every 100000 --seed 0 \
+    --precision "$precision" --out "$work/curves_$precision"
+  [ -n "$dry" ] && break  # (the dry run's two precisions are one)
+done
+step large bench --case "${large[@]}" --variants bertkit transformers
+step squad bench --case "${squad[@]}" --variants bertkit transformers
+
+# what comes back (8 files at most): the rows, the summary, every log in one archive
+for run in loop curves_fp32 curves_bf16; do
+  [ -f "$work/$run/log.jsonl" ] && cp "$work/$run/log.jsonl" "$work/logs/$run.log.jsonl"
+done
+echo "done at ${SECONDS}s" | tee -a "$summary"
+[ -f "$rows" ] && cp "$rows" "$out/throughput.jsonl"
+cp "$summary" "$out/summary.txt"
+tar czf "$out/logs.tar.gz" -C "$work" logs
+ls -la "$out"

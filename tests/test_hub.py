@@ -1,0 +1,66 @@
+"""Models by their Hub name (bertkit.hub): resolved in a Hugging Face cache laid out as the Hub
+client lays it out (refs/REVISION naming a snapshot folder), offline; a name that is not there
+is one line naming it and how to get it."""
+
+import shutil
+
+import pytest
+
+from bertkit import BertModel, BertTokenizer, cli
+from bertkit.checkpoint import convert
+from bertkit.finetune import FinetuneConfig, finetune
+from bertkit.hub import model_dir
+from bertkit.predict import Predictor
+from bertkit.tasks.own import DataConfig
+
+from helpers import OWN_QUICK, topic_rows
+
+
+def cache(home, repo: str, folder, revision: str = "main", commit: str = "a" * 40):
+    """Put `folder` in HF_HOME's hub cache as `repo` at `revision`."""
+    root = home / "hub" / ("models--" + repo.replace("/", "--"))
+    shutil.copytree(folder, root / "snapshots" / commit)
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / revision).write_text(commit)
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    home = tmp_path / "hf"
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return home
+
+
+def test_a_model_by_its_hub_name_everywhere_a_folder_is_taken(words_model, hub, tmp_path, capsys):
+    cache(hub, "acme/words-bert", words_model)
+    assert model_dir("acme/words-bert").is_dir()
+    assert BertModel.from_pretrained("acme/words-bert").config.hidden_size > 0
+    assert BertTokenizer.from_pretrained("acme/words-bert").vocab_size > 0
+    rows = topic_rows(60)
+    train = tmp_path / "train.csv"
+    train.write_text("headline,topic\n" + "".join(f"{r['headline']},{r['topic']}\n" for r in rows))
+    data = DataConfig(train=str(train), validation=str(train), text_column="headline",
+                      label_column="topic")  # fmt: skip
+    finetune("text-classification", "acme/words-bert", data, tmp_path / "run",
+             FinetuneConfig(**OWN_QUICK | {"epochs": 1}))  # fmt: skip
+    cache(hub, "acme/topics", tmp_path / "run", revision="v1", commit="b" * 40)
+    answer = Predictor("acme/topics@v1")(["goal match team"])[0]
+    assert answer == Predictor(tmp_path / "run")(["goal match team"])[0]
+    assert cli.main(["predict", "--model", "acme/topics@v1", "goal match team"]) == 0
+    assert '"label"' in capsys.readouterr().out
+    assert (
+        convert("acme/words-bert", tmp_path / "google", to="google") / "bert_config.json"
+    ).exists()
+
+
+def test_a_name_that_cannot_be_had_is_one_line(hub, capsys):
+    with pytest.raises(FileNotFoundError, match=r"acme/nothing: no such folder, and not in the "
+                       r"Hugging Face cache .*HF_HUB_OFFLINE is set.*huggingface-cli download "
+                       r"acme/nothing"):  # fmt: skip
+        model_dir("acme/nothing")
+    assert cli.main(["predict", "--model", "acme/nothing@v2", "text"]) == 2
+    err = capsys.readouterr().err
+    assert "acme/nothing@v2: no such folder" in err and "Traceback" not in err
+    assert model_dir("runs/a/b").parts == ("runs", "a", "b")  # a path, never looked up
