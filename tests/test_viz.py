@@ -10,7 +10,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.image
 import matplotlib.pyplot as plt
+import pytest
 
+from bertkit.cli import main
 from bertkit.viz import _zoom, plot_log, read_log
 
 
@@ -39,6 +41,24 @@ def test_read_log_skips_a_line_a_kill_cut_short(tmp_path):
         tmp_path / "log.jsonl", [{"step": 1, "split": "train", "loss": 2.0}], '{"step": 2, "spl'
     )
     assert read_log(log) == [{"step": 1, "split": "train", "loss": 2.0}]
+
+
+@pytest.mark.parametrize(
+    "bad, found",
+    [(b"[1, 2]", "a JSON list"), (b"\xff\xfe not text", "not UTF-8"), (b"step 2", "not JSON")],
+)
+def test_a_broken_log_line_is_named_by_file_and_line(tmp_path, capsys, bad, found):
+    good = json.dumps({"step": 1, "split": "train", "loss": 2.0}).encode()
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(good + b"\n" + bad + b"\n" + good + b"\n")
+    assert main(["viz", str(log), "--out", str(tmp_path / "c.png")]) == 2
+    err = capsys.readouterr().err
+    assert f"{log}:2: not a log entry" in err and found in err and "Traceback" not in err
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    assert main(["viz", str(tmp_path / "empty.jsonl"), "--out", str(tmp_path / "c.png")]) == 2
+    assert "empty.jsonl: no training entries to plot" in capsys.readouterr().err
+    assert main(["viz", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "c.png")]) == 2
+    assert "none.jsonl: no such file" in capsys.readouterr().err
 
 
 def test_each_loss_gets_its_own_panel_then_evaluation_then_learning_rate(tmp_path):

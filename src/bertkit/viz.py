@@ -35,13 +35,30 @@ _NOT_PLOTTED = {
 
 
 def read_log(path: str | os.PathLike) -> list[dict]:
-    """The entries of a log.jsonl; a line cut short by a kill is skipped."""
+    """The entries of a log.jsonl, one JSON object a line. The last line, which a kill can cut
+    short, is skipped when it is not one; any other such line is a ValueError naming the file
+    and line (bytes that are not UTF-8, text that is not JSON, JSON that is not an object)."""
+    lines = Path(path).read_bytes().split(b"\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
     entries = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            entries.append(json.loads(line))
-        except json.JSONDecodeError:
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
             continue
+        try:
+            entry = json.loads(raw.decode("utf-8"))
+            if not isinstance(entry, dict):
+                raise TypeError(f"a JSON {type(entry).__name__}")
+        except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as err:
+            if number == len(lines):
+                continue  # cut short by a kill
+            what = {UnicodeDecodeError: "bytes that are not UTF-8",
+                    json.JSONDecodeError: "not JSON"}.get(type(err), str(err))  # fmt: skip
+            raise ValueError(
+                f"{path}:{number}: not a log entry ({what}; each line of a log.jsonl is a JSON "
+                "object such as bertkit writes)"
+            ) from None
+        entries.append(entry)
     return entries
 
 

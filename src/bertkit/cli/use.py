@@ -269,8 +269,12 @@ def add_extract(commands) -> None:
 
 # --------------------------------------------------------------------------- viz, demo
 def _viz(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
     from bertkit.viz import plot_log
 
+    if not Path(args.log).is_file():
+        raise FileNotFoundError(f"{args.log}: no such file (a log.jsonl of a run)")
     path = plot_log(args.log, args.out, title=args.title or "")
     if path is None:
         raise ValueError(f"{args.log}: no training entries to plot")
