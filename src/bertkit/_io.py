@@ -143,3 +143,73 @@ def run_lock(directory: str | os.PathLike) -> Iterator[None]:
         yield
     finally:
         handle.close()  # closing releases the lock
+
+
+# --------------------------------------------------------------------------- a run's checksums
+DIGEST_FILE = "trainer_state.sha256"  # a run's checksums of its state and model file
+MODEL_FILE = "model.safetensors"
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_digests(path: Path) -> dict:
+    """A run's checksum file: {"sha256": [the state's, ...], "model.safetensors": the model's};
+    {} where there is none; a garbled one is a ValueError naming it."""
+    import json
+
+    if not path.exists():
+        return {}
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        digests = record["sha256"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise ValueError(
+            f"{path}: not a checksum file written by bertkit (delete it to skip the check)"
+        ) from None
+    if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
+        raise ValueError(f"{path}: not a checksum file written by bertkit (delete it)")
+    return record
+
+
+def in_use(directory: str | os.PathLike) -> bool:
+    """Whether a live bertkit process holds DIRECTORY's run lock (it may be writing there)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        return False
+    path = Path(directory) / LOCK_FILE
+    if not path.exists():
+        return False
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
+def check_model_digest(directory: str | os.PathLike) -> None:
+    """Refuse DIRECTORY's model.safetensors if the run that wrote it recorded another SHA-256
+    (trainer_state.sha256): flipped bytes load as wrong weights without any other sign. A
+    folder a live run holds is not checked (its model and record are replaced one after the
+    other)."""
+    directory = Path(directory)
+    recorded = read_digests(directory / DIGEST_FILE).get(MODEL_FILE)
+    model = directory / MODEL_FILE
+    if not isinstance(recorded, str) or not model.exists() or in_use(directory):
+        return
+    if sha256_of(model) != recorded:
+        raise ValueError(
+            f"{model}: its SHA-256 is not the one the run recorded when it wrote it "
+            f"({DIGEST_FILE}): the file changed since (corrupt, or edited). Restore it from a "
+            f"copy, or `bertkit pretrain --resume` the run to write it again from its state"
+        )

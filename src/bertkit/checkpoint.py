@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from bertkit._io import atomic_path, atomic_write_text
+from bertkit._io import atomic_path, atomic_write_text, check_model_digest
 from bertkit._tf_bundle import _BFloat16, bundle_prefix, read_bundle, write_bundle
 from bertkit.config import BertConfig
 from bertkit.hub import model_dir
@@ -149,6 +149,8 @@ def read_state_dict(path: str | os.PathLike, *, verify: bool = True) -> dict[str
     if detect_checkpoint_format(path) == "google":
         return _read_google(bundle_prefix(path), verify=verify)
     if (path / SAFETENSORS).exists():
+        if verify:  # against the SHA-256 the run that wrote it recorded, where one did
+            check_model_digest(path)
         state = _read_safetensors(path / SAFETENSORS)
     elif (path / SAFETENSORS_INDEX).exists():
         state = {}

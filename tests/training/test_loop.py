@@ -566,3 +566,28 @@ def test_a_diverging_finetune_stops_with_exit_2_and_writes_no_results(tiny_check
     assert "the loss diverged" in err or "norm exploded" in err, err
     assert "learning rate" in err and "last checkpoint is kept" in err and "Traceback" not in err
     assert not (out / "results.json").exists()
+
+
+def test_a_model_file_that_is_not_the_one_the_run_recorded_is_refused(setup, tmp_path, capsys):
+    """Bytes flipped inside a tensor of a run's model.safetensors (its header intact, so it
+    still loads): convert, fill-mask and --init-from refuse it by name; a --resume of the run
+    writes it again from the state, and then it loads."""
+    from bertkit.cli import main
+
+    out = tmp_path / "run"
+    args = [str(a) for a in tiny_cli_args(setup, out, steps=3)]
+    assert main(["pretrain", *args]) == 0
+    model = out / "model.safetensors"
+    data = bytearray(model.read_bytes())
+    data[-100:-90] = bytes(b ^ 0xFF for b in data[-100:-90])  # inside the last tensor
+    model.write_bytes(bytes(data))
+    for argv in (["convert", str(out), str(tmp_path / "hf")],
+                 ["fill-mask", "--model", str(out), "a [MASK] b"],
+                 ["pretrain", *args[:-2], "--out", str(tmp_path / "next"), "--init-from",
+                  str(out)]):  # fmt: skip
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"{model}: its SHA-256 is not the one the run recorded" in err, (argv, err)
+    assert not (tmp_path / "hf").exists()
+    assert main(["pretrain", *args, "--resume"]) == 0  # a finished run rewrites its model
+    assert main(["convert", str(out), str(tmp_path / "hf")]) == 0

@@ -22,7 +22,6 @@ weight raises `TrainingDiverged` before anything is written, and so does a finit
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import math
@@ -40,7 +39,15 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from bertkit._io import atomic_path, atomic_write_text, run_lock
+from bertkit._io import (
+    DIGEST_FILE,
+    MODEL_FILE,
+    atomic_path,
+    atomic_write_text,
+    read_digests,
+    run_lock,
+    sha256_of,
+)
 from bertkit.errors import TrainingDiverged, TrainingInterrupted
 from bertkit.precision import resolve_precision
 from bertkit.training import distributed
@@ -48,8 +55,6 @@ from bertkit.training.optim import BudgetSchedule, OptimConfig, build_optimizer,
 
 logger = logging.getLogger("bertkit")
 STATE_FILE = "trainer_state.pt"
-DIGEST_FILE = "trainer_state.sha256"  # the state's (and model's) checksums, verified on resume
-MODEL_FILE = "model.safetensors"  # what `save_model` writes, checked against its recorded digest
 LOG_FILE = "log.jsonl"
 RUN_FILE = "run.json"  # what the run is (TrainingConfig.identity), written before its first step
 
@@ -331,7 +336,7 @@ class Trainer:
             if self.save_model is not None:
                 self.save_model(self.model, self.out_dir)
                 if (self.out_dir / MODEL_FILE).exists():
-                    model_digest = _sha256(self.out_dir / MODEL_FILE)
+                    model_digest = sha256_of(self.out_dir / MODEL_FILE)
             state = {
                 "step": self.step,
                 "model": self.model.state_dict(),
@@ -353,7 +358,7 @@ class Trainer:
                 # The digest file lists the previous state's checksum and this one's, and is
                 # written before the state is renamed into place: a kill at any point leaves a
                 # state whose checksum is listed.
-                digests = _read_digests(self.out_dir / DIGEST_FILE)[-1:] + [_sha256(tmp)]
+                digests = _read_digests(self.out_dir / DIGEST_FILE)[-1:] + [sha256_of(tmp)]
                 record: dict[str, Any] = {"sha256": digests}
                 if model_digest is not None:
                     record[MODEL_FILE] = model_digest
@@ -387,7 +392,7 @@ class Trainer:
         if not path.exists():
             return False
         digests = _read_digests(self.out_dir / DIGEST_FILE)
-        if digests and _sha256(path) not in digests:  # (runs from before digests have none)
+        if digests and sha256_of(path) not in digests:  # (runs from before digests have none)
             raise ValueError(
                 f"{path}: the file is corrupt (its SHA-256 is not the one recorded in "
                 f"{DIGEST_FILE} when it was written); restore it from a copy, or delete it and "
@@ -502,7 +507,7 @@ class Trainer:
             # (and a finished run's always: what it leaves must be its final model).
             path = self.out_dir / MODEL_FILE
             recorded = _read_model_digest(self.out_dir / DIGEST_FILE)
-            stale = path.exists() and recorded is not None and _sha256(path) != recorded
+            stale = path.exists() and recorded is not None and sha256_of(path) != recorded
             if stale:
                 logger.warning(
                     "%s: not the model of step %d (its SHA-256 differs from the one recorded in "
@@ -689,34 +694,13 @@ class Trainer:
         return tqdm(total=total, initial=self.step, desc="train", unit="step")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _read_digests(path: Path) -> list[str]:
-    if not path.exists():
-        return []
-    try:
-        digests = json.loads(path.read_text(encoding="utf-8"))["sha256"]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise ValueError(
-            f"{path}: not a checksum file written by bertkit (delete it to skip the check)"
-        ) from None
-    if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
-        raise ValueError(f"{path}: not a checksum file written by bertkit (delete it)")
-    return digests
+    return read_digests(path).get("sha256", [])
 
 
 def _read_model_digest(path: Path) -> str | None:
     """The SHA-256 recorded for the model file beside the state (None: none recorded)."""
-    if not path.exists():
-        return None
-    _read_digests(path)  # a garbled file is named there
-    value = json.loads(path.read_text(encoding="utf-8")).get(MODEL_FILE)
+    value = read_digests(path).get(MODEL_FILE)
     return value if isinstance(value, str) else None
 
 
