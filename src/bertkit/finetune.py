@@ -414,6 +414,7 @@ def finetune(
     else:
         net = build(task, model, config.seed)
     set_dropout_parity(net, config.parity)
+    task.configure(net, sizes.max_seq_length)
     if tokenizer.vocab_size > net.config.vocab_size:
         raise ValueError(
             f"{model}: vocab.txt has {tokenizer.vocab_size} tokens, the model embeds "
@@ -496,6 +497,13 @@ def finetune(
         dist_info=dist,
         evaluate=evaluate,
     )
+    before = None
+    if task.scores_before_training and not (out / STATE_FILE).exists():  # (not when resumed)
+        examples, features = devs["dev"]
+        before = evaluate_split(
+            task, trainer.model, examples, features, config.eval_batch_size, dist.device
+        )[0]
+        logger.info("before training: dev %s", _brief(before))
     trainer.train()
     if not best:
         best.update(_best_so_far(out, chosen))
@@ -506,6 +514,7 @@ def finetune(
         "dev": best.get("dev", {}),
         "best_epoch": best.get("epoch"),
         "selected_by": chosen.name,
+        **({"before_training": before} if before is not None else {}),
         "epochs": [e for e in read_log(out / LOG_FILE) if e.get("split") == "eval"],
         "hyperparameters": _hyperparameters(config),
         "precision": trainer.precision.as_dict(),  # what auto chose here, and why

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertkit.config import BertConfig
+from bertkit.embedding import BertForSentenceEmbedding
 from bertkit.losses import (
     IGNORE_INDEX,
     fused_vocab_cross_entropy,
@@ -567,5 +568,6 @@ MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
         BertForMultipleChoice,
         BertBiLSTMForTokenClassification,
         BertBiLSTMForQuestionAnswering,
+        BertForSentenceEmbedding,
     )
 }

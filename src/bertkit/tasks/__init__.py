@@ -28,7 +28,8 @@ PAPER_TASKS = (
     "conll2003-chunk",
     "swag",
 )
-OWN_TASKS = ("text-classification", "token-classification", "question-answering", "multiple-choice")
+OWN_TASKS = ("text-classification", "token-classification", "question-answering", "multiple-choice",
+             "sentence-embedding")  # fmt: skip
 TASK_NAMES = PAPER_TASKS + OWN_TASKS
 
 
@@ -38,6 +39,7 @@ def get_task(name: str, data: DataConfig | None = None) -> Task:
     if name in OWN_TASKS:
         from bertkit.tasks.multiple_choice import MultipleChoiceTask
         from bertkit.tasks.question_answering import QuestionAnsweringTask
+        from bertkit.tasks.sentence_embedding import SentenceEmbeddingTask
         from bertkit.tasks.text_classification import TextClassificationTask
         from bertkit.tasks.token_classification import TokenClassificationTask
 
@@ -46,6 +48,7 @@ def get_task(name: str, data: DataConfig | None = None) -> Task:
             "token-classification": TokenClassificationTask,
             "question-answering": QuestionAnsweringTask,
             "multiple-choice": MultipleChoiceTask,
+            "sentence-embedding": SentenceEmbeddingTask,
         }
         return classes[name](data)
     if data is not None:

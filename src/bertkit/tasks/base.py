@@ -89,6 +89,11 @@ class Task:
             raise ValueError(f"--bilstm is for span and tagging tasks, not {self.name}")
         return BILSTM_HEADS[self.head]
 
+    scores_before_training: ClassVar[bool] = False  # dev figures of the model as it starts too
+
+    def configure(self, model, max_seq_length: int) -> None:
+        """Set what the task decides on a freshly built model (nothing, for most tasks)."""
+
     def model_config(self, config):
         """A checkpoint's BertConfig for this task's head: its label names, and the problem type
         where the label count does not say it (so transformers' pipeline reads the outputs)."""

@@ -83,6 +83,20 @@ class DataConfig(Settings):
         "read off the training file",
         choices=TAG_SCHEMES,
     )
+    negative_column: str | None = setting(
+        None, "sentence embedding: a column of hard negatives (a text unlike the anchor)"
+    )
+    score_range: str = setting(
+        "0,1", "sentence embedding: LOW,HIGH of the label column's scores (scaled to [0, 1])"
+    )
+    pooling: str = setting(
+        "mean",
+        "sentence embedding: mean (of every real token's state) or cls",
+        choices=("mean", "cls"),
+    )
+    symmetric_loss: bool = setting(
+        False, "sentence embedding: also rank each positive's anchor among the batch's anchors"
+    )
     context_column: str = setting("context", "multiple choice: the column of the context")
     question_column: str | None = setting(
         None, "multiple choice: a column of text that starts every choice (SWAG's sent2)"

@@ -1,0 +1,191 @@
+"""Sentence embeddings: a text's token states pooled into one vector, the bi-encoder that
+`bertkit finetune sentence-embedding` trains, its folder in the sentence-transformers layout,
+and `Embedder` for raw text.
+
+    Embedder("runs/emb")(["A man is eating.", "Someone eats."])   # (2, H) unit vectors
+
+Pooling is defined once, as sentence-transformers defines it: the mean of the final states of
+every real token ([CLS] and [SEP] included: attention mask 1), or [CLS]'s state. A saved model is
+`config.json`, `model.safetensors` (a plain BertModel: transformers' AutoModel loads it),
+`vocab.txt`, and sentence-transformers' `modules.json` (Transformer, Pooling, Normalize),
+`sentence_bert_config.json` and `1_Pooling/config.json`: `SentenceTransformer(path)` gives the
+same vectors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bertkit._io import atomic_write_text
+from bertkit.config import BertConfig
+from bertkit.model import BertModel, BertPreTrainedModel
+
+POOLINGS = ("mean", "cls")
+POOLING_DIR = "1_Pooling"
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str = "mean") -> torch.Tensor:
+    """(B, S, H) states and the (B, S) mask -> (B, H): the mean over the mask's real tokens, or
+    [CLS]'s state (`cls`).
+
+    >>> pool(torch.ones(1, 3, 2).cumsum(1), torch.tensor([[1, 1, 0]])).tolist()
+    [[1.5, 1.5]]
+    """
+    if pooling == "cls":
+        return hidden[:, 0]
+    if pooling != "mean":
+        raise ValueError(f"pooling must be one of {POOLINGS}, not {pooling!r}")
+    weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+
+
+def read_pooling(path: str | os.PathLike) -> str | None:
+    """The pooling a sentence-transformers folder declares (1_Pooling/config.json); None where
+    it declares none."""
+    file = Path(path) / POOLING_DIR / "config.json"
+    if not file.exists():
+        return None
+    try:
+        settings = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file}:{err.lineno}: invalid JSON: {err.msg}") from None
+    if settings.get("pooling_mode_mean_tokens"):
+        return "mean"
+    if settings.get("pooling_mode_cls_token"):
+        return "cls"
+    raise ValueError(f"{file}: a pooling bertkit does not have (it has mean and cls)")
+
+
+class BertForSentenceEmbedding(BertPreTrainedModel):
+    """The encoder, pooled (`pooling`) and normalised to unit length: one vector per text.
+    Texts come as the usual `input_ids` (B, S) with their mask; a trained model compares texts
+    by the dot product of their vectors (their cosine)."""
+
+    def __init__(self, config: BertConfig, pooling: str = "mean") -> None:
+        super().__init__(config)
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, not {pooling!r}")
+        self.bert = BertModel(config)
+        self.pooling = pooling
+        self.max_seq_length = 128  # what sentence-transformers truncates at (set by finetune)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # (B, H), unit length
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        hidden = self.bert(input_ids, token_type_ids, attention_mask, unpad=True).last_hidden_state
+        return F.normalize(pool(hidden.float(), attention_mask, self.pooling), dim=-1)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, **kwargs: Any):
+        """A BERT folder (its declared sentence-transformers pooling, else mean) as an embedding
+        model."""
+        from bertkit.hub import model_dir
+
+        path = model_dir(path)
+        model = super().from_pretrained(path, **kwargs)
+        model.pooling = read_pooling(path) or "mean"
+        return model
+
+    def save_pretrained(self, directory: str | os.PathLike, **kwargs: Any) -> None:
+        """The encoder as a plain BertModel, and sentence-transformers' module files."""
+        directory = Path(directory)
+        self.bert.save_pretrained(directory, **kwargs)
+        hidden = self.config.hidden_size
+        modules = [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": POOLING_DIR,
+             "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Normalize",
+             "type": "sentence_transformers.models.Normalize"},
+        ]  # fmt: skip
+        pooling = {
+            "word_embedding_dimension": hidden,
+            "pooling_mode_cls_token": self.pooling == "cls",
+            "pooling_mode_mean_tokens": self.pooling == "mean",
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+            "pooling_mode_weightedmean_tokens": False,
+            "pooling_mode_lasttoken": False,
+            "include_prompt": True,
+        }
+        (directory / POOLING_DIR).mkdir(exist_ok=True)
+        (directory / "2_Normalize").mkdir(exist_ok=True)
+        atomic_write_text(directory / "modules.json", json.dumps(modules, indent=2))
+        atomic_write_text(directory / POOLING_DIR / "config.json", json.dumps(pooling, indent=2))
+        atomic_write_text(
+            directory / "sentence_bert_config.json",
+            json.dumps({"max_seq_length": self.max_seq_length, "do_lower_case": False}, indent=2),
+        )
+
+
+class Embedder:
+    """Unit vectors of raw texts from a model folder (a bertkit sentence-embedding model, a
+    sentence-transformers folder, or any BERT: mean pooling), in batches.
+
+    >>> Embedder("runs/emb")(["a text", "another"]).shape   # doctest: +SKIP
+    (2, 384)
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike,
+        *,
+        device: str | None = None,
+        batch_size: int = 64,
+        max_seq_length: int | None = None,
+    ) -> None:
+        from bertkit.hub import model_dir
+        from bertkit.tokenizer import BertTokenizer
+
+        path = model_dir(model)
+        self.model = BertForSentenceEmbedding.from_pretrained(path)
+        self.tokenizer = BertTokenizer.from_pretrained(path)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model.to(self.device).eval()
+        self.batch_size = batch_size
+        self.max_seq_length = max_seq_length or _declared_length(path) or 128
+
+    @torch.no_grad()
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        vectors = []
+        for start in range(0, len(texts), self.batch_size):
+            encoded = self.tokenizer(
+                list(texts[start : start + self.batch_size]), max_length=self.max_seq_length,
+                truncation=True, padding=True, return_tensors="pt",
+            )  # fmt: skip
+            batch = {k: v.to(self.device) for k, v in encoded.items() if k != "offset_mapping"}
+            vectors.append(
+                self.model(
+                    batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"]
+                ).cpu()
+            )
+        hidden = self.model.config.hidden_size
+        return torch.cat(vectors).numpy() if vectors else np.zeros((0, hidden), np.float32)
+
+
+def _declared_length(path: Path) -> int | None:
+    for name, key in (("sentence_bert_config.json", "max_seq_length"),
+                      ("bertkit_task.json", "max_seq_length")):  # fmt: skip
+        file = path / name
+        if file.exists():
+            try:
+                value = json.loads(file.read_text(encoding="utf-8")).get(key)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, int):
+                return value
+    return None

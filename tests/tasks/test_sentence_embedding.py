@@ -1,0 +1,123 @@
+"""`sentence-embedding` (bertkit.tasks.sentence_embedding, bertkit.embedding): a bi-encoder
+trained with in-batch negatives learns pairs that share no word; its folder loads in
+sentence-transformers with the same vectors; scored pairs train with the cosine objective;
+bad pair files are refused by line."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from bertkit.cli import main
+from bertkit.embedding import Embedder, pool
+from bertkit.finetune import FinetuneConfig, finetune
+from bertkit.predict import Predictor
+from bertkit.tasks.base import DataError
+from bertkit.tasks.own import DataConfig
+
+from helpers import OWN_QUICK, WORDS
+
+SOURCE, SYNONYM = WORDS[:16], WORDS[16:]  # word i of the one means word i of the other
+
+
+def synonym_pairs(count: int, seed: int, negatives: bool = False) -> list[dict]:
+    """Anchors of three words, positives their synonyms shuffled: no word in common."""
+    rng = np.random.default_rng(seed)
+    rows, seen = [], set()
+    while len(rows) < count:
+        picked = tuple(sorted(rng.choice(16, size=3, replace=False)))
+        if picked in seen:
+            continue
+        seen.add(picked)
+        row = {"anchor": " ".join(SOURCE[i] for i in rng.permutation(picked)),
+               "positive": " ".join(SYNONYM[i] for i in rng.permutation(picked))}  # fmt: skip
+        if negatives:  # the synonyms of three other words
+            other = rng.choice([i for i in range(16) if i not in picked], size=3, replace=False)
+            row["hard"] = " ".join(SYNONYM[i] for i in other)
+        rows.append(row)
+    return rows
+
+
+def write(path, rows):
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def test_pairs_with_no_word_in_common_are_learnt_and_load_in_sentence_transformers(
+    words_model, tmp_path
+):
+    train = write(tmp_path / "train.csv", synonym_pairs(200, seed=0, negatives=True))
+    dev = write(tmp_path / "dev.csv", synonym_pairs(48, seed=1))
+    out = tmp_path / "emb"
+    argv = ["finetune", "sentence-embedding", "--model", str(words_model), "--train", str(train),
+            "--validation", str(dev), "--text-column", "anchor", "--text-pair-column", "positive",
+            "--negative-column", "hard", "--epochs", "6", "--batch-size", "16", "--lr", "1e-3",
+            "--max-seq-length", "16", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    before, after = results["before_training"], results["dev"]
+    assert set(after) == {"recall@1", "recall@10", "mrr@10"}
+    assert before["mrr@10"] < 0.3 and after["mrr@10"] > before["mrr@10"] + 0.3, (before, after)
+    assert results["read"]["train"]["problem"] == "pairs"
+    texts = ["after coach", "the robot eats sushi", "a"]
+    ours = Embedder(out)(texts)
+    assert ours.shape == (3, 32) and np.allclose(np.linalg.norm(ours, axis=1), 1, atol=1e-5)
+    from sentence_transformers import SentenceTransformer
+
+    theirs = SentenceTransformer(str(out), device="cpu").encode(texts)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    answer = Predictor(out)(texts[:1])[0]
+    np.testing.assert_allclose(answer["embedding"], ours[0], atol=1e-5)
+
+
+def test_scored_pairs_train_with_the_cosine_objective(words_model, tmp_path):
+    pairs = synonym_pairs(120, seed=2)
+    rng = np.random.default_rng(3)
+    rows = []
+    for i, row in enumerate(pairs):  # half the pairs true (5), half mismatched (0)
+        positive = row["positive"] if i % 2 == 0 else pairs[(i + 7) % len(pairs)]["positive"]
+        rows.append({"a": row["anchor"], "b": positive, "score": 5 if i % 2 == 0 else 0})
+    rng.shuffle(rows)
+    data = DataConfig(train=str(write(tmp_path / "train.csv", rows[:90])),
+                      validation=str(write(tmp_path / "dev.csv", rows[90:])), text_column="a",
+                      text_pair_column="b", label_column="score", score_range="0,5")  # fmt: skip
+    results = finetune("sentence-embedding", words_model, data, tmp_path / "run",
+                       FinetuneConfig(**OWN_QUICK | {"epochs": 8}))  # fmt: skip
+    assert results["read"]["train"]["problem"] == "scored pairs"
+    assert set(results["dev"]) == {"spearman", "pearson"}
+    assert results["dev"]["spearman"] > results["before_training"]["spearman"] + 0.2
+
+
+@pytest.mark.parametrize(
+    "rows, columns, message",
+    [
+        ([{"a": "x y", "b": ""}], {}, r"train.csv:2: column 'b': an empty text"),
+        ([{"a": "x y", "b": "z"}, {"a": "x y", "b": "w"}], {},
+         r"train.csv:3: column 'a': the same anchor as line 2"),
+        ([{"a": "x", "b": "z", "s": "3"}, {"a": "y", "b": "w", "s": "7"}],
+         {"label_column": "s", "score_range": "0,5"}, r"train.csv:3: column 's': 7 is outside"),
+    ],
+)  # fmt: skip
+def test_bad_pair_files_are_refused_by_line(words_model, tmp_path, rows, columns, message):
+    train = write(tmp_path / "train.csv", rows)
+    data = DataConfig(train=str(train), validation=str(train), text_column="a",
+                      text_pair_column="b", **columns)  # fmt: skip
+    with pytest.raises(DataError, match=message):
+        finetune("sentence-embedding", words_model, data, tmp_path / "run",
+                 FinetuneConfig(**OWN_QUICK))  # fmt: skip
+    assert not (tmp_path / "run").exists()
+
+
+def test_pooling_is_sentence_transformers_mean_over_real_tokens():
+    import torch
+
+    hidden = torch.arange(12.0).view(1, 4, 3)
+    mask = torch.tensor([[1, 1, 1, 0]])
+    assert pool(hidden, mask).tolist() == [[3.0, 4.0, 5.0]]  # [CLS] and [SEP] counted
+    assert pool(hidden, mask, "cls").tolist() == [[0.0, 1.0, 2.0]]
