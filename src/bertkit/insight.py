@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from bertkit._io import atomic_path, atomic_write_text
+from bertkit.embedding import pool
 from bertkit.model import BertModel
 from bertkit.tokenizer import BertTokenizer
 
@@ -90,7 +91,7 @@ class Similarity:
     tokens: dict[int, np.ndarray]  # layer -> (T, T) cosine of all texts' pieces, concatenated
     sentences: np.ndarray  # (N, N) cosine of the pooled texts at `sentence_layer`
     sentence_layer: int
-    pooling: str  # "mean" (of the pieces) or "cls"
+    pooling: str  # "mean" (of every token, [CLS] and [SEP] too, as /embed) or "cls"
     word: str | None = None
     # label ("1-2": the word in text 1 vs in text 2) -> cosine per stage: the piece embedding
     # (identical in every context: 1.0), then hidden states 0..L
@@ -124,7 +125,8 @@ def similarity(
 ) -> Similarity:
     """Cosine similarities of contextual embeddings: every piece with every piece (within and
     across `texts`) at `layer` (an index 0..L, negative from the top, "last" or "all"), the texts
-    pooled (`mean` of their pieces or their `cls` vector) and, with `word`, that word's vectors
+    pooled (`mean` of every token's state, [CLS] and [SEP] too, as `/embed` and
+    sentence-transformers pool; or their `cls` vector) and, with `word`, that word's vectors
     compared across the texts it occurs in, stage by stage."""
     encoder = _encoder(model)
     texts = list(texts)
@@ -147,7 +149,11 @@ def similarity(
         stacked = np.concatenate([h[index, 1:-1] for _, h, _ in runs])
         tokens[index] = cosine_matrix(stacked)
     top = layers[-1]
-    pooled = np.stack([h[top, 0] if pooling == "cls" else h[top, 1:-1].mean(0) for _, h, _ in runs])
+    # one pooling, as sentence-transformers and /embed define it ([CLS] and [SEP] included)
+    pooled = np.stack([
+        pool(torch.from_numpy(h[top][None]), torch.ones(1, h.shape[1]), pooling)[0].numpy()
+        for _, h, _ in runs
+    ])  # fmt: skip
     result = Similarity(
         texts,
         pieces,

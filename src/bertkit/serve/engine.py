@@ -26,13 +26,13 @@ from typing import Any
 
 import torch
 
+from bertkit.embedding import POOLINGS, pool, read_pooling
 from bertkit.precision import resolve_precision
 from bertkit.tasks.base import TASK_FILE
 
 log = logging.getLogger(__name__)
 
 ENDPOINTS = ("predict", "embed", "fill-mask")
-POOLINGS = ("mean", "cls")
 
 
 class InputError(ValueError):
@@ -110,6 +110,8 @@ class ServedModel:
                 export_onnx(path, self._exported, quantize=quantize, overwrite=True)
                 path = self._exported
         self.path = path
+        # /embed's default: what a sentence-transformers folder declares, else the mean
+        self.pooling = read_pooling(self.source) or "mean"
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.precision = resolve_precision(precision, self.device, backend=backend)
         self.max_batch_size = max_batch_size
@@ -239,7 +241,7 @@ class ServedModel:
             return [self._predict_item(item, n) for n, item in enumerate(inputs)]
         texts = [_text_or_pair(item, n) for n, item in enumerate(inputs)]
         if endpoint == "embed":
-            pooling = body.get("pooling", "mean")
+            pooling = body.get("pooling", self.pooling)
             if pooling not in POOLINGS:
                 raise InputError(f'"pooling" must be one of {list(POOLINGS)}, not {pooling!r}')
             normalize = body.get("normalize", True)
@@ -313,12 +315,10 @@ class ServedModel:
                 token_type_ids=encoded["token_type_ids"],
                 attention_mask=mask,
             ).last_hidden_state.float()
-        weights = mask.unsqueeze(-1).to(hidden.dtype)
-        mean = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
-        cls = hidden[:, 0]
+        pooled = {p: pool(hidden, mask, p) for p in {p for _, p, _ in items}}
         vectors = []
         for row, (_, pooling, normalize) in enumerate(items):
-            vector = (mean if pooling == "mean" else cls)[row]
+            vector = pooled[pooling][row]
             if normalize:
                 vector = vector / vector.norm().clamp(min=1e-12)
             vectors.append(vector.tolist())
