@@ -92,7 +92,8 @@ def test_operations_endpoints(server):
     assert httpx.get(server.url + "/health").json() == {"status": "ready"}
     info = httpx.get(server.url + "/info").json()
     assert info["labels"] == ["business", "sports", "tech"]
-    assert info["endpoints"] == ["/predict", "/embed"] and info["settings"]["max_inputs"] == 8
+    assert info["endpoints"] == ["/predict", "/embed", "/v1/embeddings"]
+    assert info["settings"]["max_inputs"] == 8 and info["rerank_label"] is None
     spec = httpx.get(server.url + "/openapi.json").json()
     assert {"/predict", "/embed", "/fill-mask", "/health", "/metrics"} <= set(spec["paths"])
     body = spec["paths"]["/predict"]["post"]["requestBody"]["content"]["application/json"]
@@ -209,7 +210,7 @@ def test_fill_mask_over_http(mlm_dir):
         assert server.post("/fill-mask", {"inputs": "no mask"}).status_code == 422
         assert server.post("/predict", {"inputs": "x"}).status_code == 404
         assert json.loads(httpx.get(server.url + "/info").text)["endpoints"] == [
-            "/embed", "/fill-mask"]  # fmt: skip
+            "/embed", "/v1/embeddings", "/fill-mask"]  # fmt: skip
     finally:
         server.stop()
 
@@ -223,3 +224,66 @@ def test_two_worker_processes_answer_and_stop(topics_model):
     finally:
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(timeout=60) in (0, -signal.SIGTERM)
+
+
+def test_rerank_openai_embeddings_truncation_and_a_key(words_model, tmp_path_factory):
+    """A cross-encoder (pairs of headlines, 1 = the same topic) served with --api-key: /rerank
+    scores each text by the model's probability of "1" for the pair (Predictor's, computed
+    here), best first; /v1/embeddings answers in OpenAI's shape; a text over the model's length
+    is a 413 unless "truncate"; every route but /health wants the key."""
+    import csv
+
+    from bertkit.finetune import FinetuneConfig, finetune
+    from bertkit.tasks.own import DataConfig
+
+    from helpers import OWN_QUICK, topic_rows
+
+    root = tmp_path_factory.mktemp("rerank")
+    rows, others = topic_rows(200, seed=4), topic_rows(200, seed=5)
+    for name, part in (("train", slice(0, 160)), ("dev", slice(160, 200))):
+        with open(root / f"{name}.csv", "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["query", "text", "relevant"])
+            for a, b in zip(rows[part], others[part], strict=True):
+                writer.writerow([a["headline"], b["headline"], int(a["topic"] == b["topic"])])
+    data = DataConfig(train=str(root / "train.csv"), validation=str(root / "dev.csv"),
+                      text_column="query", text_pair_column="text", label_column="relevant")  # fmt: skip
+    finetune("text-classification", words_model, data, root / "model",
+             FinetuneConfig(**OWN_QUICK | {"epochs": 2, "max_seq_length": 32}))  # fmt: skip
+    from bertkit.predict import Predictor
+
+    texts = ["stocks bank shares", "coach league score", "chip phone cloud"]
+    expected = [a["probabilities"]["1"] for a in
+                Predictor(root / "model")([("goal match team", t) for t in texts])]  # fmt: skip
+    server = Server(root / "model", "--api-key", "s3cret", "--max-inputs", "50")
+    try:
+        key = {"Authorization": "Bearer s3cret"}
+        assert httpx.get(server.url + "/health").status_code == 200  # open
+        body = {"query": "goal match team", "texts": texts, "return_text": True}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            refused = server.post("/rerank", body, headers=headers)
+            assert refused.status_code == 401 and refused.json()["error_type"] == "unauthorized"
+        assert httpx.get(server.url + "/info").status_code == 401
+        ranked = server.post("/rerank", body, headers=key).json()
+        assert [r["index"] for r in ranked] == sorted(range(3), key=lambda i: -expected[i])
+        for r in ranked:
+            assert r["score"] == pytest.approx(expected[r["index"]], abs=1e-5)
+            assert r["text"] == texts[r["index"]]
+        assert server.post("/rerank", {"query": "x", "texts": []}, headers=key).status_code == 422
+        many = server.post("/rerank", {"query": "x", "texts": ["a"] * 10_000}, headers=key)
+        assert many.status_code == 413 and "10000 texts" in many.json()["error"]
+        info = httpx.get(server.url + "/info", headers=key).json()
+        assert info["rerank_label"] == "1" and info["settings"]["api_key"] == "(set)"
+        openai = server.post("/v1/embeddings", {"input": ["goal match", "chip"], "dimensions": 8},
+                             headers=key).json()  # fmt: skip
+        assert openai["object"] == "list" and [d["index"] for d in openai["data"]] == [0, 1]
+        assert len(openai["data"][0]["embedding"]) == 8
+        assert sum(v * v for v in openai["data"][0]["embedding"]) == pytest.approx(1, abs=1e-4)
+        assert openai["usage"] == {"prompt_tokens": 7, "total_tokens": 7}  # 2 + 2 pieces, 3 [..]
+        long = " ".join(["goal"] * 40)  # 42 pieces; the model reads 32
+        for route, payload in (("/embed", {"inputs": long}), ("/v1/embeddings", {"input": long})):
+            cut = server.post(route, payload, headers=key)
+            assert cut.status_code == 413 and "42 pieces; the model reads 32" in cut.json()["error"]
+            assert server.post(route, payload | {"truncate": True}, headers=key).status_code == 200
+    finally:
+        server.stop()

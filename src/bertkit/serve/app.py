@@ -4,10 +4,13 @@
     curl -s localhost:8080/predict -H 'content-type: application/json' \\
          -d '{"inputs": ["a gripping film", "a dull one"]}'
 
-Routes: POST /predict, /embed, /fill-mask (what the model answers; others 404 with the
+Routes: POST /predict, /embed, /v1/embeddings (OpenAI's shape), /rerank (a cross-encoder,
+text-embeddings-inference's shape), /fill-mask (what the model answers; others 404 with the
 reason); GET /health (200 when loaded and warm, 503 while shutting down), /info, /metrics
-(Prometheus text), /docs and /openapi.json. Bad requests get a JSON `{"error", "error_type"}`:
-400 for a body that is not JSON, 413 for more inputs or longer texts than the limits, 422 for
+(Prometheus text), /docs and /openapi.json. With `--api-key` (or BERTKIT_API_KEY) every route
+but /health wants `Authorization: Bearer KEY` (401 without). Bad requests get a JSON `{"error",
+"error_type"}`: 400 for a body that is not JSON, 413 for more inputs or longer texts than the
+limits (over the model's length on the embedding routes, unless `"truncate": true`), 422 for
 JSON that is not what the endpoint takes, 503 with `Retry-After` when the queue is full or the
 server is shutting down. SIGTERM: stop accepting, answer what is queued, exit.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import json
 import logging
 import os
@@ -36,6 +40,7 @@ from bertkit.serve.engine import ENDPOINTS, InputError, Limits, ServedModel
 from bertkit.serve.metrics import Metrics
 
 log = logging.getLogger("bertkit.serve")
+API_KEY_ENV = "BERTKIT_API_KEY"  # the key, where --api-key is not given
 
 
 class Service:
@@ -116,10 +121,22 @@ def create_app(service: Service) -> FastAPI:
         lifespan=lifespan,
     )
     limit = service.limits.max_inputs * service.limits.max_chars * 6 + (1 << 20)
+    key = service.config.api_key or os.environ.get(API_KEY_ENV) or None
+
+    @app.middleware("http")
+    async def authorise(request: Request, call_next):
+        """With a key, every route but /health wants `Authorization: Bearer KEY`."""
+        if key is not None and request.url.path != "/health":
+            given = request.headers.get("authorization", "")
+            scheme, _, token = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), key):
+                return error(401, "a key is required: Authorization: Bearer KEY",
+                             {"WWW-Authenticate": "Bearer"})  # fmt: skip
+        return await call_next(request)
 
     def error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-        kind = {400: "malformed", 404: "unavailable", 413: "too_large", 422: "validation",
-                503: "overloaded"}.get(status, "internal")  # fmt: skip
+        kind = {400: "malformed", 401: "unauthorized", 404: "unavailable", 413: "too_large",
+                422: "validation", 503: "overloaded"}.get(status, "internal")  # fmt: skip
         return JSONResponse({"error": message, "error_type": kind}, status, headers=headers)
 
     async def read_json(request: Request) -> Any:
@@ -150,7 +167,7 @@ def create_app(service: Service) -> FastAPI:
                 items = service.model.parse(endpoint, await read_json(request), service.limits)
                 inputs = len(items)
                 results = await service.batchers[endpoint].submit(items)
-                response = JSONResponse(results)
+                response = JSONResponse(service.model.shape(endpoint, items, results))
         except _Malformed as err:
             response = error(400, str(err))
         except InputError as err:
@@ -189,7 +206,10 @@ def create_app(service: Service) -> FastAPI:
 
     @app.get("/info", summary="the model, its task, labels and endpoints, the server's limits")
     async def info() -> dict[str, Any]:
-        return service.model.info() | {"settings": asdict(service.config)}
+        settings = asdict(service.config)
+        if settings.get("api_key"):  # never the key itself
+            settings["api_key"] = "(set)"
+        return service.model.info() | {"settings": settings}
 
     @app.get("/metrics", summary="Prometheus text: requests, latency, batch sizes, queue depth")
     async def metrics() -> Response:
@@ -210,13 +230,15 @@ def _route(answer, endpoint: str):
     async def route(request: Request):
         return await answer(endpoint, request)
 
-    route.__name__ = endpoint.replace("-", "_")
+    route.__name__ = endpoint.replace("-", "_").replace("/", "_")
     return route
 
 
 _SUMMARIES = {
     "predict": "the fine-tuned task's answer per input (label and score, entities, span, choice)",
     "embed": "a sentence embedding per input (mean-pooled or [CLS], unit length by default)",
+    "v1/embeddings": "OpenAI's embeddings: {input, dimensions?} -> {data: [{embedding}], usage}",
+    "rerank": "a cross-encoder's relevance of each text to the query, best first",
     "fill-mask": "the likeliest tokens at each [MASK] of each input",
 }
 _ITEM = {
@@ -238,6 +260,25 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def _request_schema(endpoint: str) -> dict[str, Any]:
+    truncate = {"type": "boolean", "default": False,
+                "description": "cut texts over the model's length instead of a 413"}  # fmt: skip
+    texts = {"type": "array", "items": {"type": "string"}}
+    if endpoint == "v1/embeddings":
+        properties = {"input": {"anyOf": [{"type": "string"}, texts]}, "model": {"type": "string"},
+                      "dimensions": {"type": "integer", "minimum": 1}, "truncate": truncate,
+                      "encoding_format": {"enum": ["float"], "default": "float"}}  # fmt: skip
+        required = ["input"]
+    elif endpoint == "rerank":
+        properties = {"query": {"type": "string"}, "texts": texts, "truncate": truncate,
+                      "return_text": {"type": "boolean", "default": False}}  # fmt: skip
+        required = ["query", "texts"]
+    else:
+        properties, required = _inputs_schema(endpoint, truncate), ["inputs"]
+    schema = {"type": "object", "required": required, "properties": properties}
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+def _inputs_schema(endpoint: str, truncate: dict[str, Any]) -> dict[str, Any]:
     properties: dict[str, Any] = {
         "inputs": {"anyOf": [_ITEM, {"type": "array", "items": _ITEM}],
                    "description": "one input, or a list of them (one result each)"}
@@ -245,10 +286,10 @@ def _request_schema(endpoint: str) -> dict[str, Any]:
     if endpoint == "embed":
         properties["pooling"] = {"enum": ["mean", "cls"], "default": "mean"}
         properties["normalize"] = {"type": "boolean", "default": True}
+        properties["truncate"] = truncate
     if endpoint == "fill-mask":
         properties["top"] = {"type": "integer", "minimum": 1, "maximum": 100, "default": 5}
-    schema = {"type": "object", "required": ["inputs"], "properties": properties}
-    return {"required": True, "content": {"application/json": {"schema": schema}}}
+    return properties
 
 
 # --------------------------------------------------------------------------- running it
@@ -310,4 +351,10 @@ def _banner(model: str, config: ServeConfig, service: Service | None) -> str:
         f"{' ' + config.quantize if config.quantize else ''}"
         f"{'; ' + service.model.precision.reason if service else ''}) on "
         f"http://{config.host}:{config.port} (docs: /docs)"
+        + (
+            "; no --api-key: anyone who reaches the port can use it"
+            if not (config.api_key or os.environ.get(API_KEY_ENV))
+            and config.host not in ("127.0.0.1", "localhost", "::1")
+            else ""
+        )
     )

@@ -34,4 +34,9 @@ class ServeConfig(Settings):
         None, "torch threads per worker (default: the CPU count / workers)", check="positive"
     )
     device: str | None = setting(None, "cpu or cuda (default: cuda when available)")
+    api_key: str | None = setting(
+        None,
+        "require Authorization: Bearer KEY on every route but /health (default: the "
+        "BERTKIT_API_KEY environment variable; unset: open, as on localhost)",
+    )
     precision: str = precision_setting()

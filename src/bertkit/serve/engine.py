@@ -32,7 +32,9 @@ from bertkit.tasks.base import TASK_FILE
 
 log = logging.getLogger(__name__)
 
-ENDPOINTS = ("predict", "embed", "fill-mask")
+ENDPOINTS = ("predict", "embed", "v1/embeddings", "rerank", "fill-mask")
+# the label of a cross-encoder's classes that means "relevant" (/rerank scores its probability)
+RELEVANT = ("1", "relevant", "entailment", "paraphrase", "yes", "true", "positive")
 
 
 class InputError(ValueError):
@@ -167,8 +169,28 @@ class ServedModel:
         return {
             "predict": self.predictor is not None,
             "embed": self._encoder is not None,
+            "v1/embeddings": self._encoder is not None,
+            "rerank": self.rerank_label is not None,
             "fill-mask": self.fill is not None,
         }
+
+    @property
+    def rerank_label(self) -> str | None:
+        """What /rerank scores: "score" (a regressor of pairs), the relevant class of a pair
+        classifier (RELEVANT, else its last label), or None: not a cross-encoder."""
+        if self.predictor is None:
+            return None
+        task = self.predictor.task
+        try:
+            task.example_of(("a query", "a text"), 0)
+        except (ValueError, TypeError, KeyError, NotImplementedError):
+            return None  # does not read pairs
+        labels = self.predictor.labels
+        if getattr(task, "problem", None) == "regression" or getattr(task, "regression", False):
+            return "score"
+        if not labels or getattr(task, "problem", "single-label") != "single-label":
+            return None
+        return next((n for n in labels if str(n).lower() in RELEVANT), labels[-1])
 
     def missing(self, endpoint: str) -> str:
         """Why this model does not answer `endpoint`."""
@@ -177,7 +199,12 @@ class ServedModel:
                 f"{self.source} is not a fine-tuned model (no {TASK_FILE}): it answers "
                 + ", ".join(f"/{e}" for e, ok in self.endpoints.items() if ok)
             )
-        if endpoint == "embed":
+        if endpoint == "rerank":
+            return (
+                f"{self.source} is not a cross-encoder: /rerank takes a model fine-tuned on text "
+                "pairs (a pair classifier or regressor)"
+            )
+        if endpoint in ("embed", "v1/embeddings"):
             return f"the ONNX export of {self.source} has no hidden states: serve it with --backend torch"
         if self.backend == "onnx":
             return "fill-mask runs on the torch backend only"
@@ -195,6 +222,8 @@ class ServedModel:
             "device": str(self.device),
             "max_seq_length": self.max_seq_length,
             "endpoints": [f"/{e}" for e, ok in self.endpoints.items() if ok],
+            "pooling": self.pooling,
+            "rerank_label": self.rerank_label,
         }
 
     def close(self) -> None:
@@ -208,9 +237,12 @@ class ServedModel:
         Each input is what `run(endpoint, ...)` takes."""
         if not isinstance(body, dict):
             raise InputError(f"the body must be a JSON object, not {_kind(body)}")
-        allowed = {"inputs"} | {"embed": {"pooling", "normalize"}, "fill-mask": {"top"}}.get(
-            endpoint, set()
-        )
+        if endpoint == "v1/embeddings":
+            return self._parse_openai(body, limits)
+        if endpoint == "rerank":
+            return self._parse_rerank(body, limits)
+        allowed = {"inputs"} | {"embed": {"pooling", "normalize", "truncate"},
+                                "fill-mask": {"top"}}.get(endpoint, set())  # fmt: skip
         unknown = sorted(set(body) - allowed)
         if unknown:
             raise InputError(f"unknown field {unknown[0]!r}; {endpoint} takes {sorted(allowed)}")
@@ -247,6 +279,7 @@ class ServedModel:
             normalize = body.get("normalize", True)
             if not isinstance(normalize, bool):
                 raise InputError(f'"normalize" must be true or false, not {normalize!r}')
+            self._fits(texts, _flag(body, "truncate"), "inputs")
             return [(text, pooling, normalize) for text in texts]
         top = body.get("top", 5)
         if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= 100:
@@ -257,6 +290,97 @@ class ServedModel:
             if not any(MASK in t for t in ((text,) if isinstance(text, str) else text)):
                 raise InputError(f"inputs[{n}]: no {MASK} to fill")
         return [(text, top) for text in texts]
+
+    def _parse_openai(self, body: dict, limits: Limits) -> list[Any]:
+        """OpenAI's embeddings request: {"input": a text or texts, "model"?, "dimensions"?,
+        "encoding_format"?: "float", "truncate"?}."""
+        allowed = {"input", "model", "dimensions", "encoding_format", "user", "truncate"}
+        unknown = sorted(set(body) - allowed)
+        if unknown:
+            raise InputError(
+                f"unknown field {unknown[0]!r}; /v1/embeddings takes {sorted(allowed)}"
+            )
+        texts = body.get("input")
+        texts = [texts] if isinstance(texts, str) else texts
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise InputError('"input" must be a text or a non-empty list of texts')
+        if body.get("encoding_format", "float") != "float":
+            raise InputError('"encoding_format": this server answers "float" only')
+        dims = body.get("dimensions")
+        width = self.hidden_size
+        if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int)
+                                 or not 1 <= dims <= width):  # fmt: skip
+            raise InputError(f'"dimensions" must be a whole number from 1 to {width}, not {dims!r}')
+        _check_limits(texts, limits, "input")
+        pieces = self._fits(texts, _flag(body, "truncate"), "input", exact=True)  # usage
+        return [(text, self.pooling, True, dims, n) for text, n in zip(texts, pieces, strict=True)]
+
+    def _parse_rerank(self, body: dict, limits: Limits) -> list[Any]:
+        """text-embeddings-inference's rerank request: {"query", "texts", "return_text"?,
+        "truncate"?}."""
+        allowed = {"query", "texts", "return_text", "truncate"}
+        unknown = sorted(set(body) - allowed)
+        if unknown:
+            raise InputError(f"unknown field {unknown[0]!r}; /rerank takes {sorted(allowed)}")
+        query, texts = body.get("query"), body.get("texts")
+        if not isinstance(query, str) or not query.strip():
+            raise InputError('"query" must be a non-empty text')
+        if not isinstance(texts, list) or not texts:
+            raise InputError('"texts" must be a non-empty list of texts')
+        if not all(isinstance(t, str) and t.strip() for t in texts):
+            n = next(i for i, t in enumerate(texts) if not (isinstance(t, str) and t.strip()))
+            raise InputError(f"texts[{n}]: a non-empty text expected")
+        _check_limits([query, *texts], limits, "texts", count=len(texts))
+        pairs = [(query, text) for text in texts]
+        self._fits(pairs, _flag(body, "truncate"), "texts")
+        return [(pair, _flag(body, "return_text")) for pair in pairs]
+
+    def _fits(self, texts: list[Any], truncate: bool, field: str, exact: bool = False) -> list[int]:
+        """Each text's (pair's) pieces with [CLS] and [SEP] (`exact`; else, for texts that
+        cannot reach the model's length, their characters: an upper bound, as a piece holds a
+        character or more, and no tokenising); over the length a 413 naming the text, unless
+        `truncate` (then cut, as text-embeddings-inference's truncate)."""
+        room = self.max_seq_length
+        pieces = []
+        for n, text in enumerate(texts):
+            parts = (text,) if isinstance(text, str) else tuple(text)
+            count = len(parts) + 1
+            if exact or sum(len(p) for p in parts) + count > room:
+                count += sum(len(ids) for ids in self.tokenizer.encode_ids(list(parts)))
+            else:
+                count += sum(len(p) for p in parts)
+            if count > room and not truncate:
+                raise InputError(
+                    f"{field}[{n}]: {count} pieces; the model reads {room}: shorten it, or send "
+                    '"truncate": true to cut it',
+                    413,
+                )
+            pieces.append(min(count, room))
+        return pieces
+
+    @property
+    def hidden_size(self) -> int:
+        if isinstance(self._encoder, torch.nn.Module):
+            config: Any = self._encoder.config
+            return int(config.hidden_size)
+        return int(json.loads((self.path / "config.json").read_text())["hidden_size"])
+
+    def shape(self, endpoint: str, items: list[Any], results: list[Any]) -> Any:
+        """A request's results as its route answers them: /v1/embeddings in OpenAI's shape,
+        /rerank best first with each text's index (text-embeddings-inference's)."""
+        if endpoint == "v1/embeddings":
+            data = [{"object": "embedding", "index": i, "embedding": vector}
+                    for i, vector in enumerate(results)]  # fmt: skip
+            tokens = sum(item[4] for item in items)
+            return {"object": "list", "data": data, "model": self.source.name,
+                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
+        if endpoint == "rerank":
+            ranked = [{"index": i, "score": score} for i, score in enumerate(results)]
+            for entry, ((_, text), return_text) in zip(ranked, items, strict=True):
+                if return_text:
+                    entry["text"] = text
+            return sorted(ranked, key=lambda e: -e["score"])
+        return results
 
     def _predict_item(self, item: Any, n: int) -> Any:
         from bertkit.predict import _plain
@@ -282,6 +406,14 @@ class ServedModel:
             return self.predictor(items)
         if endpoint == "embed":
             return self._embed(items)
+        if endpoint == "v1/embeddings":
+            vectors = self._embed([item[:3] for item in items])
+            return [_shortened(v, item[3]) for v, item in zip(vectors, items, strict=True)]
+        if endpoint == "rerank":
+            assert self.predictor is not None
+            answers = self.predictor([pair for pair, _ in items])
+            label = self.rerank_label
+            return [a["score"] if label == "score" else a["probabilities"][label] for a in answers]
         return self._fill_mask(items)
 
     @torch.inference_mode()
@@ -344,7 +476,7 @@ class ServedModel:
         word = next((t for t in self.tokenizer.vocab if t.isalpha() and t.islower()), "a")
         short, long = "Warm up.", " ".join([word] * self.max_seq_length)
         for endpoint, ok in self.endpoints.items():
-            if not ok:
+            if not ok or endpoint in ("v1/embeddings", "rerank"):  # /embed's and /predict's calls
                 continue
             if endpoint == "predict":
                 assert self.predictor is not None
@@ -394,3 +526,36 @@ def _text_or_pair(item: Any, n: int) -> str | tuple[str, str]:
     if isinstance(item, list) and len(item) == 2 and all(isinstance(t, str) for t in item):
         return (item[0], item[1])
     raise InputError(f"inputs[{n}]: a text or a pair of texts [a, b], not {_kind(item)}")
+
+
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise InputError(f'"{name}" must be true or false, not {value!r}')
+    return value
+
+
+def _check_limits(texts: list[str], limits: Limits, field: str, count: int | None = None) -> None:
+    count = len(texts) if count is None else count
+    if count > limits.max_inputs:
+        raise InputError(
+            f"{count} {field} in one request; the server takes at most {limits.max_inputs} "
+            "(--max-inputs)",
+            413,
+        )
+    for n, text in enumerate(texts):
+        if len(text) > limits.max_chars:
+            raise InputError(
+                f"{field}[{n}]: a text of {len(text):,} characters; the server takes at most "
+                f"{limits.max_chars:,} (--max-chars)",
+                413,
+            )
+
+
+def _shortened(vector: list[float], dims: int | None) -> list[float]:
+    """The first `dims` coordinates, at unit length again (Matryoshka-style); all without."""
+    if dims is None or dims >= len(vector):
+        return vector
+    part = vector[:dims]
+    norm = sum(x * x for x in part) ** 0.5 or 1.0
+    return [x / norm for x in part]
