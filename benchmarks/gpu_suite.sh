@@ -62,17 +62,17 @@ step() {
 }
 
 if [ -n "$dry" ]; then  # toy sizes on the CPU: every command runs, nothing is measured
-  device=(--device cpu --precision fp32 --steps 2 --rounds 1 --warmup 1)
+  device=(--device cpu --precision fp32 --steps 2 --rounds 1)
   base=(tiny:32:8) small=(tiny:32:8) large=(tiny:64:4) squad=(squad-tiny:64:4)
   loop=(--config tiny --max-steps 6 --batch-size 8 --seq-len 32 --device cpu)
-  curves=(--config tiny --max-steps 6 --batch-size 8 --seq-len 32 --device cpu)
+  curves=(--config tiny --max-steps 6 --batch-size 8 --seq-len 32 --device cpu --warmup-steps 2)
   bf16=fp32
 else
   device=()
   base=(base:128:256) small=(tiny:128:256 mini:128:256 small:128:256)
   large=(large:128:256 large:512:32) squad=(squad-large:384:32)
   loop=(--config base --max-steps 60 --batch-size 256 --seq-len 128)
-  curves=(--config mini --max-steps 300 --batch-size 128 --seq-len 128)
+  curves=(--config mini --max-steps 300 --batch-size 128 --seq-len 128 --warmup-steps 30)
   bf16=bf16
 fi
 {
@@ -83,19 +83,19 @@ fi
 } 2>&1 | tee -a "$summary"
 
 rows="$work/throughput.jsonl"
-bench() { "$PY" benchmarks/gpu_throughput.py --data "$data" --out "$rows" "${device[@]}" "$@"; }
-step base bench --case "${base[@]}" --variants bertkit bertkit-padded bertkit-compiled transformers
+bench=("$PY" benchmarks/gpu_throughput.py --data "$data" --out "$rows" "${device[@]}")
+step base "${bench[@]}" --case "${base[@]}" --variants bertkit bertkit-padded bertkit-compiled transformers
 step loop "$PY" -m bertkit.cli pretrain --data "$data" "${loop[@]}" --warmup-steps 4 \
   --log-every 5 --save-every 100000 --out "$work/loop"
-step small bench --case "${small[@]}" --variants bertkit bertkit-compiled transformers
+step small "${bench[@]}" --case "${small[@]}" --variants bertkit bertkit-compiled transformers
 for precision in fp32 "$bf16"; do
   step "curves_$precision" "$PY" -m bertkit.cli pretrain --data "$data" "${curves[@]}" \
-    --lr 1e-4 --warmup-steps 30 --log-every 10 --save-every 100000 --seed 0 \
+    --lr 1e-4 --log-every 10 --save-every 100000 --seed 0 \
     --precision "$precision" --out "$work/curves_$precision"
   [ -n "$dry" ] && break  # (the dry run's two precisions are one)
 done
-step large bench --case "${large[@]}" --variants bertkit transformers
-step squad bench --case "${squad[@]}" --variants bertkit transformers
+step large "${bench[@]}" --case "${large[@]}" --variants bertkit transformers
+step squad "${bench[@]}" --case "${squad[@]}" --variants bertkit transformers
 
 # what comes back (8 files at most): the rows, the summary, every log in one archive
 for run in loop curves_fp32 curves_bf16; do
