@@ -465,6 +465,9 @@ def test_early_stopping_keeps_the_best_evaluation_and_stops(words_model, tmp_pat
     assert evals[-1]["epoch"] > best["epoch"] and len(evals) - evals.index(best) - 1 == 2
     # what OUT holds is the best evaluation's model
     assert evaluate(out, tmp_path / "dev.csv")["dev"]["macro_f1"] == pytest.approx(best["macro_f1"])
+    card = (out / "README.md").read_text()  # the model card: the command that makes it again
+    assert "bertkit finetune text-classification --model" in card and "--patience 2" in card
+    assert "BertForSequenceClassification.from_pretrained" in card and "`sports`" in card
     # resumed, the stopped run trains no further
     again = finetune("text-classification", words_model, data, out,
                      dataclasses.replace(settings, resume=True))  # fmt: skip

@@ -27,6 +27,7 @@ _EXPORTS = {
     "FinetuneConfig": "bertkit.finetune",
     "DataConfig": "bertkit.tasks.own",
     "Predictor": "bertkit.predict",
+    "Embedder": "bertkit.embedding",
     "extract": "bertkit.features",
     "FillMask": "bertkit.fill_mask",
     "similarity": "bertkit.insight",
@@ -48,6 +49,7 @@ __all__ = [
     "FinetuneConfig",
     "DataConfig",
     "Predictor",
+    "Embedder",
     "extract",
     "FillMask",
     "similarity",
@@ -69,6 +71,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from bertkit.config import BertConfig
+    from bertkit.embedding import Embedder
     from bertkit.fill_mask import FillMask
     from bertkit.heads import (
         BertForMaskedLM,

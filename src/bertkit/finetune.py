@@ -44,6 +44,7 @@ from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
 from bertkit.hub import model_dir
 from bertkit.model import set_dropout_parity
+from bertkit.model_card import write_model_card
 from bertkit.settings import (
     Settings,
     compile_setting,
@@ -540,6 +541,8 @@ def finetune(
     # a resumed run also counts the time its checkpoint holds
     results["seconds"] = round(time.perf_counter() - started + trainer.seconds_before, 1)
     _write_json(out / RESULTS_FILE, results)
+    write_model_card(out, task, model, data if data is not None else getattr(task, "data", None),
+                     config, results)  # fmt: skip
     _draw_reports(out, task, results.get("report", {}))
     plot_log(out / LOG_FILE, out / "curves.png", title=f"{task.name}: {Path(model).name}")
     if not config.keep_state:

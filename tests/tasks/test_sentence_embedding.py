@@ -74,6 +74,12 @@ def test_pairs_with_no_word_in_common_are_learnt_and_load_in_sentence_transforme
     np.testing.assert_allclose(ours, theirs, atol=1e-5)
     answer = Predictor(out)(texts[:1])[0]
     np.testing.assert_allclose(answer["embedding"], ours[0], atol=1e-5)
+    card = (out / "README.md").read_text()  # the model card
+    import hashlib
+
+    assert hashlib.sha256(train.read_bytes()).hexdigest() in card
+    assert f'SentenceTransformer("{out}")' in card and "mrr@10" in card
+    assert "--negative-column hard" in card and "--epochs 6" in card
 
 
 def test_scored_pairs_train_with_the_cosine_objective(words_model, tmp_path):
@@ -112,6 +118,22 @@ def test_bad_pair_files_are_refused_by_line(words_model, tmp_path, rows, columns
         finetune("sentence-embedding", words_model, data, tmp_path / "run",
                  FinetuneConfig(**OWN_QUICK))  # fmt: skip
     assert not (tmp_path / "run").exists()
+
+
+def test_the_model_round_trips_with_its_pooling(tmp_path):
+    import torch
+
+    from bertkit import BertConfig
+    from bertkit.embedding import BertForSentenceEmbedding
+
+    torch.manual_seed(0)
+    model = BertForSentenceEmbedding(BertConfig.from_preset("tiny", vocab_size=100), "cls").eval()
+    model.save_pretrained(tmp_path)
+    again = BertForSentenceEmbedding.from_pretrained(tmp_path, strict=True).eval()
+    assert again.pooling == "cls"
+    ids = torch.randint(5, 99, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(model(ids), again(ids))
 
 
 def test_pooling_is_sentence_transformers_mean_over_real_tokens():

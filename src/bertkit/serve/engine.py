@@ -178,7 +178,7 @@ class ServedModel:
     def rerank_label(self) -> str | None:
         """What /rerank scores: "score" (a regressor of pairs), the relevant class of a pair
         classifier (RELEVANT, else its last label), or None: not a cross-encoder."""
-        if self.predictor is None:
+        if self.predictor is None or self.predictor.task.head != "BertForSequenceClassification":
             return None
         task = self.predictor.task
         try:

@@ -270,8 +270,8 @@ def retrieval_ranks(anchors: np.ndarray, positives: np.ndarray) -> np.ndarray:
     """Each anchor's positive's rank among all positives by cosine (0: first; ties count
     against it).
 
-    >>> retrieval_ranks(np.eye(2), np.array([[1.0, 0.0], [1.0, 0.0]])).tolist()
-    [0, 1]
+    >>> retrieval_ranks(np.eye(2), np.array([[1.0, 0.0], [1.0, 0.1]])).tolist()
+    [1, 0]
     """
     similarity = anchors @ positives.T
     own = np.diag(similarity)[:, None]
