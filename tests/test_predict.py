@@ -186,3 +186,38 @@ def test_predict_reads_files_as_the_model_was_trained(words_model, tmp_path):
                  "--quiet"]) == 0  # fmt: skip
     written = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()]
     assert [w["label"] for w in written] == expected
+
+
+def test_rerank_a_file_with_a_cross_encoder(words_model, topics_model, tmp_path, capsys):
+    """`predict --rerank`: each row's query and texts get their ranking, the pair classifier's
+    probability of "1" best first; a row without texts and a model that reads single texts are
+    refused by name."""
+    rows, others = topic_rows(120, seed=4), topic_rows(120, seed=5)
+    train = tmp_path / "pairs.csv"
+    with open(train, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["query", "text", "relevant"])
+        for a, b in zip(rows, others, strict=True):
+            writer.writerow([a["headline"], b["headline"], int(a["topic"] == b["topic"])])
+    data = DataConfig(train=str(train), validation=str(train), text_column="query",
+                      text_pair_column="text", label_column="relevant")  # fmt: skip
+    finetune("text-classification", words_model, data, tmp_path / "ce",
+             FinetuneConfig(**OWN_QUICK | {"epochs": 1}))  # fmt: skip
+    texts = ["stocks bank shares", "coach league score", "chip phone cloud"]
+    source = tmp_path / "queries.jsonl"
+    source.write_text(json.dumps({"id": 7, "query": "goal match team", "texts": texts}) + "\n")
+    out = tmp_path / "ranked.jsonl"
+    assert main(["predict", "--model", str(tmp_path / "ce"), "--input", str(source), "--output",
+                 str(out), "--rerank", "--quiet"]) == 0  # fmt: skip
+    [row] = [json.loads(line) for line in out.read_text().splitlines()]
+    predictor = Predictor(tmp_path / "ce")
+    scores = [a["probabilities"]["1"] for a in predictor([("goal match team", t) for t in texts])]
+    assert row["id"] == 7 and [r["index"] for r in row["ranking"]] == sorted(
+        range(3), key=lambda i: -scores[i])  # fmt: skip
+    assert [r["score"] for r in row["ranking"]] == pytest.approx(sorted(scores, reverse=True))
+    source.write_text('{"query": "goal"}\n')
+    assert main(["predict", "--model", str(tmp_path / "ce"), "--input", str(source), "--output",
+                 str(out), "--rerank", "--quiet"]) == 2  # fmt: skip
+    assert 'queries.jsonl:1: --rerank: "texts" must be a non-empty list' in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--rerank takes a cross-encoder"):
+        predict_file(Predictor(topics_model), source, None, rerank=True, progress=False)

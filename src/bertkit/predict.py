@@ -42,6 +42,9 @@ from bertkit.tasks.files import FileOptions, file_format, open_text, read_rows
 from bertkit.tasks.own import OwnTask
 from bertkit.tokenizer import BertTokenizer
 
+# the label of a cross-encoder's classes that means "relevant" (`Predictor.rerank` scores it)
+RELEVANT = ("1", "relevant", "entailment", "paraphrase", "yes", "true", "positive")
+
 
 class Predictor:
     def __init__(
@@ -108,6 +111,38 @@ class Predictor:
         features = self.task.featurize(examples, self.tokenizer, self.max_seq_length)
         return self.task.answer(examples, features, self.outputs(features))
 
+    @property
+    def rerank_label(self) -> str | None:
+        """What `rerank` scores: "score" (a regressor of text pairs), the relevant class of a
+        pair classifier (by name: RELEVANT; else its last label), or None: not a
+        cross-encoder."""
+        task = self.task
+        if task.head != "BertForSequenceClassification":
+            return None
+        try:
+            task.example_of(("a query", "a text"), 0)
+        except (ValueError, TypeError, KeyError, NotImplementedError):
+            return None  # does not read pairs
+        if getattr(task, "problem", None) == "regression" or getattr(task, "regression", False):
+            return "score"
+        if not self.labels or getattr(task, "problem", "single-label") != "single-label":
+            return None
+        return next((n for n in self.labels if str(n).lower() in RELEVANT), self.labels[-1])
+
+    def rerank(self, query: str, texts: Sequence[str]) -> list[dict[str, Any]]:
+        """Each text's relevance to `query` ({"index", "score"}), best first: a cross-encoder's
+        probability of its relevant class (`rerank_label`), a regressor's score."""
+        label = self.rerank_label
+        if label is None:
+            raise ValueError(
+                f"{self.task.name}: not a cross-encoder (a model fine-tuned on text pairs), "
+                "so it does not rerank"
+            )
+        answers = self([(query, text) for text in texts])
+        scores = [a["score"] if label == "score" else a["probabilities"][label] for a in answers]
+        return sorted(({"index": i, "score": s} for i, s in enumerate(scores)),
+                      key=lambda e: -e["score"])  # fmt: skip
+
     def outputs(self, features: list) -> dict:
         """The model's raw outputs of `features` (in batches, at this predictor's precision)."""
         dtype = self.precision.dtype
@@ -133,6 +168,7 @@ def predict_file(
     options: FileOptions | None = None,
     chunk: int = 2048,
     progress: bool = True,
+    rerank: bool = False,
 ) -> int:
     """Predict every row of `source` (CSV, TSV, JSON Lines, JSON, Parquet, a `datasets` folder;
     "-": stdin, one text a line) into `output` (.jsonl or .csv/.tsv; None or "-": JSON Lines on
@@ -143,7 +179,12 @@ def predict_file(
     was trained on (`text`, `text_pair` for the paper's tasks), and a row of other columns
     without them is an error (a row of `text` alone, or `text` and `text_pair`, is the generic
     input every model reads). `options`: how to read `source`; by default as the model read
-    its training files (`Predictor.file_options`). Returns the rows written."""
+    its training files (`Predictor.file_options`). With `rerank` (a cross-encoder), each row
+    holds a `query` and its `texts` (a list; in CSV a JSON list) and gets their `ranking`
+    (`Predictor.rerank`: index and score, best first). Returns the rows written."""
+    if rerank and predictor.rerank_label is None:
+        raise ValueError(f"{predictor.task.name}: --rerank takes a cross-encoder (a model "
+                         "fine-tuned on text pairs)")  # fmt: skip
     rows = _input_rows(source, options or predictor.file_options())
     target = None if output is None or str(output) == "-" else Path(output)
     kind = "jsonl" if target is None else file_format(target, "auto", default="jsonl")
@@ -156,6 +197,12 @@ def predict_file(
     with _Writer(target, kind) as writer:
         batch: list[tuple[int, dict[str, Any]]] = []
         for line, values in rows:
+            if rerank:
+                writer.write(values | {"ranking": _ranking(predictor, source, line, values)})
+                written += 1
+                if bar is not None:
+                    bar.update(1)
+                continue
             batch.append((line, values))
             if len(batch) == chunk:
                 written += _predict_chunk(predictor, source, batch, writer, text_column,
@@ -171,6 +218,20 @@ def predict_file(
     if bar is not None:
         bar.close()
     return written
+
+
+def _ranking(predictor: Predictor, source, line: int, values: dict[str, Any]) -> list[dict]:
+    query, texts = values.get("query"), values.get("texts")
+    if isinstance(texts, str) and texts.lstrip().startswith("["):  # a CSV cell of JSON
+        try:
+            texts = json.loads(texts)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(query, str) or not query.strip():
+        raise DataError(source, line, '--rerank: no "query" (a non-empty text) in this row')
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise DataError(source, line, '--rerank: "texts" must be a non-empty list of texts')
+    return predictor.rerank(query, texts)
 
 
 def _input_rows(source, options: FileOptions) -> Iterator[tuple[int, dict[str, Any]]]:

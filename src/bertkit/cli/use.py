@@ -36,6 +36,7 @@ def _predict(args: argparse.Namespace) -> None:
             text_pair_column=args.text_pair_column,
             options=options,
             progress=not args.quiet,
+            rerank=args.rerank,
         )
         if args.output not in (None, "-"):
             print(f"wrote {args.output} ({count:,} rows)", file=sys.stderr)
@@ -82,6 +83,12 @@ def add_predict(commands) -> None:
     predict.add_argument("--delimiter", help="CSV field separator of --input (default: as trained)")
     predict.add_argument(
         "--escape-char", help="CSV: a character escaping quotes in --input (default: as trained)"
+    )
+    predict.add_argument(
+        "--rerank",
+        action="store_true",
+        help='with --input and a cross-encoder: each row\'s "query" and "texts" (a list) get '
+        'their "ranking" (index and score, best first)',
     )
     predict.add_argument("--quiet", action="store_true", help="no progress bar")
     predict.add_argument("--batch-size", type=int, default=32)

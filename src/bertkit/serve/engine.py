@@ -33,8 +33,6 @@ from bertkit.tasks.base import TASK_FILE
 log = logging.getLogger(__name__)
 
 ENDPOINTS = ("predict", "embed", "v1/embeddings", "rerank", "fill-mask")
-# the label of a cross-encoder's classes that means "relevant" (/rerank scores its probability)
-RELEVANT = ("1", "relevant", "entailment", "paraphrase", "yes", "true", "positive")
 
 
 class InputError(ValueError):
@@ -176,21 +174,8 @@ class ServedModel:
 
     @property
     def rerank_label(self) -> str | None:
-        """What /rerank scores: "score" (a regressor of pairs), the relevant class of a pair
-        classifier (RELEVANT, else its last label), or None: not a cross-encoder."""
-        if self.predictor is None or self.predictor.task.head != "BertForSequenceClassification":
-            return None
-        task = self.predictor.task
-        try:
-            task.example_of(("a query", "a text"), 0)
-        except (ValueError, TypeError, KeyError, NotImplementedError):
-            return None  # does not read pairs
-        labels = self.predictor.labels
-        if getattr(task, "problem", None) == "regression" or getattr(task, "regression", False):
-            return "score"
-        if not labels or getattr(task, "problem", "single-label") != "single-label":
-            return None
-        return next((n for n in labels if str(n).lower() in RELEVANT), labels[-1])
+        """What /rerank scores (`Predictor.rerank_label`); None: not a cross-encoder."""
+        return self.predictor.rerank_label if self.predictor is not None else None
 
     def missing(self, endpoint: str) -> str:
         """Why this model does not answer `endpoint`."""
