@@ -83,11 +83,13 @@ class BertForSentenceEmbedding(BertPreTrainedModel):
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # (B, H), unit length
+        normalize: bool = True,
+    ) -> torch.Tensor:  # (B, H), unit length unless `normalize` is false
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         hidden = self.bert(input_ids, token_type_ids, attention_mask, unpad=True).last_hidden_state
-        return F.normalize(pool(hidden.float(), attention_mask, self.pooling), dim=-1)
+        pooled = pool(hidden.float(), attention_mask, self.pooling)
+        return F.normalize(pooled, dim=-1) if normalize else pooled
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **kwargs: Any):

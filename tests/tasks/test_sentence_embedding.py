@@ -82,6 +82,25 @@ def test_pairs_with_no_word_in_common_are_learnt_and_load_in_sentence_transforme
     assert "--negative-column hard" in card and "--epochs 6" in card
 
 
+def test_matryoshka_dimensions_train_the_leading_parts_too(words_model, tmp_path):
+    train = write(tmp_path / "train.csv", synonym_pairs(200, seed=0))
+    dev = write(tmp_path / "dev.csv", synonym_pairs(48, seed=1))
+    data = DataConfig(train=str(train), validation=str(dev), text_column="anchor",
+                      text_pair_column="positive", dims="32,8")  # fmt: skip
+    results = finetune("sentence-embedding", words_model, data, tmp_path / "run",
+                       FinetuneConfig(epochs=6, batch_size=16, learning_rate=1e-3,
+                                      max_seq_length=16, progress=False))  # fmt: skip
+    before, after = results["before_training"], results["dev"]
+    assert {"mrr@10", "mrr@10_8", "recall@1_8"} <= set(after)  # 32 is the whole vector
+    assert after["mrr@10_8"] > before["mrr@10_8"] + 0.2, (before, after)
+    with pytest.raises(ValueError, match="--dims 'a,b'"):
+        finetune("sentence-embedding", words_model,
+                 DataConfig(train=str(train), validation=str(dev), text_column="anchor",
+                            text_pair_column="positive", dims="a,b"),
+                 tmp_path / "bad", FinetuneConfig(epochs=1, progress=False))  # fmt: skip
+    assert not (tmp_path / "bad").exists()
+
+
 def test_scored_pairs_train_with_the_cosine_objective(words_model, tmp_path):
     pairs = synonym_pairs(120, seed=2)
     rng = np.random.default_rng(3)

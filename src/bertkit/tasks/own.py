@@ -94,6 +94,11 @@ class DataConfig(Settings):
         "sentence embedding: mean (of every real token's state) or cls",
         choices=("mean", "cls"),
     )
+    dims: str | None = setting(
+        None,
+        "sentence embedding: Matryoshka dimensions, e.g. 384,128,64: the loss summed over these "
+        "leading parts of each vector (each at unit length), so a shortened vector still works",
+    )
     symmetric_loss: bool = setting(
         False, "sentence embedding: also rank each positive's anchor among the batch's anchors"
     )

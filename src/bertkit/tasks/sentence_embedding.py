@@ -55,8 +55,8 @@ class SentenceEmbeddingTask(OwnTask):
         f"{side}{key}": 0 for side in SIDES for key in ("input_ids", "attention_mask")
     }
     reading_fields = ("text_column", "text_pair_column", "negative_column", "label_column",
-                      "score_range", "pooling", "format", "columns", "encoding", "delimiter",
-                      "escape_char")  # fmt: skip
+                      "score_range", "pooling", "dims", "format", "columns", "encoding",
+                      "delimiter", "escape_char")  # fmt: skip
 
     def __init__(self, data=None) -> None:
         super().__init__(data)
@@ -133,6 +133,7 @@ class SentenceEmbeddingTask(OwnTask):
     def fitted(self, train: Sequence[PairExample]) -> SentenceEmbeddingTask:
         import copy
 
+        self.dims()  # a wrong --dims fails before any work
         task = copy.copy(self)
         task.scored = bool(train) and train[0].score is not None
         return task
@@ -175,18 +176,50 @@ class SentenceEmbeddingTask(OwnTask):
         return features
 
     # ----------------------------------------------------------------- training
-    def _encode(self, model, batch, side: str) -> torch.Tensor | None:
+    def dims(self) -> list[int]:
+        """The Matryoshka dimensions (`--dims`), largest first; [] without."""
+        if not self.data.dims:
+            return []
+        try:
+            dims = sorted({int(d) for d in self.data.dims.split(",")}, reverse=True)
+        except ValueError:
+            raise ValueError(
+                f"--dims {self.data.dims!r}: whole numbers such as 384,128,64"
+            ) from None
+        if dims[-1] < 1:
+            raise ValueError(f"--dims {self.data.dims!r}: each dimension must be 1 or more")
+        return dims
+
+    def _encode(self, model, batch, side: str, normalize: bool = True) -> torch.Tensor | None:
         if f"{side}input_ids" not in batch:
             return None
-        return model(batch[f"{side}input_ids"], None, batch[f"{side}attention_mask"])
+        return model(batch[f"{side}input_ids"], None, batch[f"{side}attention_mask"],
+                     normalize=normalize)  # fmt: skip
 
     def loss(self, model, batch):
-        anchors, positives = self._encode(model, batch, ""), self._encode(model, batch, "positive_")
+        dims = self.dims()
+        if not dims:
+            return self._loss(model, batch)
+        vectors = {side: self._encode(model, batch, side, normalize=False) for side in SIDES}
+        total = None
+        for d in dims:  # each leading part at unit length (sentence-transformers' MatryoshkaLoss)
+            cut = {
+                s: None if v is None else F.normalize(v[:, :d], dim=-1) for s, v in vectors.items()
+            }
+            part, units = self._loss(model, batch, cut)
+            total = part if total is None else total + part
+        return total, units
+
+    def _loss(self, model, batch, given: dict[str, Any] | None = None):
+        def encode(side: str) -> torch.Tensor | None:
+            return given[side] if given is not None else self._encode(model, batch, side)
+
+        anchors, positives = encode(""), encode("positive_")
         assert anchors is not None and positives is not None
         if self.scored:
             cosine = (anchors * positives).sum(-1)
             return F.mse_loss(cosine, batch["labels"].float(), reduction="sum"), len(anchors)
-        negatives = self._encode(model, batch, "negative_")
+        negatives = encode("negative_")
         candidates = positives if negatives is None else torch.cat([positives, negatives])
         targets = torch.arange(len(anchors), device=anchors.device)
         total = F.cross_entropy(SCALE * anchors @ candidates.T, targets, reduction="sum")
@@ -208,6 +241,15 @@ class SentenceEmbeddingTask(OwnTask):
 
     def score(self, examples, predictions) -> dict[str, float]:
         anchors, positives = predictions["anchor"], predictions["positive"]
+        figures = self._score(examples, anchors, positives)
+        for d in self.dims():  # the leading parts too, at unit length
+            if d < anchors.shape[1]:
+                cut = [v[:, :d] / np.linalg.norm(v[:, :d], axis=1, keepdims=True).clip(1e-12)
+                       for v in (anchors, positives)]  # fmt: skip
+                figures |= {f"{k}_{d}": v for k, v in self._score(examples, *cut).items()}
+        return figures
+
+    def _score(self, examples, anchors, positives) -> dict[str, float]:
         if self.scored:
             cosine = (anchors * positives).sum(-1)
             gold = np.array([e.score for e in examples])
