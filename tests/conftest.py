@@ -131,20 +131,12 @@ def words_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def topics_model(words_model, tmp_path_factory) -> Path:
     """A headline classifier fine-tuned on a CSV of your own (labels business, sports, tech)."""
-    import csv
 
     from bertkit.finetune import FinetuneConfig, finetune
-    from bertkit.tasks.own import DataConfig
 
-    from helpers import OWN_QUICK, topic_rows
+    from helpers import OWN_QUICK, topic_files
 
     root = tmp_path_factory.mktemp("topics")
-    for name, rows in (("train", topic_rows(160)), ("dev", topic_rows(32, 1))):
-        with open(root / f"{name}.csv", "w", newline="") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(["headline", "topic"])
-            writer.writerows([[r["headline"], r["topic"]] for r in rows])
-    data = DataConfig(train=str(root / "train.csv"), validation=str(root / "dev.csv"),
-                      text_column="headline", label_column="topic")  # fmt: skip
+    data = topic_files(root)
     finetune("text-classification", words_model, data, root / "run", FinetuneConfig(**OWN_QUICK))
     return root / "run"

@@ -245,4 +245,20 @@ def word_checkpoint(directory: Path, head=None) -> Path:
     return directory
 
 
+def topic_files(root: Path):
+    """train.csv (160 headlines) and dev.csv (32) of `topic_rows` in `root`, as the DataConfig
+    that reads them (text column headline, label column topic)."""
+    import csv
+
+    from bertkit.tasks.own import DataConfig
+
+    for name, rows in (("train", topic_rows(160)), ("dev", topic_rows(32, 1))):
+        with open(root / f"{name}.csv", "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["headline", "topic"])
+            writer.writerows([[r["headline"], r["topic"]] for r in rows])
+    return DataConfig(train=str(root / "train.csv"), validation=str(root / "dev.csv"),
+                      text_column="headline", label_column="topic")  # fmt: skip
+
+
 OWN_QUICK = dict(epochs=5, batch_size=8, max_seq_length=64, progress=False, learning_rate=5e-3)

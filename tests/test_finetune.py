@@ -437,20 +437,11 @@ def test_early_stopping_keeps_the_best_evaluation_and_stops(words_model, tmp_pat
     """--metric picks the evaluation whose model OUT keeps, --patience stops the run after that
     many evaluations without a better one, --eval-every evaluates within epochs; a resumed
     stopped run trains no further; an unknown --metric names the figures there are."""
-    import csv
-
     from bertkit.cli import main
-    from bertkit.tasks.own import DataConfig
 
-    from helpers import OWN_QUICK, topic_rows
+    from helpers import OWN_QUICK, topic_files
 
-    for name, rows in (("train", topic_rows(160)), ("dev", topic_rows(32, 1))):
-        with open(tmp_path / f"{name}.csv", "w", newline="") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(["headline", "topic"])
-            writer.writerows([[r["headline"], r["topic"]] for r in rows])
-    data = DataConfig(train=str(tmp_path / "train.csv"), validation=str(tmp_path / "dev.csv"),
-                      text_column="headline", label_column="topic")  # fmt: skip
+    data = topic_files(tmp_path)
     settings = FinetuneConfig(
         **OWN_QUICK | {"epochs": 10}, metric="macro_f1", patience=2, eval_every=10
     )
