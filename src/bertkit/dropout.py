@@ -1,14 +1,17 @@
 """Dropout masks: drawn fast by default, or as transformers draws them (`parity`).
 
 torch's CPU dropout draws each mask element with its Mersenne Twister, one element after the
-other on one thread: in a 2-thread fp32 fine-tuning step of all-MiniLM-L6-v2 that was 17% of the
-step (20 masks, 346 ms of 1,642 ms; Intel Xeon capped to AVX2, docs/results). `keep_mask` draws
+other on one thread: in a 2-thread fp32 fine-tuning step of all-MiniLM-L6-v2 that was 290 ms of
+a 1,330 ms step (20 masks, 19.5% of its CPU time; Intel Xeon family 6 model 207 capped to AVX2:
+docs/results/avx2_parity). `keep_mask` draws
 from a counter-based generator instead: element i's bits are splitmix64 of (seed + i * golden),
 an elementwise computation torch runs on every thread, four 16-bit decisions per 64-bit word. The
 seed is one draw from torch's generator, so `torch.manual_seed`, the checkpointed RNG state and
 activation checkpointing's replay govern it as they govern `F.dropout`. The drop probability is
 that of `p` rounded to a multiple of 1/65536 (0.1 -> 0.100006), and the kept values are scaled by
-the inverse of the rounded keep probability, so the expectation is exact. Different draws from
+the inverse of the rounded keep probability, so the expectation is exact. A 1.4M-element mask
+took 5.2 ms against F.dropout's 23.9 ms at 2 threads on that Xeon (a one-off microbenchmark,
+its script not committed). Different draws from
 `F.dropout`'s, the same distribution: a run is statistically the same run, not the same numbers.
 
 On a GPU `F.dropout` is already a fused, parallel Philox draw, and it stays; so it does in

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -111,7 +112,7 @@ class Predictor:
         features = self.task.featurize(examples, self.tokenizer, self.max_seq_length)
         return self.task.answer(examples, features, self.outputs(features))
 
-    @property
+    @functools.cached_property
     def rerank_label(self) -> str | None:
         """What `rerank` scores: "score" (a regressor of text pairs), the relevant class of a
         pair classifier (by name: RELEVANT; else its last label), or None: not a
@@ -129,17 +130,21 @@ class Predictor:
             return None
         return next((n for n in self.labels if str(n).lower() in RELEVANT), self.labels[-1])
 
-    def rerank(self, query: str, texts: Sequence[str]) -> list[dict[str, Any]]:
-        """Each text's relevance to `query` ({"index", "score"}), best first: a cross-encoder's
-        probability of its relevant class (`rerank_label`), a regressor's score."""
+    def relevance(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        """Each (query, text) pair's relevance, in order: a cross-encoder's probability of its
+        relevant class (`rerank_label`), a regressor's score."""
         label = self.rerank_label
         if label is None:
             raise ValueError(
                 f"{self.task.name}: not a cross-encoder (a model fine-tuned on text pairs), "
                 "so it does not rerank"
             )
-        answers = self([(query, text) for text in texts])
-        scores = [a["score"] if label == "score" else a["probabilities"][label] for a in answers]
+        answers = self(list(pairs))
+        return [a["score"] if label == "score" else a["probabilities"][label] for a in answers]
+
+    def rerank(self, query: str, texts: Sequence[str]) -> list[dict[str, Any]]:
+        """Each text's relevance to `query` ({"index", "score"}), best first."""
+        scores = self.relevance([(query, text) for text in texts])
         return sorted(({"index": i, "score": s} for i, s in enumerate(scores)),
                       key=lambda e: -e["score"])  # fmt: skip
 

@@ -396,9 +396,7 @@ class ServedModel:
             return [_shortened(v, item[3]) for v, item in zip(vectors, items, strict=True)]
         if endpoint == "rerank":
             assert self.predictor is not None
-            answers = self.predictor([pair for pair, _ in items])
-            label = self.rerank_label
-            return [a["score"] if label == "score" else a["probabilities"][label] for a in answers]
+            return self.predictor.relevance([pair for pair, _ in items])
         return self._fill_mask(items)
 
     @torch.inference_mode()
