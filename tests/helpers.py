@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -262,3 +267,58 @@ def topic_files(root: Path):
 
 
 OWN_QUICK = dict(epochs=5, batch_size=8, max_seq_length=64, progress=False, learning_rate=5e-3)
+
+
+def _httpx():
+    return pytest.importorskip("httpx")
+
+
+class Server:
+    """`bertkit serve MODEL ARGS...` on a free port, up once /health says ready."""
+
+    def __init__(self, model, *args: str) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        command = [sys.executable, "-m", "bertkit.cli", "serve", str(model), "--port", str(port)]
+        # its output to a file: a pipe nobody reads would block a server that logs a lot
+        self.output = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen([*command, *args], stdout=self.output,
+                                        stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"the server exited: {self.read_output()}")
+            try:
+                if _httpx().get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except _httpx().TransportError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        pytest.fail("the server did not become ready in 120 s")
+
+    def post(self, path: str, body, **kwargs):
+        return _httpx().post(self.url + path, json=body, timeout=30, **kwargs)
+
+    def metric(self, name: str) -> float:
+        text = _httpx().get(self.url + "/metrics", timeout=10).text
+        found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+        assert found, f"{name} not in /metrics"
+        return float(found.group(1))
+
+    def rss_mb(self) -> float:
+        """The server's resident memory (Linux)."""
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE).group(1)) / 1024
+
+    def read_output(self) -> str:
+        self.output.seek(0)
+        return self.output.read()
+
+    def stop(self) -> str:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=60)
+        return self.read_output()

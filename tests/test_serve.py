@@ -235,6 +235,31 @@ def test_a_full_queue_refuses_and_stop_answers_what_waits():
     assert answer == [1, 2] and seconds < 2
 
 
+def test_a_cancelled_request_leaves_the_queue_uncomputed():
+    """A request cancelled while it waits (its client went away) is never run; the others
+    are, and the loop goes on (a queue emptied by cancellation while it waited included)."""
+    ran: list[list[int]] = []
+
+    async def main():
+        batcher = _batcher(lambda items: ran.append(list(items)) or list(items),
+                           max_batch_size=64, max_wait_ms=200)  # fmt: skip
+        batcher.start()
+        alone = asyncio.ensure_future(batcher.submit([1, 2, 3]))
+        await asyncio.sleep(0.05)
+        alone.cancel()  # the only request: the loop waits on an emptied queue
+        await asyncio.sleep(0.3)
+        kept = asyncio.ensure_future(batcher.submit([4]))
+        gone = asyncio.ensure_future(batcher.submit([5, 6]))
+        await asyncio.sleep(0.05)
+        gone.cancel()
+        answer = await kept
+        await batcher.stop()
+        return answer, batcher.waiting, batcher.cancelled
+
+    assert asyncio.run(main()) == ([4], 0, 5)
+    assert ran == [[4]]
+
+
 def test_precision_follows_the_hardware_for_serving_and_prediction(topics_model, monkeypatch):
     fp32 = ServedModel(topics_model)
     assert fp32.precision.name == "fp32" and fp32.info()["precision"]["compute"] == "fp32"

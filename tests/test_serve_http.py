@@ -6,62 +6,20 @@ a full queue, and SIGTERM with requests in flight."""
 from __future__ import annotations
 
 import json
-import re
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from helpers import Server
+
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 pytestmark = pytest.mark.slow  # subprocesses
-
-
-class Server:
-    """`bertkit serve MODEL ARGS...` on a free port, up once /health says ready."""
-
-    def __init__(self, model, *args: str) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        command = [sys.executable, "-m", "bertkit.cli", "serve", str(model), "--port", str(port)]
-        self.process = subprocess.Popen([*command, *args], stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"the server exited: {self.process.stdout.read()}")  # type: ignore[union-attr]
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        pytest.fail("the server did not become ready in 120 s")
-
-    def post(self, path: str, body, **kwargs):
-        return httpx.post(self.url + path, json=body, timeout=30, **kwargs)
-
-    def metric(self, name: str) -> float:
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-        assert found, f"{name} not in /metrics"
-        return float(found.group(1))
-
-    def stop(self) -> str:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=60)
-        return self.process.stdout.read()  # type: ignore[union-attr]
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +178,7 @@ def test_two_worker_processes_answer_and_stop(topics_model):
     try:
         answers = [server.post("/predict", {"inputs": "goal match team"}) for _ in range(4)]
         assert all(a.status_code == 200 and a.json()[0]["label"] == "sports" for a in answers)
-        assert "2 workers" in server.process.stdout.readline()  # type: ignore[union-attr]
+        assert "2 workers" in server.read_output().splitlines()[0]
     finally:
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(timeout=60) in (0, -signal.SIGTERM)

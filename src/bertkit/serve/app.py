@@ -36,6 +36,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from bertkit.serve.batcher import BatchStats, DynamicBatcher, QueueFull, Stopped
 from bertkit.serve.config import ServeConfig
+from bertkit.serve.connections import GuardedHTTP, descriptors_for
 from bertkit.serve.engine import ENDPOINTS, InputError, Limits, ServedModel
 from bertkit.serve.metrics import Metrics
 
@@ -50,6 +51,10 @@ class Service:
         self.config = config
         self.metrics = Metrics()
         self.limits = Limits(config.max_inputs, config.max_chars)
+        # a body's bytes: each character at most 6 (a JSON escape), and 1 MiB for the rest;
+        # bodies being read hold at most 4 such at once, across all requests
+        self.body_limit = config.max_inputs * config.max_chars * 6 + (1 << 20)
+        self.reading = _Budget(4 * self.body_limit)
         # Every model call, the warm-up included, on the one inference thread: a second thread
         # running torch ops would keep a second OpenMP team, whose workers spin on the cores
         # the first needs (measured: a Predictor call 6.0 -> 7.2 ms on 2 cores).
@@ -120,23 +125,18 @@ def create_app(service: Service) -> FastAPI:
         summary=f"{service.model.source}: " + ", ".join(service.model.info()["endpoints"]),
         lifespan=lifespan,
     )
-    limit = service.limits.max_inputs * service.limits.max_chars * 6 + (1 << 20)
+    limit = service.body_limit
     key = service.config.api_key or os.environ.get(API_KEY_ENV) or None
 
-    @app.middleware("http")
-    async def authorise(request: Request, call_next):
-        """With a key, every route but /health wants `Authorization: Bearer KEY`."""
-        if key is not None and request.url.path != "/health":
-            given = request.headers.get("authorization", "")
-            scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), key):
-                return error(401, "a key is required: Authorization: Bearer KEY",
-                             {"WWW-Authenticate": "Bearer"})  # fmt: skip
-        return await call_next(request)
-
-    def error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-        kind = {400: "malformed", 401: "unauthorized", 404: "unavailable", 413: "too_large",
-                422: "validation", 503: "overloaded"}.get(status, "internal")  # fmt: skip
+    def error(status: int, message: str, headers: dict[str, str] | None = None,
+              read: bool = True) -> Response:  # fmt: skip
+        kind = {400: "malformed", 401: "unauthorized", 404: "unavailable", 408: "timeout",
+                413: "too_large", 422: "validation", 499: "cancelled",
+                503: "overloaded"}.get(status, "internal")  # fmt: skip
+        if status == 503:
+            headers = {"Retry-After": "1", **(headers or {})}
+        if not read:  # the rest of the body is not read: the connection must close
+            headers = {**(headers or {}), "Connection": "close"}
         return JSONResponse({"error": message, "error_type": kind}, status, headers=headers)
 
     async def read_json(request: Request) -> Any:
@@ -144,10 +144,27 @@ def create_app(service: Service) -> FastAPI:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise InputError(f"a body of {int(declared):,} bytes; the most is {limit:,}", 413)
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise InputError(f"a body over {limit:,} bytes", 413)
+
+        async def collect() -> None:
+            async for chunk in request.stream():
+                if not service.reading.take(len(chunk)):
+                    raise InputError(
+                        f"{service.reading.held:,} bytes of other bodies are being read (the "
+                        f"server holds {service.reading.total:,} at once); retry later",
+                        503,
+                    )
+                body.extend(chunk)
+                if len(body) > limit:
+                    raise InputError(f"a body over {limit:,} bytes", 413)
+
+        try:
+            await asyncio.wait_for(collect(), service.config.read_timeout)
+        except asyncio.TimeoutError:
+            raise InputError(
+                f"the body took over {service.config.read_timeout:g} s to arrive", 408
+            ) from None
+        finally:
+            service.reading.give(len(body))
         try:
             return json.loads(body)
         except (ValueError, UnicodeDecodeError) as err:
@@ -157,21 +174,26 @@ def create_app(service: Service) -> FastAPI:
 
     async def answer(endpoint: str, request: Request) -> Response:
         started = time.perf_counter()
-        inputs = 0
+        inputs, read = 0, False
         try:
             if service.draining:
                 response = error(503, "the server is shutting down", {"Retry-After": "5"})
             elif endpoint not in service.batchers:
                 response = error(404, service.model.missing(endpoint))
             else:
-                items = service.model.parse(endpoint, await read_json(request), service.limits)
+                body = await read_json(request)
+                read = True
+                items = service.model.parse(endpoint, body, service.limits)
                 inputs = len(items)
-                results = await service.batchers[endpoint].submit(items)
-                response = JSONResponse(service.model.shape(endpoint, items, results))
+                results = await _unless_gone(request, service.batchers[endpoint].submit(items))
+                if results is _GONE:  # nobody reads this answer; the code says why in /metrics
+                    response = error(499, "the client went away before its answer")
+                else:
+                    response = JSONResponse(service.model.shape(endpoint, items, results))
         except _Malformed as err:
             response = error(400, str(err))
         except InputError as err:
-            response = error(err.status, str(err))
+            response = error(err.status, str(err), read=read)
         except QueueFull as err:
             response = error(503, str(err), {"Retry-After": str(err.retry_after)})
         except Stopped as err:
@@ -215,15 +237,84 @@ def create_app(service: Service) -> FastAPI:
     async def metrics() -> Response:
         depth = {f"/{e}": b.waiting for e, b in service.batchers.items()}
         return PlainTextResponse(
-            service.metrics.render(depth, service.ready),
+            service.metrics.render(
+                depth,
+                service.ready,
+                cancelled={f"/{e}": b.cancelled for e, b in service.batchers.items()},
+                connections=GuardedHTTP.open,
+            ),
             media_type="text/plain; version=0.0.4",
         )
 
+    if key is not None:
+        app.add_middleware(_RequireKey, key=key)
     return app
+
+
+class _RequireKey:
+    """With a key, every route but /health wants `Authorization: Bearer KEY` (401 otherwise).
+    Plain ASGI, not Starlette's BaseHTTPMiddleware, which hides a client's going away from the
+    route (the route watches for it to drop the client's queued inputs)."""
+
+    def __init__(self, app, key: str) -> None:
+        self.app, self.key = app, key
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            scheme, _, token = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), self.key):
+                body = {"error": "a key is required: Authorization: Bearer KEY",
+                        "error_type": "unauthorized"}  # fmt: skip
+                response = JSONResponse(body, 401, headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class _Malformed(ValueError):
     pass
+
+
+_GONE = object()
+
+
+async def _unless_gone(request: Request, work) -> Any:
+    """`work`'s result, or _GONE (and `work` cancelled) if the client disconnects first. The
+    body is read by now, so the next ASGI message is the disconnect (or nothing, until the
+    response is sent)."""
+    work = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if work.done():
+        return work.result()
+    work.cancel()
+    return _GONE
+
+
+class _Budget:
+    """Bytes of request bodies held at once, across requests: a bound on what bodies cost in
+    memory however many clients send at a time."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.held = total, 0
+
+    def take(self, n: int) -> bool:
+        if self.held + n > self.total:
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.held -= n
 
 
 def _route(answer, endpoint: str):
@@ -308,12 +399,14 @@ def serve(model: str | os.PathLike, config: ServeConfig | None = None, *,
     # in the environment wins.
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
     common: dict[str, Any] = dict(host=config.host, port=config.port, log_level="warning",
-                  access_log=access_log, timeout_graceful_shutdown=60)  # fmt: skip
+                  access_log=access_log, timeout_graceful_shutdown=60, http=GuardedHTTP,
+                  ws="none")  # fmt: skip
     if config.workers > 1:  # each process loads the model itself (uvicorn's factory mode)
         os.environ[_ENV] = json.dumps({"model": str(model), "config": asdict(config)})
         print(_banner(str(model), config, None), file=sys.stderr, flush=True)
         uvicorn.run(f"{__name__}:_app_from_env", factory=True, workers=config.workers, **common)
         return
+    _guard(config)
     service = Service(str(model), config)
 
     class Server(uvicorn.Server):
@@ -338,9 +431,15 @@ def _threads(config: ServeConfig) -> None:
     torch.set_num_threads(threads)
 
 
+def _guard(config: ServeConfig) -> None:
+    """This process's connection limits (what its open-file limit allows)."""
+    GuardedHTTP.configure(config.header_timeout, descriptors_for(config.max_connections))
+
+
 def _app_from_env():
     settings = json.loads(os.environ[_ENV])
     config = ServeConfig(**settings["config"])
+    _guard(config)
     return create_app(Service(settings["model"], config))
 
 
@@ -351,6 +450,11 @@ def _banner(model: str, config: ServeConfig, service: Service | None) -> str:
         f"{' ' + config.quantize if config.quantize else ''}"
         f"{'; ' + service.model.precision.reason if service else ''}) on "
         f"http://{config.host}:{config.port} (docs: /docs)"
+        + (
+            f"; at most {GuardedHTTP.max_connections} connections (the open-file limit)"
+            if GuardedHTTP.max_connections < config.max_connections
+            else ""
+        )
         + (
             "; no --api-key: anyone who reaches the port can use it"
             if not (config.api_key or os.environ.get(API_KEY_ENV))

@@ -7,7 +7,8 @@ free and fewer than `max_batch_size` inputs wait, the loop waits until the oldes
 `max_wait_ms` (0: never waits; the requests that arrive while a batch runs make the next one).
 Every request gets its own results, in order; an input that breaks a batch does not take the
 others with it (the requests of a failed batch run again one by one, so only the faulty one
-fails).
+fails). A request cancelled while it waits (its client went away) leaves the queue uncomputed;
+one cancelled while its batch runs has its results dropped.
 
 >>> import asyncio
 >>> from concurrent.futures import ThreadPoolExecutor
@@ -51,7 +52,7 @@ class Stopped(Exception):
     """The batcher stopped (the server is shutting down) before the request ran."""
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself (the queue removes it by identity)
 class _Request:
     items: Sequence[Any]
     future: asyncio.Future
@@ -92,6 +93,7 @@ class DynamicBatcher:
         self._task: asyncio.Task | None = None
         self._flush = False  # shutting down: run what waits without waiting for more
         self._batch_seconds = 0.05  # a running estimate, for Retry-After
+        self.cancelled = 0  # inputs taken out of the queue because their request was cancelled
 
     def start(self) -> None:
         self._wake = asyncio.Event()
@@ -111,7 +113,14 @@ class DynamicBatcher:
         self.queue.append(request)
         self.waiting += len(items)
         self._wake.set()
-        return await request.future
+        try:
+            return await request.future
+        except asyncio.CancelledError:  # the client went away: if still queued, never computed
+            if request in self.queue:
+                self.queue.remove(request)
+                self.waiting -= len(items)
+                self.cancelled += len(items)
+            raise
 
     async def stop(self) -> None:
         """Run what is queued (without waiting for more), then stop."""
@@ -150,6 +159,8 @@ class DynamicBatcher:
                     await asyncio.wait_for(self._wake.wait(), left)
                 except asyncio.TimeoutError:
                     break
+            if not self.queue:  # what waited was cancelled
+                continue
             batch = [self.queue.popleft()]
             size = len(batch[0].items)
             while self.queue and size + len(self.queue[0].items) <= self.max_batch_size:

@@ -28,6 +28,19 @@ class ServeConfig(Settings):
                              check="positive")  # fmt: skip
     max_inputs: int = setting(256, "most inputs in one request (413 beyond)", check="positive")
     max_chars: int = setting(20_000, "longest text in characters (413 beyond)", check="positive")
+    max_connections: int = setting(
+        1000,
+        "most open connections per worker; beyond it the longest-idle one is closed (raised "
+        "towards the process's open-file limit, or lowered to fit it)",
+        check="positive",
+    )
+    header_timeout: float = setting(
+        10.0, "seconds a connection has for each request's headers (then closed)",
+        check="positive",
+    )  # fmt: skip
+    read_timeout: float = setting(
+        30.0, "seconds a request has to send its body (then 408)", check="positive"
+    )
     workers: int = setting(1, "server processes, each with its own copy of the model",
                            check="positive")  # fmt: skip
     threads: int | None = setting(

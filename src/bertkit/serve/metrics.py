@@ -47,7 +47,7 @@ class _Histogram:
 
 
 class Metrics:
-    """Requests by endpoint and status, their latency, inputs, batches (size, time) and forward
+    """Requests by endpoint and status (499: the client went away before its answer), their latency, inputs, batches (size, time) and forward
     passes. Updated from the event loop and the inference thread, hence the lock."""
 
     def __init__(self) -> None:
@@ -74,7 +74,8 @@ class Metrics:
         with self._lock:
             self.forward_passes += 1
 
-    def render(self, queue_depth: dict[str, int], ready: bool = True) -> str:
+    def render(self, queue_depth: dict[str, int], ready: bool = True, *,
+               cancelled: dict[str, int] | None = None, connections: int = 0) -> str:  # fmt: skip
         with self._lock:
             requests = [
                 (f'endpoint="{e}",code="{c}"', n) for (e, c), n in sorted(self.requests.items())
@@ -94,6 +95,11 @@ class Metrics:
                  [("", self.forward_passes)]),
                 ("queue_depth", "gauge", "Inputs waiting for the model, by endpoint.",
                  _by_endpoint(queue_depth)),
+                ("cancelled_inputs_total", "counter",
+                 "Inputs left uncomputed because their client went away while they waited.",
+                 _by_endpoint(cancelled or {})),
+                ("open_connections", "gauge", "HTTP connections open now.",
+                 [("", connections)]),
                 ("ready", "gauge", "1 when the model is loaded and warm and not shutting down.",
                  [("", int(ready))]),
             ]  # fmt: skip

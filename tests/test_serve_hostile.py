@@ -1,0 +1,228 @@
+"""`bertkit serve` against hostile clients, on loopback: headers and a body sent a byte at a
+time, 1,000 idle connections, a 100 MB body, JSON nested 10,000 deep, invalid UTF-8 inside a
+string, clients that go away while their inputs wait, and every connection held busy. Each
+pattern is cut off by its limit, the server's memory stays bounded, and a well-behaved client's
+median latency meanwhile stays within 2x of what it was alone."""
+
+from __future__ import annotations
+
+import resource
+import socket
+import statistics
+import threading
+import time
+
+import pytest
+
+from helpers import Server
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+pytestmark = pytest.mark.slow  # subprocesses
+
+TIMEOUT = 2  # the server's --header-timeout and --read-timeout here, in seconds
+HEADERS = b"POST /predict HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+
+
+@pytest.fixture(scope="module")
+def server(topics_model):
+    running = Server(topics_model, "--header-timeout", str(TIMEOUT), "--read-timeout",
+                     str(TIMEOUT), "--max-inputs", "8", "--max-chars", "200")  # fmt: skip
+    yield running
+    running.stop()
+
+
+def latencies(server: Server, n: int = 40) -> list[float]:
+    """A well-behaved client: one request at a time on one keep-alive connection."""
+    times = []
+    with httpx.Client(timeout=30) as client:
+        for _ in range(n):
+            started = time.perf_counter()
+            response = client.post(server.url + "/predict", json={"inputs": "goal match team"})
+            times.append(time.perf_counter() - started)
+            assert response.status_code == 200 and response.json()[0]["label"] == "sports"
+    return statistics.median(times)
+
+
+def within_twice(server: Server, alone: float, meanwhile: float) -> None:
+    print(
+        f"another client's median latency {alone * 1e3:.1f} ms alone, {meanwhile * 1e3:.1f} ms meanwhile"
+    )
+    assert meanwhile <= 2 * alone, f"{meanwhile * 1e3:.1f} ms meanwhile, {alone * 1e3:.1f} alone"
+
+
+def connect(server: Server) -> socket.socket:
+    port = int(server.url.rsplit(":", 1)[1])
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def closed_by_server(sock: socket.socket, within: float) -> tuple[bool, bytes]:
+    """Whether the server closes `sock` within `within` seconds, and what it sent first."""
+    sock.settimeout(within)
+    got = b""
+    try:
+        while chunk := sock.recv(65536):
+            got += chunk
+        return True, got
+    except TimeoutError:
+        return False, got
+    except ConnectionResetError:
+        return True, got
+
+
+def trickle(sock: socket.socket, data: bytes, stop: threading.Event) -> None:
+    """Send `data` a byte every 0.25 s until it is sent, the server closes, or `stop`."""
+    for byte in data:
+        if stop.wait(0.25):
+            return
+        try:
+            sock.sendall(bytes([byte]))
+        except OSError:
+            return
+
+
+def test_headers_and_bodies_a_byte_at_a_time_are_cut_off(server):
+    alone = latencies(server)
+    stop = threading.Event()
+    slow_headers = [connect(server) for _ in range(10)]
+    slow_bodies = [connect(server) for _ in range(10)]
+    for sock in slow_bodies:
+        sock.sendall(HEADERS + b"content-length: 1000\r\n\r\n")
+    senders = [threading.Thread(target=trickle, args=(s, HEADERS + b"content-length: 9\r\n", stop))
+               for s in slow_headers] + [
+        threading.Thread(target=trickle, args=(s, b'{"inputs": "' + b"x" * 900, stop))
+        for s in slow_bodies]  # fmt: skip
+    started = time.monotonic()
+    for sender in senders:
+        sender.start()
+    try:
+        meanwhile = latencies(server)
+        for sock in slow_headers:  # closed without an answer: there was no request yet
+            closed, sent = closed_by_server(sock, TIMEOUT + 3)
+            assert closed and sent == b""
+        for sock in slow_bodies:
+            closed, sent = closed_by_server(sock, TIMEOUT + 3)
+            assert closed and sent.startswith(b"HTTP/1.1 408"), sent[:200]
+            assert b"connection: close" in sent.lower() and b"to arrive" in sent
+        assert time.monotonic() - started < 2 * TIMEOUT + 4
+    finally:
+        stop.set()
+        for sock in slow_headers + slow_bodies:
+            sock.close()
+    within_twice(server, alone, meanwhile)
+
+
+def test_a_thousand_idle_connections(server):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200 and (hard == resource.RLIM_INFINITY or hard >= 1200):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+    alone = latencies(server)
+    rss = server.rss_mb()
+    idle = [connect(server) for _ in range(1000)]
+    try:
+        time.sleep(0.5)
+        # the default cap is 1,000: each new connection beyond it closed the longest-idle one
+        meanwhile = latencies(server)
+        assert server.metric("bertkit_open_connections") == 1000
+        assert closed_by_server(idle[0], 1) == (True, b"")  # the oldest made room
+        grown = server.rss_mb() - rss
+        print(f"1,000 idle connections: the server grew {grown:.1f} MB")
+        assert grown < 40, f"the server grew {grown:.0f} MB holding 1,000 idle connections"
+        time.sleep(TIMEOUT + 0.5)  # no request within the header deadline: all closed
+        assert all(closed_by_server(sock, 2)[0] for sock in idle[1:])
+        assert server.metric("bertkit_open_connections") <= 2
+    finally:
+        for sock in idle:
+            sock.close()
+    within_twice(server, alone, meanwhile)
+
+
+def test_a_100_mb_body(server):
+    alone = latencies(server)
+    rss = server.rss_mb()
+    declared = connect(server)  # says its size first: refused before a byte of it is read
+    declared.sendall(HEADERS + b"content-length: 100000000\r\n\r\n")
+    closed, sent = closed_by_server(declared, 5)
+    assert closed and sent.startswith(b"HTTP/1.1 413") and b"100,000,000 bytes" in sent
+    declared.close()
+    stop, refused = threading.Event(), []
+
+    def send_chunked() -> None:
+        """100 MB in 64 kB chunks, no size given, at up to 16 MB/s, again and again. (The
+        server's cost is small: 0.17 of a core at 58 MB/s; but on two cores anything beside
+        the model's two threads delays them, and the test's own client shares the cores.)"""
+        chunk = b"10000\r\n" + b"[" * (1 << 16) + b"\r\n"
+        while not stop.is_set():
+            with connect(server) as sock:
+                sock.sendall(HEADERS + b"transfer-encoding: chunked\r\n\r\n")
+                try:
+                    for _ in range(1600):
+                        sock.sendall(chunk)
+                        time.sleep(0.004)
+                except OSError:  # the server stopped reading and closed
+                    pass
+                refused.append(closed_by_server(sock, 5)[1])
+
+    sender = threading.Thread(target=send_chunked)
+    sender.start()
+    try:
+        meanwhile = latencies(server)
+    finally:
+        stop.set()
+        sender.join(60)
+    assert refused and all(r.startswith(b"HTTP/1.1 413") or r == b"" for r in refused)
+    assert any(b"a body over" in r for r in refused)
+    grown = server.rss_mb() - rss
+    print(f"{len(refused)} bodies of 100 MB refused: the server grew {grown:.1f} MB")
+    assert grown < 40, f"the server grew {grown:.0f} MB reading 100 MB bodies"
+    within_twice(server, alone, meanwhile)
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        (b'{"inputs": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", "nested too deeply"),
+        (b'{"inputs": "caf\xe9 \xff\xfe"}', "not JSON"),
+    ],
+    ids=["nested-10000-deep", "invalid-utf8-in-a-string"],
+)
+def test_json_that_a_parser_chokes_on(server, body, words):
+    response = httpx.post(server.url + "/predict", content=body, timeout=30,
+                          headers={"content-type": "application/json"})  # fmt: skip
+    assert response.status_code == 400 and words in response.json()["error"]
+    assert server.post("/predict", {"inputs": "goal"}).status_code == 200
+
+
+def test_clients_that_go_away_and_connections_all_busy(topics_model):
+    """Inputs of a client that disconnected while they waited are never computed; with every
+    connection busy a new one gets 503 at once, and the server serves again after."""
+    server = Server(topics_model, "--max-wait-ms", "1500", "--max-batch-size", "64",
+                    "--max-connections", "3", "--read-timeout", "3")  # fmt: skip
+    try:
+        server.post("/predict", {"inputs": "warm"})
+        passes = server.metric("bertkit_forward_passes_total")
+        body = b'{"inputs": ["goal", "match", "team"]}'
+        gone = connect(server)
+        gone.sendall(HEADERS + b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(0.3)  # queued: the batch waits 1.5 s for more
+        gone.close()
+        time.sleep(2)
+        assert server.metric('bertkit_cancelled_inputs_total{endpoint="/predict"}') == 3
+        assert server.metric("bertkit_forward_passes_total") == passes
+        assert server.metric('bertkit_requests_total{endpoint="/predict",code="499"}') == 1
+
+        busy = [connect(server) for _ in range(3)]  # headers in, the body never comes
+        for sock in busy:
+            sock.sendall(HEADERS + b"content-length: 100\r\n\r\n")
+        time.sleep(0.3)
+        refused = connect(server)
+        closed, sent = closed_by_server(refused, 2)
+        assert closed and sent.startswith(b"HTTP/1.1 503") and b"in flight" in sent
+        for sock in busy:
+            assert closed_by_server(sock, 5)[1].startswith(b"HTTP/1.1 408")
+            sock.close()
+        assert server.post("/predict", {"inputs": "goal match"}).status_code == 200
+    finally:
+        server.stop()
