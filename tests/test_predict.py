@@ -221,3 +221,30 @@ def test_rerank_a_file_with_a_cross_encoder(words_model, topics_model, tmp_path,
     assert 'queries.jsonl:1: --rerank: "texts" must be a non-empty list' in capsys.readouterr().err
     with pytest.raises(ValueError, match="--rerank takes a cross-encoder"):
         predict_file(Predictor(topics_model), source, None, rerank=True, progress=False)
+
+
+def test_a_fine_tuned_model_whose_file_changed_is_refused(topics_model, tmp_path, capsys):
+    """Fine-tuning records its model's SHA-256 (no trainer state kept): bytes flipped inside a
+    tensor (the file still loads) are refused by predict, export and serve's model, by name."""
+    import shutil
+
+    from bertkit.serve.engine import ServedModel
+
+    run = tmp_path / "run"
+    shutil.copytree(topics_model, run)
+    assert json.loads((run / "trainer_state.sha256").read_text())["model.safetensors"]
+    model = run / "model.safetensors"
+    data = bytearray(model.read_bytes())
+    data[-100:-90] = bytes(b ^ 0xFF for b in data[-100:-90])
+    model.write_bytes(bytes(data))
+    capsys.readouterr()
+    for argv in (["predict", "--model", str(run), "--input", str(topics_model.parent / "dev.csv"),
+                  "--output", str(tmp_path / "out.jsonl")],
+                 ["export", "--onnx", str(run), str(tmp_path / "onnx")]):  # fmt: skip
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"{model}: its SHA-256 is not the one the run recorded" in err, err
+        assert "run again what wrote it" in err
+    with pytest.raises(ValueError, match="SHA-256 is not the one"):
+        ServedModel(run)
+    assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "onnx").exists()

@@ -197,6 +197,18 @@ def in_use(directory: str | os.PathLike) -> bool:
     return False
 
 
+def record_model_digest(directory: str | os.PathLike) -> None:
+    """Record the SHA-256 of DIRECTORY's model.safetensors in its checksum file (beside the
+    state's, where a kept state has them): a finished run's model is then checked wherever
+    it is loaded, as a checkpoint's is."""
+    import json
+
+    directory = Path(directory)
+    record = read_digests(directory / DIGEST_FILE) or {"sha256": []}
+    record[MODEL_FILE] = sha256_of(directory / MODEL_FILE)
+    atomic_write_text(directory / DIGEST_FILE, json.dumps(record))
+
+
 def check_model_digest(directory: str | os.PathLike) -> None:
     """Refuse DIRECTORY's model.safetensors if the run that wrote it recorded another SHA-256
     (trainer_state.sha256): flipped bytes load as wrong weights without any other sign. A
@@ -208,8 +220,13 @@ def check_model_digest(directory: str | os.PathLike) -> None:
     if not isinstance(recorded, str) or not model.exists() or in_use(directory):
         return
     if sha256_of(model) != recorded:
+        again = (
+            "or `--resume` the run to write it again from its state"
+            if (directory / "trainer_state.pt").exists()
+            else "or run again what wrote it"
+        )
         raise ValueError(
             f"{model}: its SHA-256 is not the one the run recorded when it wrote it "
             f"({DIGEST_FILE}): the file changed since (corrupt, or edited). Restore it from a "
-            f"copy, or `bertkit pretrain --resume` the run to write it again from its state"
+            f"copy, {again}"
         )

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from bertkit._io import LOCK_FILE, atomic_path
+from bertkit._io import LOCK_FILE, MODEL_FILE, atomic_path, record_model_digest
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
 from bertkit.hub import model_dir
@@ -548,6 +548,8 @@ def finetune(
     if not config.keep_state:
         (out / STATE_FILE).unlink(missing_ok=True)
         (out / DIGEST_FILE).unlink(missing_ok=True)
+    if (out / MODEL_FILE).exists():
+        record_model_digest(out)  # checked by everything that loads it
     return results
 
 
