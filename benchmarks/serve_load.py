@@ -70,7 +70,7 @@ class Server:
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
                                         env=env)  # fmt: skip
 
-    def wait_ready(self, path: str) -> None:
+    def wait_ready(self, path: str = "/predict", body: dict | None = None) -> None:
         import httpx
 
         deadline = time.monotonic() + 600
@@ -79,8 +79,8 @@ class Server:
                 self.log.seek(0)
                 raise SystemExit(f"{self.name} exited:\n{self.log.read()}")
             try:
-                response = httpx.post(f"http://127.0.0.1:{self.port}/predict",
-                                      json={"inputs": "warm up"}, timeout=30)  # fmt: skip
+                response = httpx.post(f"http://127.0.0.1:{self.port}{path}",
+                                      json=body or {"inputs": "warm up"}, timeout=30)  # fmt: skip
                 if response.status_code == 200:
                     return
             except httpx.TransportError:
@@ -94,13 +94,13 @@ class Server:
                 return int(row.split()[1]) / 1024
         return float("nan")
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, path: str = "/predict") -> dict[str, float]:
         import httpx
 
         text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=10).text
         found = {}
         for name in ("bertkit_batch_size_sum", "bertkit_batch_size_count"):
-            match = re.search(rf'^{name}{{endpoint="/predict"}} (\S+)$', text, re.MULTILINE)
+            match = re.search(rf'^{name}{{endpoint="{path}"}} (\S+)$', text, re.MULTILINE)
             found[name] = float(match.group(1)) if match else 0.0
         return found
 
@@ -114,7 +114,8 @@ class Server:
 
 # --------------------------------------------------------------------------- load generator
 async def _client(port: int, bodies: list[bytes], until: float, latencies: list[float],
-                  errors: list[int], offset: int, limit: list[int] | None = None) -> None:  # fmt: skip
+                  errors: list[int], offset: int, limit: list[int] | None = None,
+                  path: str = "/predict") -> None:  # fmt: skip
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     n = offset
     try:
@@ -126,8 +127,8 @@ async def _client(port: int, bodies: list[bytes], until: float, latencies: list[
             body = bodies[n % len(bodies)]
             n += 1
             request = (
-                b"POST /predict HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                b"content-length: %d\r\n\r\n" % len(body)
+                b"POST %s HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n" % (path.encode(), len(body))
             ) + body
             started = time.perf_counter()
             writer.write(request)
@@ -142,7 +143,7 @@ async def _client(port: int, bodies: list[bytes], until: float, latencies: list[
 
 
 def load(port: int, clients: int, seconds: float, bodies: list[bytes],
-         requests: int | None = None) -> dict[str, float]:  # fmt: skip
+         requests: int | None = None, path: str = "/predict") -> dict[str, float]:  # fmt: skip
     latencies: list[float] = []
     errors: list[int] = []
 
@@ -151,7 +152,8 @@ def load(port: int, clients: int, seconds: float, bodies: list[bytes],
         until = started + (seconds if requests is None else 1e9)
         limit = None if requests is None else [requests]
         await asyncio.gather(*(
-            _client(port, bodies, until, latencies, errors, i * 97, limit) for i in range(clients)
+            _client(port, bodies, until, latencies, errors, i * 97, limit, path)
+            for i in range(clients)
         ))  # fmt: skip
         return time.perf_counter() - started
 

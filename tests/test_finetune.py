@@ -301,6 +301,13 @@ def test_grid_selects_on_dev(tiny_checkpoint, tmp_path):
     for point in results["grid"]:
         saved = json.loads((tmp_path / "grid" / point["dir"] / "results.json").read_text())
         assert saved["hyperparameters"]["learning_rate"] == point["learning_rate"]
+    # --metric picks the point too (QQP: F1 alone, not the mean of accuracy and F1)
+    data = grow_copies(FIXTURES / "glue" / "QQP", tmp_path / "qqp", 3)
+    config = dataclasses.replace(config, metric="f1")
+    by_f1 = finetune_grid("qqp", tiny_checkpoint, data, tmp_path / "f1", config, grid=grid)
+    assert [p["score"] for p in by_f1["grid"]] == [p["dev"]["f1"] for p in by_f1["grid"]]
+    best = max(by_f1["grid"], key=lambda p: p["dev"]["f1"])
+    assert by_f1["selected"]["dir"] == best["dir"] and by_f1["selected_by"] == "f1"
 
 
 def test_random_init_finetuning_draws_each_seed_its_own_encoder(tiny_checkpoint, tmp_path):

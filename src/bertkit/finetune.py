@@ -833,12 +833,14 @@ def finetune_grid(
     grid: dict[str, tuple] | None = None,
 ) -> dict[str, Any]:
     """The paper's grid, each point in OUT/b<batch>_lr<lr>_e<epochs> (with `seeds` seeds
-    each); the point with the best mean dev score is selected, OUT/results.json reports it."""
+    each); the point with the best dev score (`config.metric`'s figure, else the mean of the
+    task's metrics; over seeds, their mean) is selected, OUT/results.json reports it."""
     task, config, out = _resolve(task, config, out, data)
     data = task.source(data)
     grid = grid or GRID
     # features depend on max_seq_length only, not on batch, lr or epochs: read them once
     loaded = _load_once(task, model, data, config)
+    chosen = Selection(loaded.task, config.metric)
     points = []
     for batch_size, learning_rate, epochs in itertools.product(
         grid["batch_size"], grid["learning_rate"], grid["epochs"]
@@ -858,14 +860,18 @@ def finetune_grid(
                 "epochs": epochs,
                 "dir": where.name,
                 "dev": result["dev"],
-                "score": main_score(loaded.task, result["dev"]),
+                "score": chosen.score(result["dev"]),
             }
             | ({"test": result["test"]} if "test" in result else {})
         )
-    selected = max(points, key=lambda p: p["score"])
+    selected = points[0]
+    for point in points[1:]:
+        if chosen.better(point["score"], selected["score"]):
+            selected = point
     results = {
         "task": task.name,
         "model": str(model),
+        "selected_by": chosen.name,
         "dev": selected["dev"],
         **({"test": selected["test"]} if "test" in selected else {}),
         "selected": {k: selected[k] for k in ("batch_size", "learning_rate", "epochs", "dir")},
