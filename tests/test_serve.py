@@ -137,6 +137,31 @@ def test_embed_is_the_mean_or_cls_of_the_encoder(minilm_dir):
         served.parse("embed", {"inputs": "x", "pooling": "max"}, Limits())
 
 
+def test_openai_embeddings_tokenise_each_text_once_and_count_its_pieces(minilm_dir, monkeypatch):
+    """/v1/embeddings' usage is the pieces the model read ([CLS] and [SEP] with), counted when
+    the batch runs: a short text is not tokenised when the request is read, only a text long
+    enough to be over the model's length is (to refuse it before it queues)."""
+    served = ServedModel(minilm_dir)
+    tokenizer = BertTokenizer.from_pretrained(minilm_dir)
+    calls = []
+    encode_ids = served.tokenizer.encode_ids
+    monkeypatch.setattr(served.tokenizer, "encode_ids",
+                        lambda texts: calls.append(texts) or encode_ids(texts))  # fmt: skip
+    texts = ["A man is playing a guitar.", "Stocks fell."]
+    items = served.parse("v1/embeddings", {"input": texts}, Limits())
+    assert calls == []
+    answer = served.shape("v1/embeddings", items, served.run("v1/embeddings", items))
+    pieces = sum(len(tokenizer(t)["input_ids"]) for t in texts)
+    assert answer["usage"] == {"prompt_tokens": pieces, "total_tokens": pieces}
+    long = "word " * 600
+    with pytest.raises(InputError, match="pieces; the model reads 512"):
+        served.parse("v1/embeddings", {"input": long}, Limits())
+    assert len(calls) == 1
+    items = served.parse("v1/embeddings", {"input": long, "truncate": True}, Limits())
+    assert served.shape("v1/embeddings", items, served.run("v1/embeddings", items))["usage"][
+        "prompt_tokens"] == 512  # fmt: skip
+
+
 def test_fill_mask_is_the_library_s(mlm_dir):
     served = ServedModel(mlm_dir)
     assert served.endpoints == {"predict": False, "embed": True, "v1/embeddings": True,

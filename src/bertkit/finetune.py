@@ -865,9 +865,9 @@ def finetune_grid(
             | ({"test": result["test"]} if "test" in result else {})
         )
     selected = points[0]
-    for point in points[1:]:
-        if chosen.better(point["score"], selected["score"]):
-            selected = point
+    for candidate in points[1:]:
+        if chosen.better(candidate["score"], selected["score"]):
+            selected = candidate
     results = {
         "task": task.name,
         "model": str(model),

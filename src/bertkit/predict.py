@@ -37,7 +37,7 @@ from bertkit._io import atomic_path, read_jsonl
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
 from bertkit.hub import model_dir
-from bertkit.precision import resolve_precision
+from bertkit.precision import cast_for_inference, resolve_precision
 from bertkit.tasks.base import DataError, run_outputs, task_of_checkpoint
 from bertkit.tasks.files import FileOptions, file_format, open_text, read_rows
 from bertkit.tasks.own import OwnTask
@@ -81,6 +81,8 @@ class Predictor:
             config = net.config
         self.batch_size = batch_size
         self.precision = resolve_precision(precision, self.device, backend=backend)
+        if isinstance(self.model, torch.nn.Module):
+            cast_for_inference(self.model, self.precision)
         labels = config.id2label
         self.labels = [labels[i] for i in sorted(labels)] if labels else None
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from bertkit.embedding import POOLINGS, pool, read_pooling
-from bertkit.precision import resolve_precision
+from bertkit.precision import cast_for_inference, resolve_precision
 from bertkit.tasks.base import TASK_FILE
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,7 @@ class ServedModel:
                 self._encoder = session
             else:
                 self._encoder = self._load_torch_encoder(path)
+                cast_for_inference(self.fill.model if self.fill else self._encoder, self.precision)
             self.max_seq_length = min(self.tokenizer.model_max_length, self._max_positions())
 
     def _load_torch_encoder(self, path: Path) -> torch.nn.Module:
@@ -297,8 +298,8 @@ class ServedModel:
                                  or not 1 <= dims <= width):  # fmt: skip
             raise InputError(f'"dimensions" must be a whole number from 1 to {width}, not {dims!r}')
         _check_limits(texts, limits, "input")
-        pieces = self._fits(texts, _flag(body, "truncate"), "input", exact=True)  # usage
-        return [(text, self.pooling, True, dims, n) for text, n in zip(texts, pieces, strict=True)]
+        self._fits(texts, _flag(body, "truncate"), "input")
+        return [(text, self.pooling, True, dims) for text in texts]
 
     def _parse_rerank(self, body: dict, limits: Limits) -> list[Any]:
         """text-embeddings-inference's rerank request: {"query", "texts", "return_text"?,
@@ -320,28 +321,23 @@ class ServedModel:
         self._fits(pairs, _flag(body, "truncate"), "texts")
         return [(pair, _flag(body, "return_text")) for pair in pairs]
 
-    def _fits(self, texts: list[Any], truncate: bool, field: str, exact: bool = False) -> list[int]:
-        """Each text's (pair's) pieces with [CLS] and [SEP] (`exact`; else, for texts that
-        cannot reach the model's length, their characters: an upper bound, as a piece holds a
-        character or more, and no tokenising); over the length a 413 naming the text, unless
-        `truncate` (then cut, as text-embeddings-inference's truncate)."""
+    def _fits(self, texts: list[Any], truncate: bool, field: str) -> None:
+        """Over the model's length (pieces with [CLS] and [SEP]) a 413 naming the text, unless
+        `truncate` (then cut when run, as text-embeddings-inference's truncate). Only texts
+        whose characters could reach the length are tokenised (a piece holds a character or
+        more), so a request's texts are tokenised once, when run."""
         room = self.max_seq_length
-        pieces = []
         for n, text in enumerate(texts):
             parts = (text,) if isinstance(text, str) else tuple(text)
-            count = len(parts) + 1
-            if exact or sum(len(p) for p in parts) + count > room:
-                count += sum(len(ids) for ids in self.tokenizer.encode_ids(list(parts)))
-            else:
-                count += sum(len(p) for p in parts)
-            if count > room and not truncate:
+            if truncate or sum(len(p) for p in parts) + len(parts) + 1 <= room:
+                continue
+            count = len(parts) + 1 + sum(len(i) for i in self.tokenizer.encode_ids(list(parts)))
+            if count > room:
                 raise InputError(
                     f"{field}[{n}]: {count} pieces; the model reads {room}: shorten it, or send "
                     '"truncate": true to cut it',
                     413,
                 )
-            pieces.append(min(count, room))
-        return pieces
 
     @property
     def hidden_size(self) -> int:
@@ -355,8 +351,8 @@ class ServedModel:
         /rerank best first with each text's index (text-embeddings-inference's)."""
         if endpoint == "v1/embeddings":
             data = [{"object": "embedding", "index": i, "embedding": vector}
-                    for i, vector in enumerate(results)]  # fmt: skip
-            tokens = sum(item[4] for item in items)
+                    for i, (vector, _) in enumerate(results)]  # fmt: skip
+            tokens = sum(pieces for _, pieces in results)
             return {"object": "list", "data": data, "model": self.source.name,
                     "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
         if endpoint == "rerank":
@@ -391,16 +387,18 @@ class ServedModel:
             return self.predictor(items)
         if endpoint == "embed":
             return self._embed(items)
-        if endpoint == "v1/embeddings":
-            vectors = self._embed([item[:3] for item in items])
-            return [_shortened(v, item[3]) for v, item in zip(vectors, items, strict=True)]
+        if endpoint == "v1/embeddings":  # (vector, its pieces: the usage)
+            vectors, pieces = self._embed([item[:3] for item in items], count=True)
+            return [(_shortened(v, item[3]), n)
+                    for v, item, n in zip(vectors, items, pieces, strict=True)]  # fmt: skip
         if endpoint == "rerank":
             assert self.predictor is not None
             return self.predictor.relevance([pair for pair, _ in items])
         return self._fill_mask(items)
 
     @torch.inference_mode()
-    def _embed(self, items: list[tuple[Any, str, bool]]) -> list[list[float]]:
+    def _embed(self, items: list[tuple[Any, str, bool]], count: bool = False) -> Any:
+        """Each item's vector; with `count`, also each one's pieces ([CLS] and [SEP] with)."""
         texts = [t if isinstance(t, str) else t[0] for t, _, _ in items]
         pairs = [None if isinstance(t, str) else t[1] for t, _, _ in items]
         encoded = self.tokenizer(
@@ -437,6 +435,8 @@ class ServedModel:
             if normalize:
                 vector = vector / vector.norm().clamp(min=1e-12)
             vectors.append(vector.tolist())
+        if count:
+            return vectors, mask.sum(1).tolist()
         return vectors
 
     def _fill_mask(self, items: list[tuple[Any, int]]) -> list[list[dict[str, Any]]]:
