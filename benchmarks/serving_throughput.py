@@ -26,7 +26,7 @@ import torch
 from _harness import add_timing_arguments, alternate, medians, start
 from forward_throughput import models, texts_for_benchmark
 
-from bertkit.serving import OnnxModel, export_onnx
+from bertkit.export import OnnxModel, export_onnx
 
 
 def export_transformers(model, directory: Path) -> Path:

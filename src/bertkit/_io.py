@@ -88,27 +88,6 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def read_jsonl(path: str | os.PathLike) -> list:
-    """The items of a JSON-lines input file (blank lines skipped). `{"text": a, "text_pair": b}`
-    becomes the pair `(a, b)` and `{"text": a}` the string `a`; anything else is kept as read.
-    ValueError names the file and line of a line that is not JSON."""
-    import json
-
-    items: list = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from None
-            if isinstance(item, dict) and "text" in item:
-                item = (item["text"], item["text_pair"]) if "text_pair" in item else item["text"]
-            items.append(item)
-    return items
-
-
 LOCK_FILE = ".bertkit.lock"
 
 

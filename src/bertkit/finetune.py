@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from bertkit import stats
 from bertkit._io import LOCK_FILE, MODEL_FILE, atomic_path, record_model_digest
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
@@ -765,15 +766,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         if not all(split in r for r in runs):
             continue
         keys = [k for k in runs[0][split] if all(k in r[split] for r in runs)]
-        values = {k: [r[split][k] for r in runs] for k in keys}
-        summary |= {
-            split: {k: statistics.fmean(v) for k, v in values.items()},
-            f"{split}_std": {
-                k: statistics.stdev(v) if len(v) > 1 else 0.0 for k, v in values.items()
-            },
-            f"{split}_min": {k: min(v) for k, v in values.items()},
-            f"{split}_max": {k: max(v) for k, v in values.items()},
-        }
+        figures = {k: stats.summary([r[split][k] for r in runs]) for k in keys}
+        for name, field in (("", "mean"), ("_std", "std"), ("_min", "min"), ("_max", "max")):
+            summary[split + name] = {k: f[field] for k, f in figures.items()}
     return summary
 
 

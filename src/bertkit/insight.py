@@ -26,10 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bertkit._io import atomic_path, atomic_write_text
+from bertkit._io import atomic_write_text
 from bertkit.embedding import pool
 from bertkit.model import BertModel
 from bertkit.tokenizer import BertTokenizer
+from bertkit.viz import save_png
 
 
 class Encoder:
@@ -281,10 +282,7 @@ def _similarity_png(result: Similarity, path: Path, layer: int | None) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"contextual-embedding similarity: {result.model}", fontsize=11)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=fig.dpi)
 
 
 def _short(text: str, width: int = 60) -> str:
@@ -375,10 +373,7 @@ def _attention_png(result: Attention, path: Path, layer: int | None, head: int |
             f"{result.model}: attention of every layer and head (row = attending piece)",
             fontsize=10,
         )
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=fig.dpi, bbox_inches="tight")
 
 
 def _attention_html(result: Attention) -> str:

@@ -316,7 +316,7 @@ class BertPreTrainedModel(nn.Module):
         self.config = config
         self.source_dir: str | None = None  # where from_pretrained read it (for its vocab)
         # Every position on the padded path, with no data-dependent shapes and an additive
-        # attention mask: what an ONNX export traces (bertkit.serving sets it on the model and
+        # attention mask: what an ONNX export traces (bertkit.export sets it on the model and
         # its encoder); the default picks the faster unpadded path.
         self.padded_only = False
 

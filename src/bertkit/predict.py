@@ -33,13 +33,13 @@ from typing import Any
 
 import torch
 
-from bertkit._io import atomic_path, read_jsonl
+from bertkit._io import atomic_path
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
 from bertkit.hub import model_dir
 from bertkit.precision import cast_for_inference, resolve_precision
 from bertkit.tasks.base import DataError, run_outputs, task_of_checkpoint
-from bertkit.tasks.files import FileOptions, file_format, open_text, read_rows
+from bertkit.tasks.files import FileOptions, file_format, json_lines, read_jsonl, read_rows
 from bertkit.tasks.own import OwnTask
 from bertkit.tokenizer import BertTokenizer
 
@@ -68,7 +68,7 @@ class Predictor:
         self.max_seq_length = int(info.get("max_seq_length", self.task.default_max_seq_length))
         self.tokenizer = BertTokenizer.from_pretrained(model)
         if backend == "onnx":
-            from bertkit.serving import OnnxModel
+            from bertkit.export import OnnxModel
 
             self.device = torch.device("cpu")
             self.model: torch.nn.Module | OnnxModel = OnnxModel(model)
@@ -251,15 +251,8 @@ def _input_rows(source, options: FileOptions) -> Iterator[tuple[int, dict[str, A
     path = Path(source)
     kind = file_format(path, options.format, default="csv")
     if kind == "jsonl":  # a line may be a bare text or a list of words, as `predict --input`
-        with open_text(path, options.encoding) as handle:
-            for number, text in enumerate(handle, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    value = json.loads(text)
-                except json.JSONDecodeError as err:
-                    raise DataError(path, number, f"not JSON ({err.msg})") from None
-                yield number, value if isinstance(value, dict) else {"input": value}
+        for number, value in json_lines(path, options.encoding):
+            yield number, value if isinstance(value, dict) else {"input": value}
         return
     for row in read_rows(path, (), options, every_column=True, format=kind):
         yield row.line, row.values

@@ -134,9 +134,17 @@ def plot_log(log: str | os.PathLike, png: str | os.PathLike, title: str = "") ->
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
+    return save_png(fig, png)
+
+
+def save_png(fig, png: str | os.PathLike, **options) -> Path:
+    """Write `fig` to `png` atomically (a kill leaves the old picture or the new, never half
+    of one) and close it: every picture bertkit draws ends here. `options` go to savefig."""
+    import matplotlib.pyplot as plt
+
     png = Path(png)
     with atomic_path(png) as tmp:
-        fig.savefig(tmp, dpi=100, format="png")
+        fig.savefig(tmp, **({"dpi": 100} | options), format="png")
     plt.close(fig)
     return png
 
@@ -199,8 +207,4 @@ def plot_confusion(
     unit = "words" if "word" in confusion.get("rows", "") else "rows"  # taggers count words
     ax.set_title(f"{title}\n{matrix.sum():,} {unit}, diagonal {correct:.1%}" if title else "")
     fig.tight_layout()
-    png = Path(png)
-    with atomic_path(png) as tmp:
-        fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)
-    return png
+    return save_png(fig, png)

@@ -87,7 +87,7 @@ def test_single_label_end_to_end(words_model, tmp_path, transformers):
 
 
 def test_label_names_survive_the_onnx_export(words_model, tmp_path, ort):
-    from bertkit.serving import export_onnx
+    from bertkit.export import export_onnx
 
     train, dev = headlines(tmp_path, train=32, dev=16)
     data = DataConfig(train=str(train), validation=str(dev), text_column="headline",

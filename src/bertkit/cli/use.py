@@ -8,7 +8,6 @@ import argparse
 import json
 import sys
 
-from bertkit._io import read_jsonl
 from bertkit.settings import add_flags, from_flags
 
 # --------------------------------------------------------------------------- predict, export, serve
@@ -109,7 +108,7 @@ def add_predict(commands) -> None:
 
 
 def _export(args: argparse.Namespace) -> None:
-    from bertkit.serving import export_onnx
+    from bertkit.export import export_onnx
 
     path = export_onnx(
         args.model, args.out, quantize=args.quantize, opset=args.opset, overwrite=args.overwrite
@@ -152,6 +151,7 @@ def add_serve(commands) -> None:
 # --------------------------------------------------------------------------- insight
 def _fill_mask(args: argparse.Namespace) -> None:
     from bertkit.fill_mask import FillMask
+    from bertkit.tasks.files import read_jsonl
 
     items = read_jsonl(args.input) if args.input else list(args.text)
     if not items:

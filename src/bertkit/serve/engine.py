@@ -75,9 +75,9 @@ class ServedModel:
         precision: str = "auto",
         on_forward: Callable[[], None] = lambda: None,
     ) -> None:
+        from bertkit.export import ONNX_FILE, ONNX_INFO, OnnxModel, export_onnx
         from bertkit.hub import model_dir
         from bertkit.predict import Predictor
-        from bertkit.serving import ONNX_FILE, ONNX_INFO, OnnxModel, export_onnx
         from bertkit.tokenizer import BertTokenizer
 
         path = model_dir(path)  # a folder, or a Hub name

@@ -315,21 +315,41 @@ def _record(path, line, item, needed, optional, limit) -> Row:
 
 
 def _jsonl_rows(path, needed, optional, options: FileOptions) -> Iterator[Row]:
-    with open_text(path, options.encoding) as handle:
-        number = 0
+    for number, item in json_lines(path, options.encoding):
+        yield _record(path, number, item, needed, optional, options.max_cell_chars)
+
+
+def json_line(path: str | os.PathLike, number: int, text: str) -> Any:
+    """One line of a JSON-lines file, or DataError naming the file and line."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(path, number, f"not JSON ({err.msg} at column {err.colno})") from None
+
+
+def json_lines(path: str | os.PathLike, encoding: str = "utf-8") -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of a JSON-lines file: the one reader of
+    such files (training files, predict's inputs, fill-mask's); DataError names the file and
+    line of text that is not JSON, and where bytes stop being `encoding`."""
+    with open_text(Path(path), encoding) as handle:
         try:
             for number, text in enumerate(handle, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    item = json.loads(text)
-                except json.JSONDecodeError as err:
-                    raise DataError(
-                        path, number, f"not JSON ({err.msg} at column {err.colno})"
-                    ) from None
-                yield _record(path, number, item, needed, optional, options.max_cell_chars)
+                if text.strip():
+                    yield number, json_line(path, number, text)
         except UnicodeDecodeError:
-            raise decode_error(path, options.encoding) from None
+            raise decode_error(Path(path), encoding) from None
+
+
+def read_jsonl(path: str | os.PathLike) -> list:
+    """The inputs of a JSON-lines file as `predict --input` and `fill-mask --input` take them:
+    `{"text": a, "text_pair": b}` becomes the pair `(a, b)`, `{"text": a}` the string `a`,
+    anything else is kept as read."""
+    items: list = []
+    for _, item in json_lines(path):
+        if isinstance(item, dict) and "text" in item:
+            item = (item["text"], item["text_pair"]) if "text_pair" in item else item["text"]
+        items.append(item)
+    return items
 
 
 def json_records(path: Path, encoding: str = "utf-8") -> Iterator[tuple[int, Any]]:
@@ -371,10 +391,7 @@ def json_records(path: Path, encoding: str = "utf-8") -> Iterator[tuple[int, Any
             raise DataError(path, err.lineno, f"not JSON ({err.msg}, column {err.colno})") from None
         for number, line in enumerate(text.splitlines(), start=1):  # JSON Lines
             if line.strip():
-                try:
-                    yield number, json.loads(line)
-                except json.JSONDecodeError as bad:
-                    raise DataError(path, number, f"not JSON ({bad.msg})") from None
+                yield number, json_line(path, number, line)
         return
     if isinstance(whole, dict) and isinstance(whole.get("data"), list):
         for item in whole["data"]:  # positions are lost inside one object; name the index

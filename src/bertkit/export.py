@@ -1,6 +1,6 @@
-"""Serving a model on CPU with ONNX Runtime: export any bertkit checkpoint (a fine-tuned task
-model or a bare encoder) to ONNX, optionally with int8 dynamic quantisation of its linear layers,
-and run it where `Predictor` would run PyTorch.
+"""ONNX: export any bertkit checkpoint (a fine-tuned task model or a bare encoder) to ONNX,
+optionally with int8 dynamic quantisation of its linear layers, and run it on CPU with ONNX
+Runtime where `Predictor` would run PyTorch (`bertkit serve --backend onnx` serves it).
 
     bertkit export --onnx runs/mrpc runs/mrpc-onnx [--quantize int8]
     bertkit predict --model runs/mrpc-onnx --backend onnx "A sentence." "Its pair."

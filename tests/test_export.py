@@ -10,6 +10,7 @@ import torch
 
 from bertkit import Predictor
 from bertkit.cli import main
+from bertkit.export import OnnxModel, export_onnx
 from bertkit.heads import (
     BertForMultipleChoice,
     BertForQuestionAnswering,
@@ -17,7 +18,6 @@ from bertkit.heads import (
     BertForTokenClassification,
 )
 from bertkit.model import BertModel
-from bertkit.serving import OnnxModel, export_onnx
 from bertkit.tokenizer import BertTokenizer
 
 from helpers import tiny_bert_config
