@@ -391,13 +391,20 @@ def serve(model: str | os.PathLike, config: ServeConfig | None = None, *,
           access_log: bool = False) -> None:  # fmt: skip
     """Load `model`, warm it, and serve it until SIGTERM or Ctrl-C."""
     config = config or ServeConfig()
-    # oneDNN keeps a compiled kernel per matrix shape, up to 1,024 of them; unpadded batches
-    # bring a new row count almost every time, so a busy server's memory grew by 160 MB over
-    # its first 40,000 requests before the cache was full (each kernel holds its own copy of a
-    # weight matrix, so even 64 grew 130 MB). 8 holds it flat, at the same speed
-    # (docs/results/serve). Read when oneDNN first runs, so before the model does; a value
-    # in the environment wins.
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
+    # oneDNN keeps a compiled kernel per matrix shape, up to 1,024 of them. In fp32, unpadded
+    # batches bring a new row count almost every time, so a busy server's memory grew by 160 MB
+    # over its first 40,000 requests before the cache was full (each kernel holds its own copy
+    # of a weight matrix, so even 64 grew 130 MB); 8 holds it flat, at the same speed. Under
+    # bf16 autocast rows are rounded up to 64 (unpad.row_multiple), so the shapes are few: the
+    # full cache levelled off 80 MB above 8's and ran 25% faster, since AMX kernels cost more
+    # to make again (docs/results/serve). Read when oneDNN first runs, so before the model
+    # does; a value in the environment wins.
+    from bertkit.precision import resolve_precision
+
+    device = config.device or ("cuda" if _cuda() else "cpu")
+    compute = resolve_precision(config.precision, device, backend=config.backend)
+    if compute.name == "fp32":
+        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
     common: dict[str, Any] = dict(host=config.host, port=config.port, log_level="warning",
                   access_log=access_log, timeout_graceful_shutdown=60, http=GuardedHTTP,
                   ws="none")  # fmt: skip
@@ -422,6 +429,12 @@ def serve(model: str | os.PathLike, config: ServeConfig | None = None, *,
     server = Server(uvicorn.Config(create_app(service), **common))
     print(_banner(str(model), config, service), file=sys.stderr, flush=True)
     server.run()
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _threads(config: ServeConfig) -> None:
