@@ -16,7 +16,8 @@ default (fp32). Every server is its own process with the same torch thread count
 generator (benchmarks/serve_load.py's, asyncio keep-alive clients) runs in this process and
 shares the CPU with the server. Servers are measured one at a time, alternating round by round;
 each figure is the median over rounds, and "x naive" the median over rounds of req/s over the
-faster sentence-transformers server of that round at the same concurrency.
+faster sentence-transformers server (naive-def, naive-async) of that round at the same
+concurrency; "batch": bertkit's mean inputs per model call (a rerank input is a pair).
 """
 
 from __future__ import annotations
@@ -24,14 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 from machine import line as machine_line
-from serve_load import Server, free_port, load
+from serve_load import Server, batch_size, free_port, load, report
 
 NAIVE = """
 import numpy as np
@@ -168,7 +168,7 @@ def main() -> None:
 
 def start(route: str, model: Path, work: Path, args, env) -> dict[str, Server]:
     servers = {}
-    for name in ("bertkit", "bertkit-fp32", "st-def", "st-async"):
+    for name in ("bertkit", "bertkit-fp32", "naive-def", "naive-async"):
         port = free_port()
         if name.startswith("bertkit"):
             command = [sys.executable, "-m", "bertkit.cli", "serve", str(model), "--port",
@@ -176,8 +176,8 @@ def start(route: str, model: Path, work: Path, args, env) -> dict[str, Server]:
             if name == "bertkit-fp32":
                 command += ["--precision", "fp32"]
         else:
-            app = work / f"st_{route.strip('/').replace('/', '_')}_{name[3:]}.py"
-            kind = "def" if name == "st-def" else "async def"
+            app = work / f"st_{route.strip('/').replace('/', '_')}_{name[6:]}.py"
+            kind = "def" if name == "naive-def" else "async def"
             app.write_text(textwrap.dedent(NAIVE).format(
                 threads=args.threads, model=str(model), kind=kind, route=route))  # fmt: skip
             command = [sys.executable, "-m", "uvicorn", f"{app.stem}:app", "--app-dir",
@@ -194,25 +194,15 @@ def measure(route: str, servers: dict[str, Server], bodies: list[bytes], args) -
     for round_ in range(args.rounds):
         for clients in args.clients:
             for name, server in servers.items():
+                before = server.metrics(route) if name.startswith("bertkit") else None
                 result = load(server.port, clients, args.seconds, bodies, path=route)
+                result["batch"] = batch_size(server, route, before)
                 runs[name][clients].append(result)
                 print(f"round {round_ + 1} {route} {name:13s} {clients:3d} clients: "
                       f"{result['rps']:7.1f} req/s p50 {result['p50']:7.1f} p99 "
                       f"{result['p99']:7.1f} ms errors {result['errors']}", flush=True)  # fmt: skip
-    naive = [n for n in servers if n.startswith("st-")]
-    print(f"\n{route}: medians over {args.rounds} rounds of {args.seconds:g} s; x naive: the "
-          "median over rounds of req/s / the faster sentence-transformers server's")  # fmt: skip
-    print(f"{'server':14s} {'clients':>7s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} "
-          f"{'x naive':>8s}")  # fmt: skip
-    for name, by_clients in runs.items():
-        for clients, results in by_clients.items():
-            ratios = [run["rps"] / max(runs[n][clients][r]["rps"] for n in naive)
-                      for r, run in enumerate(results)]  # fmt: skip
-            print(f"{name:14s} {clients:7d} "
-                  f"{statistics.median(r['rps'] for r in results):8.1f} "
-                  f"{statistics.median(r['p50'] for r in results):8.2f} "
-                  f"{statistics.median(r['p99'] for r in results):8.2f} "
-                  f"{statistics.median(ratios):8.2f}", flush=True)  # fmt: skip
+    print(f"\n{route}:", end="")
+    report(runs, None, argparse.Namespace(**{**vars(args), "json": None}), machine_line())
     return runs
 
 

@@ -302,15 +302,7 @@ def main() -> None:
                 for name, server in servers.items():
                     before = server.metrics() if name.startswith("bertkit") else None
                     result = load(server.port, clients, args.seconds, bodies)
-                    if before is not None:
-                        after = server.metrics()
-                        batches = (
-                            after["bertkit_batch_size_count"] - before["bertkit_batch_size_count"]
-                        )
-                        inputs = after["bertkit_batch_size_sum"] - before["bertkit_batch_size_sum"]
-                        result["batch"] = inputs / batches if batches else float("nan")
-                    else:
-                        result["batch"] = 1.0
+                    result["batch"] = batch_size(server, "/predict", before)
                     figures[name][clients].append(result)
                     print(f"round {round_ + 1} {name:12s} {clients:3d} clients: "
                           f"{result['rps']:7.1f} req/s p50 {result['p50']:6.1f} p99 "
@@ -320,6 +312,17 @@ def main() -> None:
     finally:
         for server in servers.values():
             server.stop()
+
+
+def batch_size(server: Server, path: str, before: dict[str, float] | None) -> float:
+    """bertkit's mean inputs per model call on `path` since `before` (its /metrics then); 1 for
+    a server without batching (before None)."""
+    if before is None:
+        return 1.0
+    after = server.metrics(path)
+    batches = after["bertkit_batch_size_count"] - before["bertkit_batch_size_count"]
+    inputs = after["bertkit_batch_size_sum"] - before["bertkit_batch_size_sum"]
+    return inputs / batches if batches else float("nan")
 
 
 def report(figures, bare, args, machine: str) -> None:
@@ -343,7 +346,7 @@ def report(figures, bare, args, machine: str) -> None:
             ] if naive else [float("nan")]  # fmt: skip
             print(f"{name:14s} {clients:7d} {m['rps']:8.1f} {m['p50']:8.2f} {m['p95']:8.2f} "
                   f"{m['p99']:8.2f} {m['batch']:6.1f} {statistics.median(ratios):8.2f}")  # fmt: skip
-    if 1 in args.clients and "bertkit-torch" in med:
+    if bare is not None and 1 in args.clients and "bertkit-torch" in med:
         p50 = med["bertkit-torch"][1]["p50"]
         print(f"1 client, bertkit torch p50 {p50:.2f} ms = {p50 / bare['forward']:.2f}x a bare "
               f"forward pass ({bare['forward']:.2f} ms), {p50 / bare['predictor']:.2f}x a "

@@ -16,7 +16,7 @@ from bertkit import Predictor
 from bertkit.fill_mask import FillMask
 from bertkit.finetune import FinetuneConfig, build_model, save_finetuned
 from bertkit.model import BertModel
-from bertkit.serve import DynamicBatcher, InputError, Limits, QueueFull, ServedModel
+from bertkit.serve import DynamicBatcher, InputError, QueueFull, ServeConfig, ServedModel
 from bertkit.tasks import get_task
 from bertkit.tokenizer import BertTokenizer
 
@@ -53,7 +53,7 @@ def heads(words_model, tmp_path_factory):
 def test_every_head_answers_a_gathered_batch_as_each_input_alone(name, heads):
     served = ServedModel(heads[name], max_batch_size=8)
     alone = Predictor(heads[name])
-    items = served.parse("predict", {"inputs": INPUTS[name]}, Limits())
+    items = served.parse("predict", {"inputs": INPUTS[name]})
     gathered = served.run("predict", items + items[:1])  # two requests in one batch
     expected = [alone([item])[0] for item in INPUTS[name]]
     assert _close(gathered[: len(items)], expected)
@@ -80,7 +80,7 @@ def _close(got, expected) -> bool:
 
 def test_label_names_and_entities(topics_model, heads):
     served = ServedModel(topics_model)
-    answers = served.run("predict", served.parse("predict", {"inputs": HEADLINES[:2]}, Limits()))
+    answers = served.run("predict", served.parse("predict", {"inputs": HEADLINES[:2]}))
     assert answers[0]["label"] == "business" and answers[1]["label"] == "sports"
     assert set(answers[0]["probabilities"]) == {"business", "sports", "tech"}
     assert served.info()["labels"] == ["business", "sports", "tech"]
@@ -107,7 +107,7 @@ def test_label_names_and_entities(topics_model, heads):
 def test_bad_bodies_are_refused_with_a_status_and_a_reason(topics_model, body, status, words):
     served = ServedModel(topics_model)
     with pytest.raises(InputError) as caught:
-        served.parse("predict", body, Limits(max_inputs=4, max_chars=40))
+        served.parse("predict", body, ServeConfig(max_inputs=4, max_chars=40))
     assert caught.value.status == status
     assert words in str(caught.value)
 
@@ -119,10 +119,9 @@ def test_embed_is_the_mean_or_cls_of_the_encoder(minilm_dir):
     assert "not a fine-tuned model" in served.missing("predict")
     texts = ["A man is playing a guitar.", "Stocks fell.", ["A question?", "Its answer."]]
     body = {"inputs": texts, "normalize": False}
-    mean = torch.tensor(served.run("embed", served.parse("embed", body, Limits())))
-    cls = torch.tensor(served.run("embed", served.parse("embed", body | {"pooling": "cls"},
-                                                        Limits())))  # fmt: skip
-    unit = torch.tensor(served.run("embed", served.parse("embed", {"inputs": texts}, Limits())))
+    mean = torch.tensor(served.run("embed", served.parse("embed", body)))
+    cls = torch.tensor(served.run("embed", served.parse("embed", body | {"pooling": "cls"})))  # fmt: skip
+    unit = torch.tensor(served.run("embed", served.parse("embed", {"inputs": texts})))
     model = BertModel.from_pretrained(minilm_dir).eval()
     tokenizer = BertTokenizer.from_pretrained(minilm_dir)
     for row, text in enumerate(texts):
@@ -134,7 +133,7 @@ def test_embed_is_the_mean_or_cls_of_the_encoder(minilm_dir):
         assert torch.allclose(cls[row], hidden[0], atol=1e-5)
         assert torch.allclose(unit[row], hidden.mean(0) / hidden.mean(0).norm(), atol=1e-5)
     with pytest.raises(InputError, match="pooling"):
-        served.parse("embed", {"inputs": "x", "pooling": "max"}, Limits())
+        served.parse("embed", {"inputs": "x", "pooling": "max"})
 
 
 def test_openai_embeddings_tokenise_each_text_once_and_count_its_pieces(minilm_dir, monkeypatch):
@@ -148,16 +147,16 @@ def test_openai_embeddings_tokenise_each_text_once_and_count_its_pieces(minilm_d
     monkeypatch.setattr(served.tokenizer, "encode_ids",
                         lambda texts: calls.append(texts) or encode_ids(texts))  # fmt: skip
     texts = ["A man is playing a guitar.", "Stocks fell."]
-    items = served.parse("v1/embeddings", {"input": texts}, Limits())
+    items = served.parse("v1/embeddings", {"input": texts})
     assert calls == []
     answer = served.shape("v1/embeddings", items, served.run("v1/embeddings", items))
     pieces = sum(len(tokenizer(t)["input_ids"]) for t in texts)
     assert answer["usage"] == {"prompt_tokens": pieces, "total_tokens": pieces}
     long = "word " * 600
     with pytest.raises(InputError, match="pieces; the model reads 512"):
-        served.parse("v1/embeddings", {"input": long}, Limits())
+        served.parse("v1/embeddings", {"input": long})
     assert len(calls) == 1
-    items = served.parse("v1/embeddings", {"input": long, "truncate": True}, Limits())
+    items = served.parse("v1/embeddings", {"input": long, "truncate": True})
     assert served.shape("v1/embeddings", items, served.run("v1/embeddings", items))["usage"][
         "prompt_tokens"] == 512  # fmt: skip
 
@@ -167,14 +166,13 @@ def test_fill_mask_is_the_library_s(mlm_dir):
     assert served.endpoints == {"predict": False, "embed": True, "v1/embeddings": True,
                                 "rerank": False, "fill-mask": True}  # fmt: skip
     texts = ["the capital of [MASK] is [MASK] .", ["a [MASK] sat", "on the mat"]]
-    answers = served.run("fill-mask", served.parse("fill-mask", {"inputs": texts, "top": 3},
-                                                   Limits()))  # fmt: skip
+    answers = served.run("fill-mask", served.parse("fill-mask", {"inputs": texts, "top": 3}))
     expected = FillMask(mlm_dir)([texts[0], tuple(texts[1])], top=3)
     assert _close(answers, expected)
     with pytest.raises(InputError, match=r"inputs\[0\]: no \[MASK\]"):
-        served.parse("fill-mask", {"inputs": "no mask here"}, Limits())
+        served.parse("fill-mask", {"inputs": "no mask here"})
     with pytest.raises(InputError, match="top"):
-        served.parse("fill-mask", {"inputs": "a [MASK]", "top": 0}, Limits())
+        served.parse("fill-mask", {"inputs": "a [MASK]", "top": 0})
 
 
 def test_onnx_serving_answers_as_torch_and_cleans_up(topics_model, ort):

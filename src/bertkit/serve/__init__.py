@@ -10,9 +10,9 @@ import os
 
 from bertkit.serve.batcher import DynamicBatcher, QueueFull
 from bertkit.serve.config import ServeConfig
-from bertkit.serve.engine import InputError, Limits, ServedModel
+from bertkit.serve.engine import InputError, ServedModel
 
-__all__ = ["DynamicBatcher", "InputError", "Limits", "QueueFull", "ServeConfig", "ServedModel",
+__all__ = ["DynamicBatcher", "InputError", "QueueFull", "ServeConfig", "ServedModel",
            "serve"]  # fmt: skip
 
 

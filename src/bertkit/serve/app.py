@@ -37,7 +37,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from bertkit.serve.batcher import BatchStats, DynamicBatcher, QueueFull, Stopped
 from bertkit.serve.config import ServeConfig
 from bertkit.serve.connections import GuardedHTTP, descriptors_for
-from bertkit.serve.engine import ENDPOINTS, InputError, Limits, ServedModel
+from bertkit.serve.engine import ENDPOINTS, InputError, ServedModel
 from bertkit.serve.metrics import Metrics
 
 log = logging.getLogger("bertkit.serve")
@@ -50,7 +50,6 @@ class Service:
     def __init__(self, model_path: str, config: ServeConfig) -> None:
         self.config = config
         self.metrics = Metrics()
-        self.limits = Limits(config.max_inputs, config.max_chars)
         # a body's bytes: each character at most 6 (a JSON escape), and 1 MiB for the rest;
         # bodies being read hold at most 4 such at once, across all requests
         self.body_limit = config.max_inputs * config.max_chars * 6 + (1 << 20)
@@ -183,7 +182,7 @@ def create_app(service: Service) -> FastAPI:
             else:
                 body = await read_json(request)
                 read = True
-                items = service.model.parse(endpoint, body, service.limits)
+                items = service.model.parse(endpoint, body, service.config)
                 inputs = len(items)
                 results = await _unless_gone(request, service.batchers[endpoint].submit(items))
                 if results is _GONE:  # nobody reads this answer; the code says why in /metrics

@@ -2,7 +2,7 @@
 endpoints, the checks on a request body, and the batch functions the batcher calls.
 
     model = ServedModel("runs/sst2")
-    items = model.parse("predict", {"inputs": ["a fine film", "a dull one"]}, Limits())
+    items = model.parse("predict", {"inputs": ["a fine film", "a dull one"]})
     model.run("predict", items)   # [{"label": "positive", "score": 0.97, ...}, ...]
 
 A fine-tuned checkpoint (`bertkit_task.json`) answers `predict` with its task's answers (labels
@@ -20,7 +20,6 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ import torch
 
 from bertkit.embedding import POOLINGS, pool, read_pooling
 from bertkit.precision import cast_for_inference, resolve_precision
+from bertkit.serve.config import ServeConfig
 from bertkit.tasks.base import TASK_FILE
 
 log = logging.getLogger(__name__)
@@ -41,12 +41,6 @@ class InputError(ValueError):
     def __init__(self, message: str, status: int = 422) -> None:
         super().__init__(message)
         self.status = status
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_inputs: int = 256  # inputs per request
-    max_chars: int = 20_000  # characters per text
 
 
 class _Counting:
@@ -218,9 +212,11 @@ class ServedModel:
             self._exported = None
 
     # ------------------------------------------------------------------ requests
-    def parse(self, endpoint: str, body: Any, limits: Limits) -> list[Any]:
-        """The inputs of a request body, checked: InputError (413 or 422) says what is wrong.
-        Each input is what `run(endpoint, ...)` takes."""
+    def parse(self, endpoint: str, body: Any, limits: ServeConfig | None = None) -> list[Any]:
+        """The inputs of a request body, checked against `limits` (a ServeConfig's max_inputs
+        and max_chars; default its defaults): InputError (413 or 422) says what is wrong. Each
+        input is what `run(endpoint, ...)` takes."""
+        limits = limits or ServeConfig()
         if not isinstance(body, dict):
             raise InputError(f"the body must be a JSON object, not {_kind(body)}")
         if endpoint == "v1/embeddings":
@@ -277,7 +273,7 @@ class ServedModel:
                 raise InputError(f"inputs[{n}]: no {MASK} to fill")
         return [(text, top) for text in texts]
 
-    def _parse_openai(self, body: dict, limits: Limits) -> list[Any]:
+    def _parse_openai(self, body: dict, limits: ServeConfig) -> list[Any]:
         """OpenAI's embeddings request: {"input": a text or texts, "model"?, "dimensions"?,
         "encoding_format"?: "float", "truncate"?}."""
         allowed = {"input", "model", "dimensions", "encoding_format", "user", "truncate"}
@@ -301,7 +297,7 @@ class ServedModel:
         self._fits(texts, _flag(body, "truncate"), "input")
         return [(text, self.pooling, True, dims) for text in texts]
 
-    def _parse_rerank(self, body: dict, limits: Limits) -> list[Any]:
+    def _parse_rerank(self, body: dict, limits: ServeConfig) -> list[Any]:
         """text-embeddings-inference's rerank request: {"query", "texts", "return_text"?,
         "truncate"?}."""
         allowed = {"query", "texts", "return_text", "truncate"}
@@ -518,7 +514,9 @@ def _flag(body: dict, name: str) -> bool:
     return value
 
 
-def _check_limits(texts: list[str], limits: Limits, field: str, count: int | None = None) -> None:
+def _check_limits(
+    texts: list[str], limits: ServeConfig, field: str, count: int | None = None
+) -> None:
     count = len(texts) if count is None else count
     if count > limits.max_inputs:
         raise InputError(
