@@ -152,13 +152,13 @@ def test_openai_embeddings_tokenise_each_text_once_and_count_its_pieces(minilm_d
     answer = served.shape("v1/embeddings", items, served.run("v1/embeddings", items))
     pieces = sum(len(tokenizer(t)["input_ids"]) for t in texts)
     assert answer["usage"] == {"prompt_tokens": pieces, "total_tokens": pieces}
-    long = "word " * 600
-    with pytest.raises(InputError, match="pieces; the model reads 512"):
+    long = "word " * 600  # over 256 pieces: all-MiniLM-L6-v2's sentence_bert_config.json length
+    with pytest.raises(InputError, match="pieces; the model reads 256"):
         served.parse("v1/embeddings", {"input": long})
     assert len(calls) == 1
     items = served.parse("v1/embeddings", {"input": long, "truncate": True})
     assert served.shape("v1/embeddings", items, served.run("v1/embeddings", items))["usage"][
-        "prompt_tokens"] == 512  # fmt: skip
+        "prompt_tokens"] == 256  # fmt: skip
 
 
 def test_fill_mask_is_the_library_s(mlm_dir):

@@ -159,7 +159,7 @@ class Embedder:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model.to(self.device).eval()
         self.batch_size = batch_size
-        self.max_seq_length = max_seq_length or _declared_length(path) or 128
+        self.max_seq_length = max_seq_length or declared_length(path) or 128
 
     @torch.no_grad()
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
@@ -179,7 +179,9 @@ class Embedder:
         return torch.cat(vectors).numpy() if vectors else np.zeros((0, hidden), np.float32)
 
 
-def _declared_length(path: Path) -> int | None:
+def declared_length(path: Path) -> int | None:
+    """The length a folder's texts are cut at, where it says (sentence-transformers'
+    sentence_bert_config.json, a fine-tuned bertkit_task.json); None where it does not."""
     for name, key in (("sentence_bert_config.json", "max_seq_length"),
                       ("bertkit_task.json", "max_seq_length")):  # fmt: skip
         file = path / name

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from bertkit.embedding import POOLINGS, pool, read_pooling
+from bertkit.embedding import POOLINGS, declared_length, pool, read_pooling
 from bertkit.precision import cast_for_inference, resolve_precision
 from bertkit.serve.config import ServeConfig
 from bertkit.tasks.base import TASK_FILE
@@ -137,7 +137,10 @@ class ServedModel:
             else:
                 self._encoder = self._load_torch_encoder(path)
                 cast_for_inference(self.fill.model if self.fill else self._encoder, self.precision)
-            self.max_seq_length = min(self.tokenizer.model_max_length, self._max_positions())
+            # a sentence-transformers folder's own length (all-MiniLM-L6-v2: 256), as
+            # SentenceTransformer(path) cuts; else what the tokenizer and positions allow
+            longest = min(self.tokenizer.model_max_length, self._max_positions())
+            self.max_seq_length = min(declared_length(self.source) or longest, longest)
 
     def _load_torch_encoder(self, path: Path) -> torch.nn.Module:
         from bertkit.fill_mask import FillMask, has_mlm_head
