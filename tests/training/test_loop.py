@@ -304,8 +304,13 @@ def test_resume_names_log_lines_it_cannot_read(tmp_path, caplog):
     )
     with caplog.at_level("WARNING", logger="bertkit"):
         writer = _Log(log, True, keep_until=3)
-        writer.handle.close()
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2]
+    writer.write({"step": 4, "split": "train", "loss": float("nan")})  # no handle held between
+    assert json.loads(log.read_text().splitlines()[-1]) == {
+        "step": 4,
+        "split": "train",
+        "loss": None,
+    }
     assert [r.getMessage() for r in caplog.records] == [
         f"{log}:2: not a log entry, dropped on resume"
     ]

@@ -787,7 +787,6 @@ class _Log:
                         logger.warning("%s:%d: not a log entry, dropped on resume", path, number)
         with atomic_path(path) as tmp:
             tmp.write_text("".join(line + "\n" for line in kept))
-        self.handle = open(path, "a")
 
     def write(self, entry: dict[str, Any]) -> None:
         if self.enabled:
@@ -795,8 +794,10 @@ class _Log:
                 k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                 for k, v in entry.items()
             }
-            self.handle.write(json.dumps(clean) + "\n")
-            self.handle.flush()
+            # opened for each entry (one every log_every steps): nothing is left open when the
+            # loop ends by an exception, and each line is on disk when write returns
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(clean) + "\n")
             if self.board is not None:
                 split = entry.get("split", "train")
                 for key, value in clean.items():
