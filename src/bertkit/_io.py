@@ -127,6 +127,7 @@ def run_lock(directory: str | os.PathLike) -> Iterator[None]:
 # --------------------------------------------------------------------------- a run's checksums
 DIGEST_FILE = "trainer_state.sha256"  # a run's checksums of its state and model file
 MODEL_FILE = "model.safetensors"
+STATE_FILE = "trainer_state.pt"  # a run's optimiser, schedule and RNG state
 
 
 def sha256_of(path: str | os.PathLike) -> str:
@@ -201,7 +202,7 @@ def check_model_digest(directory: str | os.PathLike) -> None:
     if sha256_of(model) != recorded:
         again = (
             "or `--resume` the run to write it again from its state"
-            if (directory / "trainer_state.pt").exists()
+            if (directory / STATE_FILE).exists()
             else "or run again what wrote it"
         )
         raise ValueError(

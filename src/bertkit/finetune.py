@@ -40,7 +40,14 @@ import numpy as np
 import torch
 
 from bertkit import stats
-from bertkit._io import LOCK_FILE, MODEL_FILE, atomic_path, record_model_digest
+from bertkit._io import (
+    DIGEST_FILE,
+    LOCK_FILE,
+    MODEL_FILE,
+    STATE_FILE,
+    atomic_path,
+    record_model_digest,
+)
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
 from bertkit.hub import model_dir
@@ -66,7 +73,7 @@ from bertkit.tasks.base import (
 from bertkit.tasks.own import DataConfig, describe
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
-from bertkit.training.loop import DIGEST_FILE, LOG_FILE, STATE_FILE, Trainer, TrainingConfig
+from bertkit.training.loop import LOG_FILE, Trainer, TrainingConfig
 from bertkit.training.optim import OptimConfig
 from bertkit.viz import plot_confusion, plot_log, read_log
 
@@ -859,10 +866,7 @@ def finetune_grid(
             }
             | ({"test": result["test"]} if "test" in result else {})
         )
-    selected = points[0]
-    for candidate in points[1:]:
-        if chosen.better(candidate["score"], selected["score"]):
-            selected = candidate
+    selected = (min if chosen.lower else max)(points, key=lambda p: p["score"])
     results = {
         "task": task.name,
         "model": str(model),

@@ -146,9 +146,7 @@ class Predictor:
 
     def rerank(self, query: str, texts: Sequence[str]) -> list[dict[str, Any]]:
         """Each text's relevance to `query` ({"index", "score"}), best first."""
-        scores = self.relevance([(query, text) for text in texts])
-        return sorted(({"index": i, "score": s} for i, s in enumerate(scores)),
-                      key=lambda e: -e["score"])  # fmt: skip
+        return ranked(self.relevance([(query, text) for text in texts]))
 
     def outputs(self, features: list) -> dict:
         """The model's raw outputs of `features` (in batches, at this predictor's precision)."""
@@ -201,25 +199,20 @@ def predict_file(
 
         bar = tqdm(desc="predict", unit=" rows", file=sys.stderr)
     written = 0
+    process = _rank_chunk if rerank else _predict_chunk
     with _Writer(target, kind) as writer:
         batch: list[tuple[int, dict[str, Any]]] = []
         for line, values in rows:
-            if rerank:
-                writer.write(values | {"ranking": _ranking(predictor, source, line, values)})
-                written += 1
-                if bar is not None:
-                    bar.update(1)
-                continue
             batch.append((line, values))
             if len(batch) == chunk:
-                written += _predict_chunk(predictor, source, batch, writer, text_column,
-                                          text_pair_column)  # fmt: skip
+                written += process(predictor, source, batch, writer, text_column,
+                                   text_pair_column)  # fmt: skip
                 batch = []
                 if bar is not None:
                     bar.update(chunk)
         if batch:
-            written += _predict_chunk(predictor, source, batch, writer, text_column,
-                                      text_pair_column)  # fmt: skip
+            written += process(predictor, source, batch, writer, text_column,
+                               text_pair_column)  # fmt: skip
             if bar is not None:
                 bar.update(len(batch))
     if bar is not None:
@@ -227,7 +220,24 @@ def predict_file(
     return written
 
 
-def _ranking(predictor: Predictor, source, line: int, values: dict[str, Any]) -> list[dict]:
+def ranked(scores: Sequence[float]) -> list[dict[str, Any]]:
+    """{"index", "score"} of each score, best first."""
+    return sorted(({"index": i, "score": s} for i, s in enumerate(scores)),
+                  key=lambda e: -e["score"])  # fmt: skip
+
+
+def _rank_chunk(predictor, source, batch, writer, *_columns) -> int:
+    """Each row's "query" and "texts" ranked, the pairs of all the rows scored together."""
+    rows = [_query_and_texts(source, line, values) for line, values in batch]
+    scores = predictor.relevance([(query, text) for query, texts in rows for text in texts])
+    start = 0
+    for (_, values), (_, texts) in zip(batch, rows, strict=True):
+        writer.write(values | {"ranking": ranked(scores[start : start + len(texts)])})
+        start += len(texts)
+    return len(batch)
+
+
+def _query_and_texts(source, line: int, values: dict[str, Any]) -> tuple[str, list[str]]:
     query, texts = values.get("query"), values.get("texts")
     if isinstance(texts, str) and texts.lstrip().startswith("["):  # a CSV cell of JSON
         try:
@@ -238,7 +248,7 @@ def _ranking(predictor: Predictor, source, line: int, values: dict[str, Any]) ->
         raise DataError(source, line, '--rerank: no "query" (a non-empty text) in this row')
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise DataError(source, line, '--rerank: "texts" must be a non-empty list of texts')
-    return predictor.rerank(query, texts)
+    return query, texts
 
 
 def _input_rows(source, options: FileOptions) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -395,12 +395,15 @@ def serve(model: str | os.PathLike, config: ServeConfig | None = None, *,
     # over its first 40,000 requests before the cache was full (each kernel holds its own copy
     # of a weight matrix, so even 64 grew 130 MB); 8 holds it flat, at the same speed. Under
     # bf16 autocast rows are rounded up to 64 (unpad.row_multiple), so the shapes are few: the
-    # full cache levelled off 80 MB above 8's and ran 25% faster, since AMX kernels cost more
-    # to make again (docs/results/serve). Read when oneDNN first runs, so before the model
+    # full cache levelled off 80 MB above 8's and took a quarter less time (48.9 s against
+    # 64.9 for 1,500 batches on a Xeon with AMX, 2 threads; why evicted bf16 kernels cost that
+    # much to make again was not profiled; docs/results/serve). Read when oneDNN first runs, so before the model
     # does; a value in the environment wins.
+    import torch
+
     from bertkit.precision import resolve_precision
 
-    device = config.device or ("cuda" if _cuda() else "cpu")
+    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
     compute = resolve_precision(config.precision, device, backend=config.backend)
     if compute.name == "fp32":
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
@@ -428,12 +431,6 @@ def serve(model: str | os.PathLike, config: ServeConfig | None = None, *,
     server = Server(uvicorn.Config(create_app(service), **common))
     print(_banner(str(model), config, service), file=sys.stderr, flush=True)
     server.run()
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _threads(config: ServeConfig) -> None:

@@ -355,11 +355,14 @@ class ServedModel:
             return {"object": "list", "data": data, "model": self.source.name,
                     "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
         if endpoint == "rerank":
-            ranked = [{"index": i, "score": score} for i, score in enumerate(results)]
-            for entry, ((_, text), return_text) in zip(ranked, items, strict=True):
+            from bertkit.predict import ranked
+
+            answer = ranked(results)
+            for entry in answer:
+                (_, text), return_text = items[entry["index"]]
                 if return_text:
                     entry["text"] = text
-            return sorted(ranked, key=lambda e: -e["score"])
+            return answer
         return results
 
     def _predict_item(self, item: Any, n: int) -> Any:
@@ -385,9 +388,9 @@ class ServedModel:
             assert self.predictor is not None
             return self.predictor(items)
         if endpoint == "embed":
-            return self._embed(items)
+            return self._embed(items)[0]
         if endpoint == "v1/embeddings":  # (vector, its pieces: the usage)
-            vectors, pieces = self._embed([item[:3] for item in items], count=True)
+            vectors, pieces = self._embed([item[:3] for item in items])
             return [(_shortened(v, item[3]), n)
                     for v, item, n in zip(vectors, items, pieces, strict=True)]  # fmt: skip
         if endpoint == "rerank":
@@ -396,8 +399,8 @@ class ServedModel:
         return self._fill_mask(items)
 
     @torch.inference_mode()
-    def _embed(self, items: list[tuple[Any, str, bool]], count: bool = False) -> Any:
-        """Each item's vector; with `count`, also each one's pieces ([CLS] and [SEP] with)."""
+    def _embed(self, items: list[tuple[Any, str, bool]]) -> tuple[list[list[float]], list[int]]:
+        """Each item's vector, and its pieces ([CLS] and [SEP] with)."""
         texts = [t if isinstance(t, str) else t[0] for t, _, _ in items]
         pairs = [None if isinstance(t, str) else t[1] for t, _, _ in items]
         encoded = self.tokenizer(
@@ -434,9 +437,7 @@ class ServedModel:
             if normalize:
                 vector = vector / vector.norm().clamp(min=1e-12)
             vectors.append(vector.tolist())
-        if count:
-            return vectors, mask.sum(1).tolist()
-        return vectors
+        return vectors, mask.sum(1).tolist()
 
     def _fill_mask(self, items: list[tuple[Any, int]]) -> list[list[dict[str, Any]]]:
         top = max(t for _, t in items)

@@ -47,8 +47,9 @@ class _Histogram:
 
 
 class Metrics:
-    """Requests by endpoint and status (499: the client went away before its answer), their latency, inputs, batches (size, time) and forward
-    passes. Updated from the event loop and the inference thread, hence the lock."""
+    """Requests by endpoint and status (499: the client went away before its answer), their
+    latency, inputs, batches (size, time) and forward passes. Updated from the event loop and
+    the inference thread, hence the lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -197,29 +197,25 @@ class SentenceEmbeddingTask(OwnTask):
                      normalize=normalize)  # fmt: skip
 
     def loss(self, model, batch):
-        dims = self.dims()
-        if not dims:
-            return self._loss(model, batch)
         vectors = {side: self._encode(model, batch, side, normalize=False) for side in SIDES}
         total = None
-        for d in dims:  # each leading part at unit length (sentence-transformers' MatryoshkaLoss)
+        # the whole vector at unit length; with --dims, each of those leading parts instead
+        # (sentence-transformers' MatryoshkaLoss: the parts' losses summed)
+        for d in self.dims() or [None]:
             cut = {
                 s: None if v is None else F.normalize(v[:, :d], dim=-1) for s, v in vectors.items()
             }
-            part, units = self._loss(model, batch, cut)
+            part, units = self._loss(batch, cut)
             total = part if total is None else total + part
         return total, units
 
-    def _loss(self, model, batch, given: dict[str, Any] | None = None):
-        def encode(side: str) -> torch.Tensor | None:
-            return given[side] if given is not None else self._encode(model, batch, side)
-
-        anchors, positives = encode(""), encode("positive_")
+    def _loss(self, batch, vectors: dict[str, torch.Tensor | None]):
+        anchors, positives = vectors[""], vectors["positive_"]
         assert anchors is not None and positives is not None
         if self.scored:
             cosine = (anchors * positives).sum(-1)
             return F.mse_loss(cosine, batch["labels"].float(), reduction="sum"), len(anchors)
-        negatives = encode("negative_")
+        negatives = vectors["negative_"]
         candidates = positives if negatives is None else torch.cat([positives, negatives])
         targets = torch.arange(len(anchors), device=anchors.device)
         total = F.cross_entropy(SCALE * anchors @ candidates.T, targets, reduction="sum")

@@ -42,6 +42,7 @@ import torch
 from bertkit._io import (
     DIGEST_FILE,
     MODEL_FILE,
+    STATE_FILE,
     atomic_path,
     atomic_write_text,
     read_digests,
@@ -54,7 +55,6 @@ from bertkit.training import distributed
 from bertkit.training.optim import BudgetSchedule, OptimConfig, build_optimizer, build_schedule
 
 logger = logging.getLogger("bertkit")
-STATE_FILE = "trainer_state.pt"
 LOG_FILE = "log.jsonl"
 RUN_FILE = "run.json"  # what the run is (TrainingConfig.identity), written before its first step
 
