@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # GPU speed in one call of a lent machine (at most ~8 minutes), everything prepared on the CPU:
 #
-#   1. BERT-base phase 1 (seq 128, batch 256), bf16: bertkit eager, padded, compiled against
+#   1. BERT-base phase 1 (seq 128, batch 256), bf16: bertkit eager (unpadded and padded) against
 #      transformers' BertForPreTraining (SDPA, fused AdamW) on the same batches, alternated;
-#      tokens/s and MFU (benchmarks/gpu_throughput.py states the FLOPs formula and the peaks).
-#   2. The loop itself, `bertkit pretrain --config base` at the same batch, defaults (compile
+#      tokens/s and MFU (benchmarks/gpu_throughput.py states the FLOPs formula and the peaks);
+#      a profile of each (top kernels, the share of the step the card is busy).
+#   2. The same, compiled (unpadded and padded) against transformers eager.
+#   3. BERT-large phase 1 (128 x 256) and phase 2 (512 x 32) against transformers.
+#   4. The loop itself, `bertkit pretrain --config base` at the same batch, defaults (compile
 #      auto: on with CUDA): tokens/s from its log, compile seconds on their own line; what the
-#      throughput of step 1 loses to the data path and the loop.
-#   3. Small models (tiny, mini, small; batch 256 x 128): launch-bound or not, eager and compiled.
-#   4. bf16 against fp32 loss curves: BERT-mini, 300 steps, the same data and seed.
-#   5. BERT-large phase 1 (128 x 256) and phase 2 (512 x 32); SQuAD fine-tuning of BERT-large at
-#      384 (batch 32): seq/s and MFU, bertkit against transformers.
+#      throughput of steps 1-2 loses to the data path and the loop.
+#   5. Small models (tiny, small, mini; batch 256 x 128): launch-bound or not, eager, compiled
+#      and with CUDA graphs.
+#   6. bf16 against fp32 loss curves: BERT-mini, 300 steps, the same data and seed.
+#   7. SQuAD fine-tuning of BERT-large at 384 (batch 32): seq/s and MFU against transformers.
 #
 # On the CPU machine, once (Wikipedia AA wiki_00..09 with the bert-base-uncased vocabulary,
 # 5 MB of shards in runs/gpu_pack, which the call carries):
@@ -57,7 +60,7 @@ step() {
   echo "== $name (at ${SECONDS}s, $(left)s left)" | tee -a "$summary"
   timeout "$(left)" "$@" > "$work/logs/$name.log" 2>&1
   local rc=$?
-  grep -E "seq/s|first step|warm-up|tokens/s" "$work/logs/$name.log" | tee -a "$summary"
+  grep -E "seq/s|first step|warm-up|tokens/s|FAILED|failed|attention|Error" "$work/logs/$name.log" | tee -a "$summary"
   echo "-- $name: exit $rc at ${SECONDS}s" | tee -a "$summary"
 }
 
@@ -66,13 +69,15 @@ if [ -n "$dry" ]; then  # toy sizes on the CPU: every command runs, nothing is m
   base=(tiny:32:8) small=(tiny:32:8) large=(tiny:64:4) squad=(squad-tiny:64:4)
   loop=(--config tiny --max-steps 6 --batch-size 8 --seq-len 32 --device cpu)
   curves=(--config tiny --max-steps 6 --batch-size 8 --seq-len 32 --device cpu --warmup-steps 2)
+  graphs=()  # (CUDA graphs need CUDA)
   bf16=fp32
 else
   device=()
-  base=(base:128:256) small=(tiny:128:256 mini:128:256 small:128:256)
+  base=(base:128:256) small=(tiny:128:256 small:128:256 mini:128:256)
   large=(large:128:256 large:512:32) squad=(squad-large:384:32)
-  loop=(--config base --max-steps 60 --batch-size 256 --seq-len 128)
+  loop=(--config base --max-steps 40 --batch-size 256 --seq-len 128)
   curves=(--config mini --max-steps 300 --batch-size 128 --seq-len 128 --warmup-steps 30)
+  graphs=(bertkit-graphs)
   bf16=bf16
 fi
 {
@@ -84,17 +89,22 @@ fi
 
 rows="$work/throughput.jsonl"
 bench=("$PY" benchmarks/gpu_throughput.py --data "$data" --out "$rows" "${device[@]}")
-step base "${bench[@]}" --case "${base[@]}" --variants bertkit bertkit-padded bertkit-compiled transformers
+# in the order of what the figures are for, cheapest certain ones first
+step base "${bench[@]}" --case "${base[@]}" --variants bertkit bertkit-padded transformers \
+  --profile bertkit transformers
+step base_compiled "${bench[@]}" --case "${base[@]}" \
+  --variants transformers bertkit-compiled bertkit-padded-compiled --profile bertkit-compiled
+step large "${bench[@]}" --case "${large[@]}" --variants bertkit transformers --profile bertkit
 step loop "$PY" -m bertkit.cli pretrain --data "$data" "${loop[@]}" --warmup-steps 4 \
   --log-every 5 --save-every 100000 --out "$work/loop"
-step small "${bench[@]}" --case "${small[@]}" --variants bertkit bertkit-compiled transformers
+step small "${bench[@]}" --case "${small[@]}" \
+  --variants bertkit bertkit-compiled "${graphs[@]}" transformers --profile bertkit
 for precision in fp32 "$bf16"; do
   step "curves_$precision" "$PY" -m bertkit.cli pretrain --data "$data" "${curves[@]}" \
-    --lr 1e-4 --log-every 10 --save-every 100000 --seed 0 \
+    --lr 1e-4 --log-every 10 --save-every 100000 --seed 0 --compile off \
     --precision "$precision" --out "$work/curves_$precision"
   [ -n "$dry" ] && break  # (the dry run's two precisions are one)
 done
-step large "${bench[@]}" --case "${large[@]}" --variants bertkit transformers
 step squad "${bench[@]}" --case "${squad[@]}" --variants bertkit transformers
 
 # what comes back (8 files at most): the rows, the summary, every log in one archive

@@ -16,6 +16,9 @@ bf16 autocast (`--precision fp32` for none). Variants:
 - `bertkit-compiled`: the same after `model.compile()` (what `--compile on` does; the warm-up,
   every batch once, compilation included, is timed apart as `warmup_s`);
 - `bertkit-padded`: eager on the padded path (every grid cell a row);
+- `bertkit-padded-compiled`: the padded path compiled (static row counts: one graph);
+- `bertkit-graphs`: the padded path compiled with `mode="reduce-overhead"` (CUDA graphs: one
+  launch a step instead of hundreds, the lever for small models);
 - `transformers`, `transformers-compiled`: transformers' class of the same name (SDPA
   attention, logits at every position) from the same initial weights, fused AdamW.
 
@@ -25,6 +28,11 @@ passes) + 4 S H (attention's two S x S products), plus at each masked position t
 2 H^2 + 2 V H (a QA head: 4 H a token). MFU = those FLOPs / the step's seconds / the card's dense
 bf16 peak (H100 and H200 SXM: 989 TFLOP/s; A100: 312; `--peak` for another card or the CPU).
 Padding counts for nothing: a padded implementation's extra work is not useful work.
+
+A variant that fails to build or to run its warm-up prints its error and is left out; the
+others are still timed. `--profile VARIANT...` profiles 3 steps of each named variant after the
+timed rounds: the 12 kernels with the most device time, and `gpu_busy`, the kernels' summed time
+over the steps' wall time (well under 1: the card waits on the host, launches or syncs).
 
 `data_ms`: the host time `PretrainingData.next_batch` takes a step (the loop makes batches
 between steps, so this is the time the card waits per step unless it is hidden).
@@ -115,17 +123,45 @@ def build(variant: str, config: BertConfig, squad: bool, tokenizer, device):
         model = TransformersHead(ours) if squad else transformers_copy(config, ours.state_dict(),
                                                                        tokenizer)  # fmt: skip
         model = model.to(device).train()
+        hf_config = model.hf.config
+        print(f"{variant}: attention {getattr(hf_config, '_attn_implementation', '?')}", flush=True)
         groups = parameter_groups(model, 0.01)
         optimizer = torch.optim.AdamW(groups, lr=1e-4, eps=ADAM_EPSILON, fused=True)
     else:
         model = ours.to(device)
-        if variant == "bertkit-padded":
+        if variant.startswith("bertkit-padded") or variant == "bertkit-graphs":
             encode = model.bert.forward
             model.bert.forward = lambda *a, **k: encode(*a, **{**k, "unpad": False})
         optimizer = build_optimizer(model, OptimConfig(learning_rate=1e-4))
     if variant.endswith("compiled"):
         model.compile()
+    elif variant == "bertkit-graphs":
+        model.compile(mode="reduce-overhead")
     return model, optimizer
+
+
+def profile(step, setup, steps: int, device: torch.device) -> dict:
+    """Kernels of `steps` steps: the top 12 by device time (printed) and the busy share."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch_profile(activities=activities) as prof:
+        started = time.perf_counter()
+        for i in range(steps):
+            step(*setup, i)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        wall = time.perf_counter() - started
+    events = prof.key_averages()
+    # device time: the kernels' and copies' own events (an operator's device time repeats its
+    # kernels'), on one stream: their sum over the wall time is the share the card is busy
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e6
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(events.table(sort_by=key, row_limit=12), flush=True)
+    return {"gpu_busy": round(busy / wall, 3) if device.type == "cuda" else None,
+            "profiled_step_ms": round(1000 * wall / steps, 2)}  # fmt: skip
 
 
 def run_case(args, case: str, device: torch.device) -> list[dict]:
@@ -168,13 +204,19 @@ def run_case(args, case: str, device: torch.device) -> list[dict]:
 
     setups, first = {}, {}
     for variant in args.variants:
-        model, optimizer = build(variant, config, squad, tokenizer, device)
         started = time.perf_counter()
-        # every batch once: compilation of each shape (and the dynamic-shape graph that a
-        # second shape brings), cuBLAS's and cuDNN's choices, the caching allocator's pools
-        for i in range(len(batches)):
-            step(model, optimizer, i)
-        sync()
+        try:
+            model, optimizer = build(variant, config, squad, tokenizer, device)
+            started = time.perf_counter()
+            # every batch once: compilation of each shape (and the dynamic-shape graph that a
+            # second shape brings), cuBLAS's and cuDNN's choices, the caching allocator's pools
+            for i in range(len(batches)):
+                step(model, optimizer, i)
+            sync()
+        except Exception as err:  # one variant's failure leaves the others' figures
+            print(f"{case} {variant}: FAILED after {time.perf_counter() - started:.1f} s: "
+                  f"{type(err).__name__}: {str(err)[:2000]}", flush=True)  # fmt: skip
+            continue
         first[variant] = time.perf_counter() - started
         setups[variant] = (model, optimizer)
         print(
@@ -192,7 +234,14 @@ def run_case(args, case: str, device: torch.device) -> list[dict]:
     peak = card_peak(device, args.peak)
     memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     rows = []
-    reference = statistics.median(times[args.variants[0]])
+    reference = statistics.median(next(iter(times.values())))
+    first_variant = next(iter(times))
+    profiles = {}
+    for variant in (v for v in args.profile if v in setups):
+        try:
+            profiles[variant] = profile(step, setups[variant], min(3, len(batches)), device)
+        except Exception as err:  # the timings stand without it
+            print(f"{case} {variant}: profile failed: {type(err).__name__}: {err}", flush=True)
     for variant, values in times.items():
         seconds = statistics.median(values)
         row = {
@@ -206,12 +255,13 @@ def run_case(args, case: str, device: torch.device) -> list[dict]:
             "speed_vs_first": round(reference / seconds, 3), "warmup_s": round(first[variant], 2),
             "data_ms": round(1000 * statistics.median(data_seconds), 2) if data_seconds else None,
             "max_memory_gib": round(memory, 2) if memory else None,
+            **profiles.get(variant, {}),
         }  # fmt: skip
         rows.append(row)
         mfu = f", MFU {row['mfu']:.1%}" if row["mfu"] else ""
         print(f"{case} {variant:22s} {row['step_ms']:9.2f} ms a step, {row['seq_per_s']:9.1f} "
               f"seq/s, {row['tokens_per_s']:>11,} tokens/s{mfu}, {row['speed_vs_first']:.2f}x "
-              f"{args.variants[0]}", flush=True)  # fmt: skip
+              f"{first_variant}", flush=True)  # fmt: skip
     for model, optimizer in setups.values():
         del model, optimizer
     if device.type == "cuda":
@@ -230,6 +280,7 @@ def main() -> None:
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--peak", type=float, help="dense bf16 TFLOP/s of the device")
+    parser.add_argument("--profile", nargs="*", default=[], help="variants to profile")
     parser.add_argument("--out", help="append the rows to this JSON-lines file")
     args = parser.parse_args()
     device = torch.device(args.device)
