@@ -225,6 +225,38 @@ def test_unpadded_encoder_equals_padded_on_real_tokens(tiny_config, tiny_batch):
         close(a, b)
 
 
+def test_a_batch_without_padding_attends_without_a_mask_and_gathers_nothing(
+    tiny_config, tiny_batch, monkeypatch
+):
+    """Every cell real (SQuAD's windows): the unpadded path keeps the grid and gives SDPA no
+    mask (with one, CUDA cannot take its flash kernel); the outputs are the padded path's."""
+    torch.manual_seed(0)
+    model = BertModel(tiny_config).eval()
+    full = {**tiny_batch, "attention_mask": torch.ones_like(tiny_batch["attention_mask"])}
+    masks = []
+    sdpa = model_module.F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        masks.append(kwargs.get("attn_mask"))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(model_module.F, "scaled_dot_product_attention", spy)
+    with torch.no_grad():
+        padded = model(**full)
+        assert all(m is not None for m in masks)
+        masks.clear()
+        packed = model(**full, unpad=True)
+        assert masks and all(m is None for m in masks)
+        masks.clear()
+        model(**tiny_batch, unpad=True)  # padding: masked as before
+        assert all(m is not None for m in masks)
+        causal = model(**full, unpad=True, causal=True)
+    close(packed.last_hidden_state, padded.last_hidden_state)
+    close(causal.last_hidden_state, model(**full, causal=True).last_hidden_state)
+    layout = TokenLayout.unpadded(full["attention_mask"], multiple=64)
+    assert layout.index is None and layout.rows == full["input_ids"].numel()
+
+
 def test_rows_rounded_for_few_shapes_change_nothing_at_real_tokens(
     tiny_config, tiny_batch, monkeypatch
 ):

@@ -446,6 +446,10 @@ class BertModel(BertPreTrainedModel):
         parity = self.dropout_parity
         if unpad and attention_mask is not None:
             layout = TokenLayout.unpadded(attention_mask, multiple, parity)
+            if layout.index is None and not causal and not self.padded_only:
+                # No padding (SQuAD's 384-piece windows, say): attention needs no mask, and
+                # without one SDPA may take its flash kernel (a mask rules that out on CUDA)
+                mask = None
         else:
             layout = TokenLayout(batch, seq_len, parity=parity)
         # Left to right, [CLS] attends to itself alone, so a sentence representation read there

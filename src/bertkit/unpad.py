@@ -46,9 +46,12 @@ class TokenLayout:
         """The real tokens' rows; with `multiple` > 1, padding cells are added (first ones
         first) until the row count is a multiple of it or the grid is full, so that the dense
         layers see few distinct shapes (see `row_multiple`). Outputs at real tokens do not
-        change (a padding cell is a key no one attends to) and `to_grid` keeps padding zero."""
+        change (a padding cell is a key no one attends to) and `to_grid` keeps padding zero.
+        A mask without padding gives the padded layout (`index` None)."""
         flat = attention_mask.reshape(-1)
         index = flat.nonzero().squeeze(1)
+        if len(index) == flat.numel():  # no padding: the grid itself, nothing to gather
+            return cls(attention_mask.shape[0], attention_mask.shape[1], parity=parity)
         extra = min(-len(index) % multiple, flat.numel() - len(index))
         added = None
         if extra:
