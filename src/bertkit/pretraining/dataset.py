@@ -121,6 +121,17 @@ class PretrainingData:
 
     # ------------------------------------------------------------------ batches
     def next_batch(self) -> dict[str, torch.Tensor]:
+        plan, rows, version = self._advance()
+        return self.collate([self.instance(plan[r], (self.seed, version, r)) for r in rows])
+
+    def skip(self) -> None:
+        """Move past the next batch without making it (a prefetching worker skips the batches
+        the others make: `bertkit.pretraining.prefetch`)."""
+        self._advance()
+
+    def _advance(self) -> tuple[np.ndarray, range, int]:
+        """The plan, the rows of this rank's next batch and their masks' version; the position
+        moves past them."""
         plan = self.plan(self.epoch)
         if len(plan) < self.global_batch:
             raise ValueError(
@@ -131,10 +142,8 @@ class PretrainingData:
             self.epoch, self.row = self.epoch + 1, 0
             plan = self.plan(self.epoch)
         start = self.row + self.rank * self.batch_size
-        rows = range(start, start + self.batch_size)
         self.row += self.global_batch
-        version = self._version(self.epoch)
-        return self.collate([self.instance(plan[r], (self.seed, version, r)) for r in rows])
+        return plan, range(start, start + self.batch_size), self._version(self.epoch)
 
     def instance(self, span: np.ndarray, key: tuple[int, ...]) -> dict[str, Any]:
         shard_a, a0, a1, shard_b, b0, b1, is_random = (int(x) for x in span)

@@ -391,6 +391,9 @@ class Shards:
         counts = [s["documents"] for s in self.meta["shards"]]
         self.document_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
+    def __reduce__(self):  # pickled as its folder (a spawned data worker maps it again)
+        return (Shards, (self.directory,))
+
     @staticmethod
     def _map(path: str, dtype, count: int) -> np.ndarray:
         expected = count * np.dtype(dtype).itemsize

@@ -27,6 +27,7 @@ from bertkit.pretraining import init_schemes
 from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
 from bertkit.pretraining.init_schemes import ATTENTION_INITS, POSITION_INITS
 from bertkit.pretraining.instances import OBJECTIVES
+from bertkit.pretraining.prefetch import PrefetchedData, default_workers
 from bertkit.pretraining.shards import Shards
 from bertkit.settings import (
     Settings,
@@ -299,6 +300,12 @@ class PretrainConfig(Settings):
     parity: bool = parity_setting()
     compile: str = compile_setting()
     device: str | None = device_setting()
+    data_workers: int | None = setting(
+        None,
+        "processes that make batches while the steps run (the same batches, in the same order); "
+        "default: up to 4 with CUDA, 0 on CPUs, where the step uses every core",
+        check="non-negative",
+    )
     progress: bool = setting(True, "a progress bar")
     phases: str | list[tuple[int, float]] | None = setting(
         None,
@@ -409,7 +416,8 @@ def _run_phase(
 
 # Settings that never change what a run computes: a resumed run may give them other values.
 _NOT_IDENTITY = frozenset(("resume", "progress", "device", "log_every", "eval_every", "save_every",
-                           "eval_data", "eval_batches", "eval_seq_len", "compile"))  # fmt: skip
+                           "eval_data", "eval_batches", "eval_seq_len", "compile",
+                           "data_workers"))  # fmt: skip
 
 
 def run_identity(
@@ -489,6 +497,13 @@ def _train_phase(
         rank=dist.rank,
         world_size=dist.world_size,
     )
+    workers = c.data_workers
+    if workers is None:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        workers = default_workers(dist.device, local)
+    batches: PretrainingData | PrefetchedData = stream
+    if workers:
+        batches = PrefetchedData(stream, workers, pin=dist.device.type == "cuda")
     objective_fn = PretrainingObjective(c.objective)
     evaluate = None
     if c.eval_data is not None:
@@ -527,14 +542,18 @@ def _train_phase(
     trainer = Trainer(
         model,
         objective_fn,
-        stream,
+        batches,
         training,
         dist_info=dist,
         evaluate=evaluate,
         save_model=save_model,
         on_entry=on_entry,
     )
-    entries = trainer.train()
+    try:
+        entries = trainer.train()
+    finally:
+        if isinstance(batches, PrefetchedData):
+            batches.close()
     if dist.is_main:
         from bertkit.viz import plot_log
 

@@ -545,7 +545,9 @@ class Trainer:
                 budget_schedule.set_spent(self.train_seconds)
             batches = [self.data.next_batch() for _ in range(config.accumulation)]
             totals = torch.stack([self.objective.counts(b) for b in batches]).sum(0).double()
-            totals = distributed.all_reduce_sum(totals.to(self.dist.device), self.dist).cpu()
+            if self.dist.enabled:  # (one process: no trip to the device, whose .cpu() would
+                # wait for the last step's kernels and keep the host from running ahead)
+                totals = distributed.all_reduce_sum(totals.to(self.dist.device), self.dist).cpu()
             for index, batch in enumerate(batches):
                 real = int(batch["attention_mask"].sum())  # counted on the CPU: no device sync
                 tokens += real
