@@ -8,8 +8,9 @@
 #   2. The same, compiled (unpadded and padded) against transformers eager.
 #   3. BERT-large phase 1 (128 x 256) and phase 2 (512 x 32) against transformers.
 #   4. The loop itself, `bertkit pretrain --config base` at the same batch, defaults (compile
-#      auto: on with CUDA): tokens/s from its log, compile seconds on their own line; what the
-#      throughput of steps 1-2 loses to the data path and the loop.
+#      auto: on with CUDA; data workers): tokens/s from its log, compile seconds on their own
+#      line; what the throughput of steps 1-2 loses to the data path and the loop; then the
+#      same with --data-workers 0 (batches made between steps).
 #   5. Small models (tiny, small, mini; batch 256 x 128): launch-bound or not, eager, compiled
 #      and with CUDA graphs.
 #   6. bf16 against fp32 loss curves: BERT-mini, 300 steps, the same data and seed.
@@ -67,7 +68,7 @@ step() {
 if [ -n "$dry" ]; then  # toy sizes on the CPU: every command runs, nothing is measured
   device=(--device cpu --precision fp32 --steps 2 --rounds 1)
   base=(tiny:32:8) small=(tiny:32:8) large=(tiny:64:4) squad=(squad-tiny:64:4)
-  loop=(--config tiny --max-steps 6 --batch-size 8 --seq-len 32 --device cpu)
+  loop=(--config tiny --max-steps 6 --batch-size 8 --seq-len 32 --device cpu --data-workers 2)
   curves=(--config tiny --max-steps 6 --batch-size 8 --seq-len 32 --device cpu --warmup-steps 2)
   graphs=()  # (CUDA graphs need CUDA)
   bf16=fp32
@@ -97,6 +98,9 @@ step base_compiled "${bench[@]}" --case "${base[@]}" \
 step large "${bench[@]}" --case "${large[@]}" --variants bertkit transformers --profile bertkit
 step loop "$PY" -m bertkit.cli pretrain --data "$data" "${loop[@]}" --warmup-steps 4 \
   --log-every 5 --save-every 100000 --out "$work/loop"
+# the same without data workers: the batches made between steps (what the loop did before)
+step loop_serial "$PY" -m bertkit.cli pretrain --data "$data" "${loop[@]}" --warmup-steps 4 \
+  --log-every 5 --save-every 100000 --data-workers 0 --out "$work/loop_serial"
 step small "${bench[@]}" --case "${small[@]}" \
   --variants bertkit bertkit-compiled "${graphs[@]}" transformers --profile bertkit
 for precision in fp32 "$bf16"; do
@@ -108,7 +112,7 @@ done
 step squad "${bench[@]}" --case "${squad[@]}" --variants bertkit transformers
 
 # what comes back (8 files at most): the rows, the summary, every log in one archive
-for run in loop curves_fp32 curves_bf16; do
+for run in loop loop_serial curves_fp32 curves_bf16; do
   [ -f "$work/$run/log.jsonl" ] && cp "$work/$run/log.jsonl" "$work/logs/$run.log.jsonl"
 done
 echo "done at ${SECONDS}s" | tee -a "$summary"
