@@ -25,7 +25,8 @@ from pathlib import Path
 
 from task_data import task_data
 
-from bertkit.finetune import FinetuneConfig, finetune_seeds, main_score
+from bertkit.finetune import FinetuneConfig, main_score
+from bertkit.finetune_runs import finetune_seeds
 from bertkit.tasks import get_task
 
 

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from bertkit import cli
-from bertkit.finetune import FinetuneConfig, evaluate, finetune, finetune_seeds
+from bertkit.evaluation import evaluate
+from bertkit.finetune import FinetuneConfig, finetune
+from bertkit.finetune_runs import finetune_seeds
 from bertkit.predict import Predictor
 from bertkit.tasks import get_task
 from bertkit.tasks.glue import GLUE
@@ -289,7 +291,7 @@ def test_bilstm_heads_of_table_5(tiny_checkpoint, tmp_path):
 
 
 def test_grid_selects_on_dev(tiny_checkpoint, tmp_path):
-    from bertkit.finetune import finetune_grid
+    from bertkit.finetune_runs import finetune_grid
 
     data = grow_copies(FIXTURES / "glue" / "QNLI", tmp_path / "data", 3)
     grid = {"batch_size": (8,), "learning_rate": (1e-3, 1e-5), "epochs": (1,)}

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -72,6 +74,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | os.PathLike, value: Any) -> None:
+    """`value` as indented JSON, written atomically (results.json and its kin)."""
+    atomic_write_text(path, json.dumps(value, indent=2) + "\n")
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -15,16 +15,14 @@ Your own files go through the same loop with the generic tasks (`text-classifica
 files and columns; their OUT also holds `predictions.jsonl` (and `predictions_test.jsonl`), the
 per-class `report` in results.json and `confusion.png`.
 
-`finetune_seeds` repeats a run with K seeds and reports mean, std, min and max (fine-tuning
-small tasks is unstable, and one seed hides it); `finetune_grid` runs the paper's grid (batch
-16/32 x lr 5e-5/3e-5/2e-5 x epochs 2/3/4) and selects on dev.
+Several runs of one task (seeds, the paper's grid): `bertkit.finetune_runs`; scoring a split
+or a saved model: `bertkit.evaluation`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import json
 import logging
 import os
@@ -32,172 +30,41 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from bertkit import stats
 from bertkit._io import (
     DIGEST_FILE,
     LOCK_FILE,
     MODEL_FILE,
     STATE_FILE,
-    atomic_path,
     record_model_digest,
+    write_json,
 )
 from bertkit.checkpoint import read_config
+from bertkit.evaluation import draw_reports, evaluate_split, final_evaluation, score_held_out
+from bertkit.finetune_config import FinetuneConfig
 from bertkit.heads import MODEL_CLASSES
 from bertkit.hub import model_dir
 from bertkit.model import set_dropout_parity
 from bertkit.model_card import write_model_card
-from bertkit.settings import (
-    Settings,
-    compile_setting,
-    device_setting,
-    parity_setting,
-    precision_setting,
-    setting,
-)
 from bertkit.tasks import Task, get_task
 from bertkit.tasks.base import (
     TASK_FILE,
     FinetuneData,
     collate,
-    read_task_info,
-    run_outputs,
-    task_of_checkpoint,
 )
 from bertkit.tasks.own import DataConfig, describe
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
 from bertkit.training.loop import LOG_FILE, Trainer, TrainingConfig
-from bertkit.training.optim import OptimConfig
-from bertkit.viz import plot_confusion, plot_log, read_log
+from bertkit.viz import plot_log, read_log
 
 logger = logging.getLogger("bertkit")
 RESULTS_FILE = "results.json"
-_OPTIM_FIELDS = {f.name: f for f in dataclasses.fields(OptimConfig)}
-GRID = {"batch_size": (16, 32), "learning_rate": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
-
-
-class Sizes(NamedTuple):
-    epochs: int
-    learning_rate: float
-    batch_size: int
-    max_seq_length: int
-    bucket_batches: int
-
-
-@dataclass
-class FinetuneConfig(Settings):
-    """Hyperparameters of a fine-tuning run; None takes the task's default (the paper's value).
-    The `bertkit finetune` flags are these fields (`--learning-rate`, ...)."""
-
-    epochs: int | None = setting(None, "epochs (the paper's: 3; SQuAD 2.0: 2)", check="positive")
-    metric: str | None = setting(
-        None,
-        "the dev figure that picks the best evaluation, whose model OUT keeps: any key of the "
-        "task's figures (accuracy, f1, mcc, pearson, macro_f1, ...; one ending in loss or mse is "
-        "lowered, the rest raised); default: the mean of the task's main metrics",
-    )
-    patience: int | None = setting(
-        None, "stop after this many evaluations without a better --metric", check="positive"
-    )
-    eval_every: int | None = setting(
-        None, "training steps between evaluations (default: one each epoch)", check="positive"
-    )
-    learning_rate: float | None = setting(
-        None, "peak learning rate (5e-5; SWAG: 2e-5)", check="positive", flags=("--lr",)
-    )
-    batch_size: int | None = setting(
-        None, "sequences per step (32; SQuAD 2.0: 48, SWAG: 16)", check="positive"
-    )
-    max_seq_length: int | None = setting(
-        None, "pieces per sequence (128; SQuAD: 384)", check="positive"
-    )
-    warmup_proportion: float = setting(
-        0.1, "linear warm-up, a fraction of the steps", check="fraction", flags=("--warmup",)
-    )
-    weight_decay: float = setting(
-        OptimConfig.weight_decay, "decoupled weight decay (not on biases, LayerNorm)"
-    )
-    seed: int = setting(42, "seed of the head's init, dropout and batch order")
-    eval_batch_size: int = setting(64, "sequences per evaluation batch", check="positive")
-    bucket_batches: int | None = setting(
-        None,
-        "batches' worth of training examples sorted by length together, so a batch pads little "
-        "(50; token tagging: 1, random batches, as transformers' Trainer draws them)",
-        check="positive",
-    )
-    precision: str = precision_setting()
-    parity: bool = parity_setting()
-    compile: str = compile_setting()
-    device: str | None = device_setting()
-    resume: bool = setting(False, "continue a killed run in the output folder")
-    keep_state: bool = setting(False, "keep trainer_state.pt (the optimiser too: 3x the model)")
-    max_train_examples: int | None = setting(
-        None, "the first N training examples", check="positive"
-    )
-    max_eval_examples: int | None = setting(None, "the first N dev examples", check="positive")
-    progress: bool = setting(True, "a progress bar")
-    dropout: float | None = setting(
-        0.1,
-        "hidden and attention dropout while fine-tuning: the paper's 0.1 whatever the checkpoint's "
-        "config says (a pre-training recipe's dropout, e.g. the laptop recipe's 0, does not carry "
-        "over); None from Python keeps the checkpoint's",
-        check="fraction",
-    )
-    validation_split: float | None = setting(
-        None,
-        "carve this fraction of the training examples out (the same ones for every seed and run) "
-        "as the validation set that picks the epoch and any threshold; the task's dev set is then "
-        "scored once, by the chosen model, and reported as 'test' (nothing is chosen on it)",
-        check="fraction",
-    )
-    bilstm: bool = setting(False, "Table 5's + BiLSTM between encoder and output (QA, tagging)")
-    random_init: bool = setting(
-        False,
-        "the no-pre-training baseline: the model's config and vocabulary only, every weight "
-        "drawn afresh from the seed",
-    )
-    overwrite: bool = setting(
-        False, "replace what a non-empty output folder holds (another run or checkpoint)"
-    )
-    optimizer: str = setting(
-        OptimConfig.optimizer, _OPTIM_FIELDS["optimizer"].metadata["help"],
-        choices=_OPTIM_FIELDS["optimizer"].metadata["choices"],
-    )  # fmt: skip
-
-    def sizes(self) -> Sizes:
-        """The five settings a task fills in, of a `resolved` config."""
-        values = (self.epochs, self.learning_rate, self.batch_size, self.max_seq_length,
-                  self.bucket_batches)  # fmt: skip
-        if any(v is None for v in values):
-            raise ValueError("FinetuneConfig.resolved(task) first: the task's defaults are unset")
-        return Sizes(*values)  # type: ignore[arg-type]
-
-    def optim(self, max_steps: int) -> OptimConfig:
-        """The optimiser and schedule of a run of `max_steps` steps (of a `resolved` config):
-        the warm-up is int(warmup_proportion x steps), as transformers rounds it."""
-        return OptimConfig(
-            learning_rate=self.sizes().learning_rate,
-            warmup_steps=int(self.warmup_proportion * max_steps),
-            weight_decay=self.weight_decay,
-            optimizer=self.optimizer,
-        )
-
-    def resolved(self, task: Task) -> FinetuneConfig:
-        return dataclasses.replace(
-            self,
-            epochs=self.epochs or task.default_epochs,
-            learning_rate=self.learning_rate or task.default_learning_rate,
-            batch_size=self.batch_size or task.default_batch_size,
-            max_seq_length=self.max_seq_length or task.default_max_seq_length,
-            bucket_batches=self.bucket_batches or task.default_bucket_batches,
-        )
 
 
 class TaskObjective:
@@ -342,23 +209,7 @@ def build_model(
     )
 
 
-def evaluate_split(
-    task: Task, model, examples, features, batch_size, device
-) -> tuple[dict, Any, Task, dict]:
-    """(figures, predictions, the task with its dev-tuned settings, those settings) of one
-    labelled split: settings a task tunes (thresholds) are chosen here and the figures are
-    those at the chosen settings."""
-    outputs = run_outputs(task, model, features, batch_size, device)
-    predictions = task.predictions(examples, features, outputs)
-    figures = task.score(examples, predictions)
-    settings = task.dev_settings(examples, predictions, figures)
-    tuned = task.with_settings(settings) if settings else task
-    if settings:
-        figures = tuned.score(examples, predictions)
-    return figures, predictions, tuned, settings
-
-
-def _resolve(
+def resolve_run(
     task: str | Task,
     config: FinetuneConfig | None,
     out: str | os.PathLike,
@@ -391,7 +242,7 @@ def finetune(
     the results dict (also `out/results.json`). `loaded` reuses data read by an earlier run;
     `build(task, model, seed)` replaces `build_model` (another implementation, for
     benchmarks)."""
-    task, config, out = _resolve(task, config, out, data)
+    task, config, out = resolve_run(task, config, out, data)
     model = model_dir(model)  # a folder, or a Hub name resolved once
     task.head_class(config.bilstm)  # a head this task cannot have fails before any work
     _check_out(out, config)
@@ -406,35 +257,21 @@ def finetune(
             f"--validation-split: {task.name} has its own test file; carve the validation set "
             "or give --test, not both"
         )
-    task, train, train_features, devs, summaries, held_out = loaded or load_task_data(
-        task, source, tokenizer, config
-    )
+    loaded = loaded or load_task_data(task, source, tokenizer, config)
+    task = loaded.task
     if (
         config.resume
-        and (finished := _results_of_finished_run(out, task, config, len(train))) is not None
+        and (finished := _results_of_finished_run(out, task, config, len(loaded.train))) is not None
     ):
         logger.info("%s: finished already (results.json), not run again", out)
         return finished
     _claim(out, config)
-    if build is None:
-        net = build_model(
-            task, model, config.seed, config.bilstm, config.random_init, config.dropout
-        )
-    else:
-        net = build(task, model, config.seed)
-    set_dropout_parity(net, config.parity)
-    task.configure(net, sizes.max_seq_length)
-    if tokenizer.vocab_size > net.config.vocab_size:
-        raise ValueError(
-            f"{model}: vocab.txt has {tokenizer.vocab_size} tokens, the model embeds "
-            f"{net.config.vocab_size}: not this model's vocabulary"
-        )
+    net = _network(task, model, tokenizer, config, build)
     dist = distributed.setup(config.device)
     if dist.enabled:
         raise NotImplementedError("fine-tuning runs in one process (torchrun is for pretrain)")
-
     batches = FinetuneData(
-        train_features,
+        loaded.train_features,
         sizes.batch_size,
         functools.partial(collate, padded=task.padded_inputs),
         seed=config.seed,
@@ -442,32 +279,101 @@ def finetune(
     )
     steps_per_epoch = batches.batches_per_epoch
     max_steps = steps_per_epoch * sizes.epochs
-    best: dict[str, Any] = {}
-    chosen = Selection(task, config.metric)
+    evaluation = _Evaluation(task, loaded.devs, out, config, tokenizer, steps_per_epoch, dist)
+    training = _training(task, out, config, max_steps, steps_per_epoch)
+    trainer = Trainer(
+        net, TaskObjective(task), batches, training, dist_info=dist, evaluate=evaluation
+    )
+    before = None
+    if task.scores_before_training and not (out / STATE_FILE).exists():  # (not when resumed)
+        examples, features = loaded.devs["dev"]
+        before = evaluate_split(
+            task, trainer.model, examples, features, config.eval_batch_size, dist.device
+        )[0]
+        logger.info("before training: dev %s", _brief(before))
+    trainer.train()
+    results = _results(task, model, data, loaded, evaluation, trainer, config, before, max_steps)
+    _score_chosen_model(results, loaded, evaluation, source, tokenizer, config, dist.device)
+    # a resumed run also counts the time its checkpoint holds
+    results["seconds"] = round(time.perf_counter() - started + trainer.seconds_before, 1)
+    _write_run(out, task, model, data, config, results)
+    return results
 
-    def evaluate(wrapped, step: int) -> dict[str, Any]:
-        """Score every dev split; keep the best evaluation's model and predictions; ask the
-        loop to stop after `patience` evaluations without a better score."""
+
+def _training(task: Task, out: Path, config: FinetuneConfig, max_steps: int,
+              steps_per_epoch: int) -> TrainingConfig:  # fmt: skip
+    """The loop's settings for a run: an evaluation (and a checkpoint) each epoch or
+    `eval_every` steps, a log line about four times an epoch."""
+    return TrainingConfig(
+        out_dir=str(out),
+        max_steps=max_steps,
+        optim=config.optim(max_steps),
+        precision=config.precision,
+        compile=config.compile,
+        log_every=max(1, min(50, steps_per_epoch // 4)),
+        eval_every=config.eval_every or steps_per_epoch,
+        save_every=config.eval_every or steps_per_epoch,
+        seed=config.seed,
+        resume=config.resume and (out / STATE_FILE).exists(),  # a fresh seed starts quietly
+        progress=config.progress,
+        extra={"task": task.name, "finetune": dataclasses.asdict(config)},
+    )
+
+
+def _network(task: Task, model: Path, tokenizer, config: FinetuneConfig, build) -> torch.nn.Module:
+    """The model a run trains: the task's head on `model` (or `build`'s), configured for the
+    task, checked against the vocabulary."""
+    if build is None:
+        net = build_model(
+            task, model, config.seed, config.bilstm, config.random_init, config.dropout
+        )
+    else:
+        net = build(task, model, config.seed)
+    set_dropout_parity(net, config.parity)
+    task.configure(net, config.sizes().max_seq_length)
+    if tokenizer.vocab_size > net.config.vocab_size:
+        raise ValueError(
+            f"{model}: vocab.txt has {tokenizer.vocab_size} tokens, the model embeds "
+            f"{net.config.vocab_size}: not this model's vocabulary"
+        )
+    return net
+
+
+class _Evaluation:
+    """What the loop calls at each evaluation: score every dev split; keep the best
+    evaluation's model and predictions in OUT; ask the loop to stop after `patience`
+    evaluations without a better score. `best` is the best so far (on a resumed run, from its
+    log.jsonl first)."""
+
+    def __init__(self, task: Task, devs, out: Path, config: FinetuneConfig, tokenizer,
+                 steps_per_epoch: int, dist) -> None:  # fmt: skip
+        self.task, self.devs, self.out, self.config = task, devs, out, config
+        self.tokenizer, self.steps_per_epoch, self.device = tokenizer, steps_per_epoch, dist.device
+        self.chosen = Selection(task, config.metric)
+        self.best: dict[str, Any] = {}
+
+    def __call__(self, wrapped, step: int) -> dict[str, Any]:
+        task, config, best, out = self.task, self.config, self.best, self.out
         model_ = distributed.unwrap(wrapped)
         if not best:
-            best.update(_best_so_far(out, chosen))
-        epoch = round(step / steps_per_epoch, 3)
-        figures, predictions, tuned_tasks, settings = {}, {}, {}, {}
-        for split, (examples, features) in devs.items():
-            scores, predictions[split], tuned_tasks[split], tuned = evaluate_split(
-                task, model_, examples, features, config.eval_batch_size, dist.device
+            best.update(_best_so_far(out, self.chosen))
+        epoch = round(step / self.steps_per_epoch, 3)
+        figures, predictions, settings = {}, {}, {}
+        for split, (examples, features) in self.devs.items():
+            scores, predictions[split], _, tuned = evaluate_split(
+                task, model_, examples, features, config.eval_batch_size, self.device
             )
             if split == "dev":
                 settings = tuned
             suffix = "" if split == "dev" else "_" + split.removeprefix("dev_")
             figures.update({f"{k}{suffix}": v for k, v in scores.items()})
-        score = chosen.score(figures)
+        score = self.chosen.score(figures)
         entry: dict[str, Any] = {"split": "eval", "epoch": epoch, **figures, "score": score}
-        if chosen.better(score, best.get("score")):
+        if self.chosen.better(score, best.get("score")):
             best.update(score=score, epoch=epoch, dev=figures, report={}, since=0)
-            save_finetuned(model_, tokenizer, out, task, config, settings)
+            save_finetuned(model_, self.tokenizer, out, task, config, settings)
             tuned_task = task.with_settings(settings)
-            for split, (examples, _) in devs.items():
+            for split, (examples, _) in self.devs.items():
                 tuned_task.write_predictions(
                     examples, predictions[split], out / task.prediction_file(split)
                 )
@@ -480,150 +386,71 @@ def finetune(
         if config.patience and best["since"] >= config.patience:
             logger.info(
                 "epoch %s: %d evaluations without a better %s: stopping (the best, epoch %s, "
-                "is what %s holds)", epoch, best["since"], chosen.name, best["epoch"], out,
+                "is what %s holds)", epoch, best["since"], self.chosen.name, best["epoch"], out,
             )  # fmt: skip
             entry["stop"] = True
         return entry
 
-    trainer = Trainer(
-        net,
-        TaskObjective(task),
-        batches,
-        TrainingConfig(
-            out_dir=str(out),
-            max_steps=max_steps,
-            optim=config.optim(max_steps),
-            precision=config.precision,
-            compile=config.compile,
-            log_every=max(1, min(50, steps_per_epoch // 4)),
-            eval_every=config.eval_every or steps_per_epoch,
-            save_every=config.eval_every or steps_per_epoch,
-            seed=config.seed,
-            resume=config.resume and (out / STATE_FILE).exists(),  # a fresh seed starts quietly
-            progress=config.progress,
-            extra={"task": task.name, "finetune": dataclasses.asdict(config)},
-        ),
-        dist_info=dist,
-        evaluate=evaluate,
-    )
-    before = None
-    if task.scores_before_training and not (out / STATE_FILE).exists():  # (not when resumed)
-        examples, features = devs["dev"]
-        before = evaluate_split(
-            task, trainer.model, examples, features, config.eval_batch_size, dist.device
-        )[0]
-        logger.info("before training: dev %s", _brief(before))
-    trainer.train()
+
+def _results(task: Task, model: Path, data, loaded: TaskData, evaluation: _Evaluation,
+             trainer: Trainer, config: FinetuneConfig, before, max_steps: int) -> dict[str, Any]:  # fmt: skip
+    """results.json of a run whose training is over, but for the test and held-out figures."""
+    best = evaluation.best
     if not best:
-        best.update(_best_so_far(out, chosen))
+        best.update(_best_so_far(evaluation.out, evaluation.chosen))
     results = {
         "task": task.name,
         "model": str(model),
         "data": task.data_description(data),
         "dev": best.get("dev", {}),
         "best_epoch": best.get("epoch"),
-        "selected_by": chosen.name,
+        "selected_by": evaluation.chosen.name,
         **({"before_training": before} if before is not None else {}),
-        "epochs": [e for e in read_log(out / LOG_FILE) if e.get("split") == "eval"],
+        "epochs": [e for e in read_log(evaluation.out / LOG_FILE) if e.get("split") == "eval"],
         "hyperparameters": _hyperparameters(config),
         "precision": trainer.precision.as_dict(),  # what auto chose here, and why
-        "train_examples": len(train),
-        "train_features": len(train_features),
+        "train_examples": len(loaded.train),
+        "train_features": len(loaded.train_features),
         "steps": max_steps,
     }
     if trainer.stopped:  # early stopping: the steps run, the evaluations without a gain
         results["stopped_early"] = {"step": trainer.step, "patience": config.patience}
-    if summaries:
-        results["read"] = summaries
-    if held_out:  # the dev set as a test: the model chosen on the carved validation, once
+    if loaded.summaries:
+        results["read"] = loaded.summaries
+    return results
+
+
+def _score_chosen_model(results: dict[str, Any], loaded: TaskData, evaluation: _Evaluation,
+                        source, tokenizer, config: FinetuneConfig, device) -> None:  # fmt: skip
+    """The chosen model's figures beside the dev ones: on the carved-out dev set as a test,
+    on the test files, and its report (from the best evaluation, else computed again)."""
+    task, out = loaded.task, evaluation.out
+    if loaded.held_out:  # the dev set as a test: the model chosen on the carved validation, once
         results["validation_split"] = config.validation_split
-        results["test"] = _score_held_out(task, out, held_out, config, dist.device)
-    report = best.get("report")
-    tests = task.test_splits()
-    if tests or (report is None and task.reports):
+        results["test"] = score_held_out(task, out, loaded.held_out, config, device)
+    report = evaluation.best.get("report")
+    if task.test_splits() or (report is None and task.reports):
         # the best epoch's model (a resumed run kept it in OUT) on the test files, and on dev
         # again where a resumed run lost the best epoch's report
-        _final_evaluation(task, out, source, tokenizer, config, dist.device, results, report)
+        final_evaluation(task, out, source, tokenizer, config, device, results, report)
     elif report:
         results["report"] = report
-    # a resumed run also counts the time its checkpoint holds
-    results["seconds"] = round(time.perf_counter() - started + trainer.seconds_before, 1)
-    _write_json(out / RESULTS_FILE, results)
+
+
+def _write_run(out: Path, task: Task, model: Path, data, config: FinetuneConfig,
+               results: dict[str, Any]) -> None:  # fmt: skip
+    """What a finished run leaves in OUT beside its model: results.json, the model card, the
+    pictures; the trainer state goes unless kept; the model's digest is recorded."""
+    write_json(out / RESULTS_FILE, results)
     write_model_card(out, task, model, data if data is not None else getattr(task, "data", None),
                      config, results)  # fmt: skip
-    _draw_reports(out, task, results.get("report", {}))
+    draw_reports(out, task, results.get("report", {}))
     plot_log(out / LOG_FILE, out / "curves.png", title=f"{task.name}: {Path(model).name}")
     if not config.keep_state:
         (out / STATE_FILE).unlink(missing_ok=True)
         (out / DIGEST_FILE).unlink(missing_ok=True)
     if (out / MODEL_FILE).exists():
         record_model_digest(out)  # checked by everything that loads it
-    return results
-
-
-def _final_evaluation(
-    task: Task, out: Path, source, tokenizer, config, device, results, report
-) -> None:
-    """Evaluate OUT's model (the best epoch's, with the settings it tuned on dev) on the task's
-    test files, and on the dev files when the best epoch's report is not at hand (a resumed
-    run): figures, report, predictions."""
-    max_seq_length = config.sizes().max_seq_length
-    names = list(task.test_splits())
-    if report is None:
-        names = [*task.dev_splits(), *names]
-
-    def read(split: str):
-        examples = task.read(source, split)
-        return split, (examples, task.featurize(examples, tokenizer, max_seq_length))
-
-    results["report"] = dict(report or {})
-    splits = (read(split) for split in names)
-    for split, tuned, examples, predictions in _chosen_model_predictions(
-        task, out, splits, config.eval_batch_size, device
-    ):
-        if tuned.labelled(examples, split):
-            if split in tuned.test_splits():
-                results[split] = tuned.score(examples, predictions)
-            if (found := tuned.report(examples, predictions)) is not None:
-                results["report"][split] = found
-    if not results["report"]:
-        del results["report"]
-
-
-def _score_held_out(task: Task, out: Path, held_out, config, device) -> dict[str, float]:
-    """The figures of OUT's model (chosen on the carved validation, with the settings it tuned
-    there) on the task's dev splits; their predictions go where the dev predictions go."""
-    figures: dict[str, float] = {}
-    for split, tuned, examples, predictions in _chosen_model_predictions(
-        task, out, held_out.items(), config.eval_batch_size, device
-    ):
-        suffix = "" if split == "dev" else "_" + split.removeprefix("dev_")
-        figures |= {f"{k}{suffix}": v for k, v in tuned.score(examples, predictions).items()}
-    return figures
-
-
-def _chosen_model_predictions(task: Task, out: Path, splits, batch_size: int, device):
-    """OUT's model (the chosen epoch's, with the settings it tuned) on each (split, (examples,
-    features)) of `splits`: yields (split, the tuned task, examples, predictions), having
-    written the predictions where that split's go."""
-    info = read_task_info(out)
-    tuned = task.with_settings(info)
-    net = MODEL_CLASSES[info["head"]].from_pretrained(out).to(device).eval()
-    for split, (examples, features) in splits:
-        outputs = run_outputs(tuned, net, features, batch_size, device)
-        predictions = tuned.predictions(examples, features, outputs)
-        tuned.write_predictions(examples, predictions, out / task.prediction_file(split))
-        yield split, tuned, examples, predictions
-
-
-def _draw_reports(out: Path, task: Task, reports: dict[str, Any]) -> None:
-    """confusion.png (and confusion_test.png) from the reports' confusion matrices."""
-    for split, report in reports.items():
-        confusion = report.get("confusion") if isinstance(report, dict) else None
-        if confusion:
-            name = "confusion.png" if split == "dev" else f"confusion_{split}.png"
-            title = f"{task.name}: {'validation' if split == 'dev' else split}"
-            plot_confusion(confusion, out / name, title=title)
 
 
 def _hyperparameters(config: FinetuneConfig) -> dict[str, Any]:
@@ -734,7 +561,7 @@ def save_finetuned(
         **task.settings(),
         **(settings or {}),
     }
-    _write_json(out / TASK_FILE, info)
+    write_json(out / TASK_FILE, info)
 
 
 def _brief(figures: dict[str, float]) -> str:
@@ -758,169 +585,3 @@ def _best_so_far(out: Path, chosen: Selection) -> dict[str, Any]:
         else:
             best["since"] = best.get("since", 0) + 1
     return best
-
-
-def _write_json(path: Path, value: Any) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(value, indent=2) + "\n")
-
-
-# --------------------------------------------------------------------------- seeds and grid
-def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Mean, std (sample), min and max of every dev figure over runs."""
-    summary: dict[str, dict[str, float]] = {}
-    for split in ("dev", "test"):
-        if not all(split in r for r in runs):
-            continue
-        keys = [k for k in runs[0][split] if all(k in r[split] for r in runs)]
-        figures = {k: stats.summary([r[split][k] for r in runs]) for k in keys}
-        for name, field in (("", "mean"), ("_std", "std"), ("_min", "min"), ("_max", "max")):
-            summary[split + name] = {k: f[field] for k, f in figures.items()}
-    return summary
-
-
-def _load_once(task: Task, model, data, config: FinetuneConfig) -> TaskData:
-    tokenizer = BertTokenizer.from_pretrained(model)
-    tokenizer.model_max_length = config.sizes().max_seq_length
-    return load_task_data(task, task.source(data), tokenizer, config)
-
-
-def finetune_seeds(
-    task: str | Task,
-    model: str | os.PathLike,
-    data: str | os.PathLike | DataConfig | None,
-    out: str | os.PathLike,
-    config: FinetuneConfig | None = None,
-    seeds: int = 3,
-    build: Callable[[Task, str | os.PathLike, int], torch.nn.Module] | None = None,
-    *,
-    loaded: TaskData | None = None,
-) -> dict[str, Any]:
-    """K runs with seeds seed, seed+1, ... in OUT/seed_<s>; OUT/results.json has the mean in
-    `"dev"` and `dev_std`, `dev_min`, `dev_max`, every run's figures under `runs`."""
-    task, config, out = _resolve(task, config, out, data)
-    data = task.source(data)
-    loaded = loaded or _load_once(task, model, data, config)  # read and featurised once
-    runs = []
-    for seed in range(config.seed, config.seed + seeds):
-        run_config = dataclasses.replace(config, seed=seed)
-        result = finetune(
-            task, model, data, out / f"seed_{seed}", run_config, loaded=loaded, build=build
-        )
-        runs.append(result)
-    results = {
-        "task": task.name,
-        "model": str(model),
-        "seeds": [r["hyperparameters"]["seed"] for r in runs],
-        **summarize(runs),
-        "hyperparameters": runs[0]["hyperparameters"] | {"seed": None},
-        "runs": [
-            {"seed": r["hyperparameters"]["seed"], "dev": r["dev"], "seconds": r["seconds"]}
-            | ({"test": r["test"]} if "test" in r else {})
-            for r in runs
-        ],
-        "seconds": round(sum(r["seconds"] for r in runs), 1),
-    }
-    _write_json(out / RESULTS_FILE, results)
-    return results
-
-
-def finetune_grid(
-    task: str | Task,
-    model: str | os.PathLike,
-    data: str | os.PathLike | DataConfig | None,
-    out: str | os.PathLike,
-    config: FinetuneConfig | None = None,
-    seeds: int = 1,
-    grid: dict[str, tuple] | None = None,
-) -> dict[str, Any]:
-    """The paper's grid, each point in OUT/b<batch>_lr<lr>_e<epochs> (with `seeds` seeds
-    each); the point with the best dev score (`config.metric`'s figure, else the mean of the
-    task's metrics; over seeds, their mean) is selected, OUT/results.json reports it."""
-    task, config, out = _resolve(task, config, out, data)
-    data = task.source(data)
-    grid = grid or GRID
-    # features depend on max_seq_length only, not on batch, lr or epochs: read them once
-    loaded = _load_once(task, model, data, config)
-    chosen = Selection(loaded.task, config.metric)
-    points = []
-    for batch_size, learning_rate, epochs in itertools.product(
-        grid["batch_size"], grid["learning_rate"], grid["epochs"]
-    ):
-        point = dataclasses.replace(
-            config, batch_size=batch_size, learning_rate=learning_rate, epochs=epochs
-        )
-        where = out / f"b{batch_size}_lr{learning_rate:g}_e{epochs}"
-        if seeds > 1:
-            result = finetune_seeds(task, model, data, where, point, seeds, loaded=loaded)
-        else:
-            result = finetune(task, model, data, where, point, loaded=loaded)
-        points.append(
-            {
-                "batch_size": batch_size,
-                "learning_rate": learning_rate,
-                "epochs": epochs,
-                "dir": where.name,
-                "dev": result["dev"],
-                "score": chosen.score(result["dev"]),
-            }
-            | ({"test": result["test"]} if "test" in result else {})
-        )
-    selected = (min if chosen.lower else max)(points, key=lambda p: p["score"])
-    results = {
-        "task": task.name,
-        "model": str(model),
-        "selected_by": chosen.name,
-        "dev": selected["dev"],
-        **({"test": selected["test"]} if "test" in selected else {}),
-        "selected": {k: selected[k] for k in ("batch_size", "learning_rate", "epochs", "dir")},
-        "grid": points,
-    }
-    _write_json(out / RESULTS_FILE, results)
-    return results
-
-
-# --------------------------------------------------------------------------- evaluation
-def evaluate(
-    model: str | os.PathLike,
-    data: str | os.PathLike,
-    *,
-    task: str | None = None,
-    split: str = "dev",
-    out: str | os.PathLike | None = None,
-    batch_size: int = 64,
-    device: str | None = None,
-    progress: bool = False,
-) -> dict[str, Any]:
-    """Score a fine-tuned checkpoint on a split of the task's files (`data`: the paper's
-    folder, or for your own data a file read as the training files were); with `out`, write
-    the predictions there (GLUE test splits: the official submission layout) and, for your own
-    data, the confusion picture. Unlabelled files get predictions only. `progress`: a progress
-    bar over the batches."""
-    # the checkpoint's settings: SQuAD 2.0's threshold, a user's labels and columns
-    model = model_dir(model)
-    task_obj, info = task_of_checkpoint(model, task)
-    tokenizer = BertTokenizer.from_pretrained(model)
-    max_seq_length = info.get("max_seq_length", task_obj.default_max_seq_length)
-    net = MODEL_CLASSES[info.get("head", task_obj.head)].from_pretrained(model)
-    target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    net.to(target).eval()
-    examples = task_obj.read(data, split)
-    features = task_obj.featurize(examples, tokenizer, max_seq_length)
-    outputs = run_outputs(task_obj, net, features, batch_size, target, progress=progress)
-    predictions = task_obj.predictions(examples, features, outputs)
-    labelled = task_obj.labelled(examples, split)
-    figures = task_obj.score(examples, predictions) if labelled else {}
-    result = {"task": task_obj.name, "model": str(model), "split": split, split: figures}
-    report = task_obj.report(examples, predictions) if labelled else None
-    if report is not None:
-        result["report"] = report
-    if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / task_obj.prediction_file(split)
-        result["predictions"] = str(task_obj.write_predictions(examples, predictions, path))
-        _write_json(out / f"eval_{split}.json", result)
-        if report is not None:
-            _draw_reports(out, task_obj, {split: report})
-    return result

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from bertkit.finetune import FinetuneConfig, evaluate, finetune
+from bertkit.evaluation import evaluate
+from bertkit.finetune import FinetuneConfig, finetune
 from bertkit.predict import Predictor
 from bertkit.tasks import get_task
 from bertkit.tasks.base import DataError

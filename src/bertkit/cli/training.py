@@ -192,13 +192,8 @@ def add_pretrain(commands) -> None:
 
 # --------------------------------------------------------------------------- finetune, evaluate
 def _finetune(args: argparse.Namespace) -> None:
-    from bertkit.finetune import (
-        FinetuneConfig,
-        finetune,
-        finetune_grid,
-        finetune_seeds,
-        random_init_dir,
-    )
+    from bertkit.finetune import FinetuneConfig, finetune, random_init_dir
+    from bertkit.finetune_runs import finetune_grid, finetune_seeds
     from bertkit.tasks import OWN_TASKS
     from bertkit.tasks.own import DataConfig
 
@@ -320,7 +315,7 @@ def add_finetune(commands) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> None:
-    from bertkit.finetune import evaluate
+    from bertkit.evaluation import evaluate
 
     result = evaluate(
         args.model,

@@ -1,0 +1,146 @@
+"""Scoring a model on a task's files: one labelled split while fine-tuning (`evaluate_split`,
+which also tunes what a task tunes on dev, such as SQuAD 2.0's threshold), the chosen model on
+the test files and on a held-out dev set once training is over, and a saved checkpoint on any
+split (`evaluate`, `bertkit evaluate`); the confusion pictures of the reports."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bertkit._io import write_json
+from bertkit.heads import MODEL_CLASSES
+from bertkit.hub import model_dir
+from bertkit.tasks import Task
+from bertkit.tasks.base import read_task_info, run_outputs, task_of_checkpoint
+from bertkit.tokenizer import BertTokenizer
+from bertkit.viz import plot_confusion
+
+
+def evaluate_split(
+    task: Task, model, examples, features, batch_size, device
+) -> tuple[dict, Any, Task, dict]:
+    """(figures, predictions, the task with its dev-tuned settings, those settings) of one
+    labelled split: settings a task tunes (thresholds) are chosen here and the figures are
+    those at the chosen settings."""
+    outputs = run_outputs(task, model, features, batch_size, device)
+    predictions = task.predictions(examples, features, outputs)
+    figures = task.score(examples, predictions)
+    settings = task.dev_settings(examples, predictions, figures)
+    tuned = task.with_settings(settings) if settings else task
+    if settings:
+        figures = tuned.score(examples, predictions)
+    return figures, predictions, tuned, settings
+
+
+def final_evaluation(
+    task: Task, out: Path, source, tokenizer, config, device, results, report
+) -> None:
+    """Evaluate OUT's model (the best epoch's, with the settings it tuned on dev) on the task's
+    test files, and on the dev files when the best epoch's report is not at hand (a resumed
+    run): figures, report, predictions."""
+    max_seq_length = config.sizes().max_seq_length
+    names = list(task.test_splits())
+    if report is None:
+        names = [*task.dev_splits(), *names]
+
+    def read(split: str):
+        examples = task.read(source, split)
+        return split, (examples, task.featurize(examples, tokenizer, max_seq_length))
+
+    results["report"] = dict(report or {})
+    splits = (read(split) for split in names)
+    for split, tuned, examples, predictions in chosen_model_predictions(
+        task, out, splits, config.eval_batch_size, device
+    ):
+        if tuned.labelled(examples, split):
+            if split in tuned.test_splits():
+                results[split] = tuned.score(examples, predictions)
+            if (found := tuned.report(examples, predictions)) is not None:
+                results["report"][split] = found
+    if not results["report"]:
+        del results["report"]
+
+
+def score_held_out(task: Task, out: Path, held_out, config, device) -> dict[str, float]:
+    """The figures of OUT's model (chosen on the carved validation, with the settings it tuned
+    there) on the task's dev splits; their predictions go where the dev predictions go."""
+    figures: dict[str, float] = {}
+    for split, tuned, examples, predictions in chosen_model_predictions(
+        task, out, held_out.items(), config.eval_batch_size, device
+    ):
+        suffix = "" if split == "dev" else "_" + split.removeprefix("dev_")
+        figures |= {f"{k}{suffix}": v for k, v in tuned.score(examples, predictions).items()}
+    return figures
+
+
+def chosen_model_predictions(task: Task, out: Path, splits, batch_size: int, device):
+    """OUT's model (the chosen epoch's, with the settings it tuned) on each (split, (examples,
+    features)) of `splits`: yields (split, the tuned task, examples, predictions), having
+    written the predictions where that split's go."""
+    info = read_task_info(out)
+    tuned = task.with_settings(info)
+    net = MODEL_CLASSES[info["head"]].from_pretrained(out).to(device).eval()
+    for split, (examples, features) in splits:
+        outputs = run_outputs(tuned, net, features, batch_size, device)
+        predictions = tuned.predictions(examples, features, outputs)
+        tuned.write_predictions(examples, predictions, out / task.prediction_file(split))
+        yield split, tuned, examples, predictions
+
+
+def draw_reports(out: Path, task: Task, reports: dict[str, Any]) -> None:
+    """confusion.png (and confusion_test.png) from the reports' confusion matrices."""
+    for split, report in reports.items():
+        confusion = report.get("confusion") if isinstance(report, dict) else None
+        if confusion:
+            name = "confusion.png" if split == "dev" else f"confusion_{split}.png"
+            title = f"{task.name}: {'validation' if split == 'dev' else split}"
+            plot_confusion(confusion, out / name, title=title)
+
+
+def evaluate(
+    model: str | os.PathLike,
+    data: str | os.PathLike,
+    *,
+    task: str | None = None,
+    split: str = "dev",
+    out: str | os.PathLike | None = None,
+    batch_size: int = 64,
+    device: str | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Score a fine-tuned checkpoint on a split of the task's files (`data`: the paper's
+    folder, or for your own data a file read as the training files were); with `out`, write
+    the predictions there (GLUE test splits: the official submission layout) and, for your own
+    data, the confusion picture. Unlabelled files get predictions only. `progress`: a progress
+    bar over the batches."""
+    # the checkpoint's settings: SQuAD 2.0's threshold, a user's labels and columns
+    model = model_dir(model)
+    task_obj, info = task_of_checkpoint(model, task)
+    tokenizer = BertTokenizer.from_pretrained(model)
+    max_seq_length = info.get("max_seq_length", task_obj.default_max_seq_length)
+    net = MODEL_CLASSES[info.get("head", task_obj.head)].from_pretrained(model)
+    target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    net.to(target).eval()
+    examples = task_obj.read(data, split)
+    features = task_obj.featurize(examples, tokenizer, max_seq_length)
+    outputs = run_outputs(task_obj, net, features, batch_size, target, progress=progress)
+    predictions = task_obj.predictions(examples, features, outputs)
+    labelled = task_obj.labelled(examples, split)
+    figures = task_obj.score(examples, predictions) if labelled else {}
+    result = {"task": task_obj.name, "model": str(model), "split": split, split: figures}
+    report = task_obj.report(examples, predictions) if labelled else None
+    if report is not None:
+        result["report"] = report
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / task_obj.prediction_file(split)
+        result["predictions"] = str(task_obj.write_predictions(examples, predictions, path))
+        write_json(out / f"eval_{split}.json", result)
+        if report is not None:
+            draw_reports(out, task_obj, {split: report})
+    return result
