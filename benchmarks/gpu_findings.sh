@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 28's last two rows on a lent GPU machine, in one call: what a 2-core CPU session cannot
+# The findings' last two rows (Table 6's small model, LTR) on a lent GPU machine, in one call: what a 2-core CPU session cannot
 # finish before it ends (runs/ does not outlive a session's machine): ~10 CPU-hours of LTR
 # pre-training, ~8 of BERT-small's pre-training and fine-tuning.
 #
@@ -7,17 +7,17 @@
 #      Wikipedia AA, held out AB, bf16 autocast as on the Zen 5), on the GPU. Its model comes back
 #      (OUT/ltr.tar.NN) to be fine-tuned on the CPU like the rows it joins.
 #   2. Table 6, BERT-small: recipe_seeds.py --config small --max-steps 3567 --seeds 0 (fp32, as
-#      mini; held-out figures on the CPU), then paper_findings.py under issue 28's protocol (3
+#      mini; held-out figures on the CPU), then paper_findings.py under the findings' protocol (3
 #      seeds, lr 1e-4 3e-4, dropout 0 0.1, validation split 0.1), one process per task, on the GPU
 #      (bf16 autocast, as `--precision auto` on the Zen 5): small's 115 MB of weights are more than
 #      the machine sends back (64 MiB), so it is fine-tuned where it is trained.
 #
 # On the CPU machine, once (the shards and task files travel compressed in .dev/, which
 # .git/info/exclude must ignore; 52 MB):
-#   BERTKIT_DATA=../shared/data bash benchmarks/gpu_issue28.sh pack
+#   BERTKIT_DATA=../shared/data bash benchmarks/gpu_findings.sh pack
 # On the GPU machine (OUT: where the results go; DEADLINE: seconds after which every job is
 # stopped and what is done is packed):
-#   OUT=... DEADLINE=470 bash benchmarks/gpu_issue28.sh run
+#   OUT=... DEADLINE=470 bash benchmarks/gpu_findings.sh run
 # LTR_STEPS, SMALL_STEPS, FT_SEEDS and FT_MAX (first N training examples) shrink it for a dry run.
 #
 # Run once, 2026-11-26, H100 (DEADLINE=480, 489 s): small pre-trained in 95 s of training and 67 of
@@ -50,14 +50,14 @@ from recipe_seeds import shards; shards(Path('$data'), Path('runs/sizes/small'))
   du -ch .dev/*.tar.xz
   exit 0 ;;
 run) ;;
-*) echo "usage: gpu_issue28.sh pack|run" >&2; exit 2 ;;
+*) echo "usage: gpu_findings.sh pack|run" >&2; exit 2 ;;
 esac
 
 out="${OUT:?set OUT}"
 deadline="${DEADLINE:-470}"
 PY="${PY:-python3}"
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 BERTKIT_DATA="$PWD/.dev/data"
-logs=/tmp/issue28_logs
+logs=/tmp/findings_logs
 mkdir -p "$logs" .dev/data
 left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
 
