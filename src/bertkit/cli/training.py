@@ -194,30 +194,15 @@ def add_pretrain(commands) -> None:
 def _finetune(args: argparse.Namespace) -> None:
     from bertkit.finetune import FinetuneConfig, finetune, random_init_dir
     from bertkit.finetune_runs import finetune_grid, finetune_seeds
-    from bertkit.tasks import OWN_TASKS
+    from bertkit.tasks import OWN_TASKS, check_data
     from bertkit.tasks.own import DataConfig
 
-    data_config = from_flags(args, DataConfig)
-    if args.task in OWN_TASKS:
-        if args.data is not None:
-            raise ValueError(
-                f"{args.task} reads your files: --train FILE --validation FILE [--test FILE], "
-                "not --data DIR"
-            )
-        if data_config.train is None or data_config.validation is None:
-            raise ValueError(f"{args.task} needs --train FILE and --validation FILE")
-        data: Any = data_config
-    else:
-        given = data_config.given()
-        if given:
-            flags = ", ".join("--" + k.replace("_", "-") for k in given)
-            raise ValueError(
-                f"{flags}: for your own data ({', '.join(OWN_TASKS)}); {args.task} reads its "
-                "official files from --data DIR"
-            )
-        if args.data is None:
-            raise ValueError(f"{args.task} needs --data DIR (the folder of its official files)")
-        data = args.data
+    files = from_flags(args, DataConfig)
+    # your own tasks take the files, the paper's the folder; the other one given is refused
+    given = (
+        (args.data or files) if args.task in OWN_TASKS else (files.given() and files) or args.data
+    )
+    data: Any = check_data(args.task, given, required=True)
     if (args.model is None) == (args.config is None):
         raise ValueError(
             "give --model DIR (a pre-trained checkpoint) or --config SIZE --vocab DIR (a "

@@ -6,30 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bertkit.tasks.base import DataError, Task
+from bertkit.tasks.base import OWN_TASKS, PAPER_TASKS, DataError, Task, check_data
 
 if TYPE_CHECKING:
     from bertkit.tasks.own import DataConfig
 
-PAPER_TASKS = (
-    "cola",
-    "sst2",
-    "mrpc",
-    "stsb",
-    "qqp",
-    "mnli",
-    "qnli",
-    "rte",
-    "wnli",
-    "squad1",
-    "squad2",
-    "conll2003",
-    "conll2003-pos",
-    "conll2003-chunk",
-    "swag",
-)
-OWN_TASKS = ("text-classification", "token-classification", "question-answering", "multiple-choice",
-             "sentence-embedding")  # fmt: skip
 TASK_NAMES = PAPER_TASKS + OWN_TASKS
 
 
@@ -51,11 +32,7 @@ def get_task(name: str, data: DataConfig | None = None) -> Task:
             "sentence-embedding": SentenceEmbeddingTask,
         }
         return classes[name](data)
-    if data is not None:
-        raise ValueError(
-            f"{name} reads its official files from a folder (--data DIR); --train/--validation "
-            f"are for your own data: {', '.join(OWN_TASKS)}"
-        )
+    check_data(name, data)
     from bertkit.tasks.glue import GLUE, GlueTask
     from bertkit.tasks.ner import ConllTask
     from bertkit.tasks.squad import SquadTask
@@ -74,4 +51,4 @@ def get_task(name: str, data: DataConfig | None = None) -> Task:
     raise ValueError(f"unknown task {name!r}; one of {', '.join(TASK_NAMES)}")
 
 
-__all__ = ["OWN_TASKS", "PAPER_TASKS", "TASK_NAMES", "DataError", "Task", "get_task"]
+__all__ = ["OWN_TASKS", "PAPER_TASKS", "TASK_NAMES", "DataError", "Task", "check_data", "get_task"]

@@ -27,6 +27,44 @@ BILSTM_HEADS = {
 }
 
 
+PAPER_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli", "squad1",
+               "squad2", "conll2003", "conll2003-pos", "conll2003-chunk", "swag")  # fmt: skip
+OWN_TASKS = ("text-classification", "token-classification", "question-answering", "multiple-choice",
+             "sentence-embedding")  # fmt: skip
+
+
+def check_data(name: str, data: Any, *, own: bool | None = None, required: bool = False) -> Any:
+    """The one rule of what a fine-tuning run of task `name` reads, whichever way it comes (the
+    command line, `finetune` from Python, `get_task`, `Task.source`): your own tasks (`own`;
+    default: `name` in OWN_TASKS) read the files a DataConfig names (--train, --validation,
+    --test), the paper's tasks the folder of their official files (--data DIR). `required`:
+    the files or the folder must be given (the command line). Returns `data`."""
+    own = name in OWN_TASKS if own is None else own
+    files = hasattr(data, "given")  # a DataConfig (tasks.own), named here without its import
+    if own:
+        if data is not None and not files:
+            raise ValueError(
+                f"{name} reads your files: --train FILE --validation FILE [--test FILE], not "
+                f"--data DIR ({data})"
+            )
+        if required and (data is None or data.train is None or data.validation is None):
+            raise ValueError(f"{name} needs --train FILE and --validation FILE")
+        return data
+    if files:
+        flags = ", ".join("--" + k.replace("_", "-") for k in data.given())
+        raise ValueError(
+            f"{flags or 'a DataConfig'}: for your own data ({', '.join(OWN_TASKS)}); {name} "
+            "reads its official files from --data DIR"
+        )
+    if data is not None and not isinstance(data, (str, os.PathLike)):
+        raise ValueError(
+            f"{name} reads its official files from a folder (--data DIR), not {data!r}"
+        )
+    if required and data is None:
+        raise ValueError(f"{name} needs --data DIR (the folder of its official files)")
+    return data
+
+
 class DataError(ValueError):
     """Malformed input, reported as `file:line: what is wrong (what was expected)`."""
 
@@ -108,11 +146,7 @@ class Task:
     def source(self, data: Any) -> str | os.PathLike | None:
         """What `read` takes of the `data` a fine-tuning run was given: the paper's tasks, the
         folder of their official files."""
-        if data is not None and not isinstance(data, (str, os.PathLike)):
-            raise ValueError(
-                f"{self.name} reads its official files from a folder (--data DIR), not {data!r}"
-            )
-        return data
+        return check_data(self.name, data, own=False)
 
     def data_description(self, data: Any) -> Any:
         """What results.json says was read."""

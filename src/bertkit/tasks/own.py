@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bertkit.settings import Settings, setting
-from bertkit.tasks.base import DataError, Task
+from bertkit.tasks.base import DataError, Task, check_data
 from bertkit.tasks.files import FORMATS, MAX_CELL_CHARS, FileOptions
 from bertkit.tasks.labels import PROBLEMS
 
@@ -149,11 +149,7 @@ class OwnTask(Task):
 
     def source(self, data: Any) -> None:
         """Nothing: the task reads the files its DataConfig names."""
-        if data is not None and not isinstance(data, DataConfig):
-            raise ValueError(
-                f"{self.name} reads the files --train/--validation name (a DataConfig), not a "
-                f"--data folder ({data})"
-            )
+        check_data(self.name, data, own=True)
         return None
 
     def data_description(self, data: Any) -> dict[str, Any]:
