@@ -6,7 +6,8 @@
 #      tokens/s and MFU (benchmarks/gpu_throughput.py states the FLOPs formula and the peaks);
 #      a profile of each (top kernels, the share of the step the card is busy).
 #   2. The same, compiled (unpadded and padded) against transformers eager.
-#   3. BERT-large phase 1 (128 x 256) and phase 2 (512 x 32) against transformers.
+#   3. BERT-large phase 1 (128 x 256) and phase 2 (512 x 32) against transformers; SQuAD
+#      fine-tuning of BERT-large at 384 (batch 32): seq/s and MFU against transformers.
 #   4. The loop itself, `bertkit pretrain --config base` at the same batch, defaults (compile
 #      auto: on with CUDA; data workers): tokens/s from its log, compile seconds on their own
 #      line; what the throughput of steps 1-2 loses to the data path and the loop; then the
@@ -14,7 +15,6 @@
 #   5. Small models (tiny, small, mini; batch 256 x 128): launch-bound or not, eager, compiled
 #      and with CUDA graphs.
 #   6. bf16 against fp32 loss curves: BERT-mini, 300 steps, the same data and seed.
-#   7. SQuAD fine-tuning of BERT-large at 384 (batch 32): seq/s and MFU against transformers.
 #
 # On the CPU machine, once (Wikipedia AA wiki_00..09 with the bert-base-uncased vocabulary,
 # 5 MB of shards in runs/gpu_pack, which the call carries):
@@ -96,6 +96,8 @@ step base "${bench[@]}" --case "${base[@]}" --variants bertkit bertkit-padded tr
 step base_compiled "${bench[@]}" --case "${base[@]}" \
   --variants transformers bertkit-compiled bertkit-padded-compiled --profile bertkit-compiled
 step large "${bench[@]}" --case "${large[@]}" --variants bertkit transformers --profile bertkit
+step squad "${bench[@]}" --case "${squad[@]}" --variants bertkit transformers \
+  --profile bertkit transformers
 step loop "$PY" -m bertkit.cli pretrain --data "$data" "${loop[@]}" --warmup-steps 4 \
   --log-every 5 --save-every 100000 --out "$work/loop"
 # the same without data workers: the batches made between steps (what the loop did before)
@@ -109,7 +111,6 @@ for precision in fp32 "$bf16"; do
     --precision "$precision" --out "$work/curves_$precision"
   [ -n "$dry" ] && break  # (the dry run's two precisions are one)
 done
-step squad "${bench[@]}" --case "${squad[@]}" --variants bertkit transformers
 
 # what comes back (8 files at most): the rows, the summary, every log in one archive
 for run in loop loop_serial curves_fp32 curves_bf16; do
