@@ -93,7 +93,9 @@ def test_what_finetune_asks_of_a_task_is_the_tasks_to_answer():
         get_task("mrpc").source(DataConfig(train="a.csv"))
     own = get_task("text-classification", DataConfig(train="a.csv", validation="b.csv"))
     assert own.source(None) is None
-    with pytest.raises(ValueError, match="not a --data folder"):
+    with pytest.raises(
+        ValueError, match="reads your files: --train FILE --validation FILE.*not --data DIR"
+    ):
         own.source("glue/MRPC")
     assert own.data_description(None) == {"train": "a.csv", "validation": "b.csv"}
     assert get_task("mrpc").data_description("glue/MRPC") == "glue/MRPC"
