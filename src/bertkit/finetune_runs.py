@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,10 +45,24 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return summary
 
 
-def _load_once(task: Task, model, data, config: FinetuneConfig) -> TaskData:
-    tokenizer = BertTokenizer.from_pretrained(model)
-    tokenizer.model_max_length = config.sizes().max_seq_length
-    return load_task_data(task, task.source(data), tokenizer, config)
+def _start(
+    task: str | Task,
+    model: str | os.PathLike,
+    data: str | os.PathLike | DataConfig | None,
+    out: str | os.PathLike,
+    config: FinetuneConfig | None,
+    loaded: TaskData | None = None,
+) -> tuple[Task, FinetuneConfig, Path, Any, TaskData]:
+    """The start of a series of runs: the arguments as objects (`resolve_run`), what the task
+    reads of `data`, and the data read and featurised once for every run of the series
+    (features depend on max_seq_length only, not on batch, rate, epochs or seed)."""
+    task, config, out = resolve_run(task, config, out, data)
+    data = task.source(data)
+    if loaded is None:
+        tokenizer = BertTokenizer.from_pretrained(model)
+        tokenizer.model_max_length = config.sizes().max_seq_length
+        loaded = load_task_data(task, data, tokenizer, config)
+    return task, config, out, data, loaded
 
 
 def finetune_seeds(
@@ -63,9 +78,7 @@ def finetune_seeds(
 ) -> dict[str, Any]:
     """K runs with seeds seed, seed+1, ... in OUT/seed_<s>; OUT/results.json has the mean in
     `"dev"` and `dev_std`, `dev_min`, `dev_max`, every run's figures under `runs`."""
-    task, config, out = resolve_run(task, config, out, data)
-    data = task.source(data)
-    loaded = loaded or _load_once(task, model, data, config)  # read and featurised once
+    task, config, out, data, loaded = _start(task, model, data, out, config, loaded)
     runs = []
     for seed in range(config.seed, config.seed + seeds):
         run_config = dataclasses.replace(config, seed=seed)
@@ -102,11 +115,8 @@ def finetune_grid(
     """The paper's grid, each point in OUT/b<batch>_lr<lr>_e<epochs> (with `seeds` seeds
     each); the point with the best dev score (`config.metric`'s figure, else the mean of the
     task's metrics; over seeds, their mean) is selected, OUT/results.json reports it."""
-    task, config, out = resolve_run(task, config, out, data)
-    data = task.source(data)
+    task, config, out, data, loaded = _start(task, model, data, out, config)
     grid = grid or GRID
-    # features depend on max_seq_length only, not on batch, lr or epochs: read them once
-    loaded = _load_once(task, model, data, config)
     chosen = Selection(loaded.task, config.metric)
     points = []
     for batch_size, learning_rate, epochs in itertools.product(
