@@ -188,8 +188,6 @@ def record_model_digest(directory: str | os.PathLike) -> None:
     """Record the SHA-256 of DIRECTORY's model.safetensors in its checksum file (beside the
     state's, where a kept state has them): a finished run's model is then checked wherever
     it is loaded, as a checkpoint's is."""
-    import json
-
     directory = Path(directory)
     record = read_digests(directory / DIGEST_FILE) or {"sha256": []}
     record[MODEL_FILE] = sha256_of(directory / MODEL_FILE)

@@ -125,9 +125,9 @@ def cast_for_inference(model: torch.nn.Module, precision: Precision) -> torch.nn
     """Under bf16 or fp16 autocast, the weights of the linear layers in the compute dtype once,
     instead of autocast casting them on every call (autocast keeps no cast between calls when
     nothing is being trained: one short sentence through a served all-MiniLM-L6-v2 took 19 ms
-    with them and 8.5 ms without on a Xeon with AMX, 2 threads). What runs is the same: autocast rounds these weights to the
-    same dtype, and the layers it keeps in fp32 (LayerNorm, softmax, the embeddings) keep
-    their fp32 weights. A layer whose weight is also an embedding's (a tied MLM decoder) stays
+    with them and 8.5 ms without on a Xeon with AMX, 2 threads). What runs is the same:
+    autocast rounds these weights to the same dtype, and the layers it keeps in fp32
+    (LayerNorm, softmax, the embeddings) keep their fp32 weights. A layer whose weight is also an embedding's (a tied MLM decoder) stays
     fp32, as does everything for fp32. For inference only (no master weights are kept)."""
     dtype = precision.dtype
     if dtype is None:

@@ -29,11 +29,14 @@ import torch
 from bertkit.pretraining.dataset import PretrainingData
 
 
-def default_workers(device: torch.device, local_processes: int = 1) -> int:
+def default_workers(device: torch.device, local_processes: int | None = None) -> int:
     """`--data-workers` when not given. With CUDA: up to 4 a process, within half the host's
-    cores. On CPUs: none, since the step already uses every core."""
+    cores shared by the node's processes (`local_processes`, default torchrun's
+    LOCAL_WORLD_SIZE). On CPUs: none, since the step already uses every core."""
     if device.type != "cuda":
         return 0
+    if local_processes is None:
+        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(4, (cores or 2) // (2 * max(1, local_processes))))
 

@@ -497,10 +497,7 @@ def _train_phase(
         rank=dist.rank,
         world_size=dist.world_size,
     )
-    workers = c.data_workers
-    if workers is None:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        workers = default_workers(dist.device, local)
+    workers = default_workers(dist.device) if c.data_workers is None else c.data_workers
     batches: PretrainingData | PrefetchedData = stream
     if workers:
         batches = PrefetchedData(stream, workers, pin=dist.device.type == "cuda")

@@ -397,8 +397,8 @@ def serve(model: str | os.PathLike, config: ServeConfig | None = None, *,
     # bf16 autocast rows are rounded up to 64 (unpad.row_multiple), so the shapes are few: the
     # full cache levelled off 80 MB above 8's and took a quarter less time (48.9 s against
     # 64.9 for 1,500 batches on a Xeon with AMX, 2 threads; why evicted bf16 kernels cost that
-    # much to make again was not profiled; docs/results/serve). Read when oneDNN first runs, so before the model
-    # does; a value in the environment wins.
+    # much to make again was not profiled; docs/results/serve). Read when oneDNN first runs, so
+    # before the model does; a value in the environment wins.
     import torch
 
     from bertkit.precision import resolve_precision
