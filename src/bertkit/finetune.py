@@ -279,7 +279,9 @@ def finetune(
     )
     steps_per_epoch = batches.batches_per_epoch
     max_steps = steps_per_epoch * sizes.epochs
-    evaluation = _Evaluation(task, loaded.devs, out, config, tokenizer, steps_per_epoch, dist)
+    evaluation = _Evaluation(
+        task, loaded.devs, out, config, tokenizer, steps_per_epoch, dist.device
+    )
     training = _training(task, out, config, max_steps, steps_per_epoch)
     trainer = Trainer(
         net, TaskObjective(task), batches, training, dist_info=dist, evaluate=evaluation
@@ -346,9 +348,9 @@ class _Evaluation:
     log.jsonl first)."""
 
     def __init__(self, task: Task, devs, out: Path, config: FinetuneConfig, tokenizer,
-                 steps_per_epoch: int, dist) -> None:  # fmt: skip
+                 steps_per_epoch: int, device: torch.device) -> None:  # fmt: skip
         self.task, self.devs, self.out, self.config = task, devs, out, config
-        self.tokenizer, self.steps_per_epoch, self.device = tokenizer, steps_per_epoch, dist.device
+        self.tokenizer, self.steps_per_epoch, self.device = tokenizer, steps_per_epoch, device
         self.chosen = Selection(task, config.metric)
         self.best: dict[str, Any] = {}
 
