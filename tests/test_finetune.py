@@ -245,9 +245,15 @@ def test_finetune_resumes_after_a_kill(tiny_checkpoint, tmp_path, monkeypatch):
     saved = json.loads(results_file.read_text())
     assert saved["hyperparameters"]["bucket_batches"] == 50
     del saved["hyperparameters"]["bucket_batches"]
+    # ... and one from before the optimiser's settings were nested: warmup_proportion, AdamW
+    hyper = saved["hyperparameters"]
+    hyper["warmup_proportion"] = hyper.pop("warmup_fraction")
+    del hyper["warmup_steps"], hyper["optimizer"]
     results_file.write_text(json.dumps(saved))
     finetune("qnli", tiny_checkpoint, data, tmp_path / "run", FinetuneConfig(**QUICK, resume=True))
-    for changed in ({"learning_rate": 1e-4}, {"bucket_batches": 1}):
+    changes = ({"learning_rate": 1e-4}, {"bucket_batches": 1}, {"warmup_steps": 1},
+               {"optimizer": "bertadam"})  # fmt: skip
+    for changed in changes:
         with pytest.raises(AssertionError, match="trained again"):
             other = FinetuneConfig(**{**QUICK, **changed}, resume=True)
             finetune("qnli", tiny_checkpoint, data, tmp_path / "run", other)

@@ -5,13 +5,14 @@ import dataclasses
 
 import pytest
 
-from bertkit.cli import main
+from bertkit.cli import build_parser, main
 from bertkit.finetune import FinetuneConfig
 from bertkit.pretraining.dataset import MaskingConfig
 from bertkit.pretraining.recipes import apply_recipe
 from bertkit.pretraining.train import PretrainConfig
 from bertkit.serve import ServeConfig
-from bertkit.settings import from_values, replaced
+from bertkit.settings import from_flags, from_values, replaced
+from bertkit.tasks import get_task
 from bertkit.tasks.own import DataConfig
 from bertkit.training.optim import OptimConfig
 
@@ -46,7 +47,7 @@ def test_python_callers_meet_the_checks_the_command_line_makes(make, flag, says,
 def test_every_settings_class_checks_itself_and_replace_too():
     for make in (
         lambda: FinetuneConfig(epochs=0),
-        lambda: FinetuneConfig(warmup_proportion=1.0),
+        lambda: FinetuneConfig(warmup_fraction=1.0),
         lambda: ServeConfig(max_batch_size=0),
         lambda: ServeConfig(backend="tensorrt"),
         lambda: DataConfig(max_cell_chars=0),
@@ -65,10 +66,38 @@ def test_flat_names_reach_the_nested_settings():
     changed = replaced(config, adam_beta2=0.98, max_steps=7)
     assert changed.optim.adam_beta2 == 0.98 and changed.optim.learning_rate == 3e-4
     assert changed.max_steps == 7 and config.max_steps is None  # a copy
+    assert PretrainConfig(learning_rate=3e-4, mask_prob=0.3, seq_len=64) == config  # by name
     with pytest.raises(TypeError, match="unknown settings"):
         replaced(config, learning_rat=1.0)
     with pytest.raises(TypeError, match="unknown settings"):
         from_values(PretrainConfig, {"epochs": 3})
+
+
+def test_fine_tuning_holds_the_optimiser_settings_pre_training_holds():
+    """One OptimConfig, one warm-up vocabulary: FinetuneConfig takes its fields by name (and
+    `dataclasses.replace` too); the old warm-up name still works, with a warning."""
+    config = FinetuneConfig(learning_rate=2e-5, weight_decay=0.0, epochs=2)
+    assert config.optim.learning_rate == 2e-5 and config.optim.weight_decay == 0.0
+    assert dataclasses.replace(config, learning_rate=3e-5, seed=1).optim.learning_rate == 3e-5
+    assert FinetuneConfig().optim.learning_rate is None  # the task's
+    with pytest.warns(FutureWarning, match="warmup_proportion is now warmup_fraction"):
+        assert FinetuneConfig(warmup_proportion=0.2).optim.warmup_fraction == 0.2
+    mrpc = FinetuneConfig().resolved(get_task("mrpc"))
+    assert mrpc.optim.learning_rate == 5e-5 and mrpc.optim.warmup_fraction == 0.1
+    # Google's run_classifier.py: int(steps x fraction), unlike pre-training's rounding
+    assert mrpc.optim_for(119).warmup_steps == 11 and mrpc.optim_for(119).warmup_fraction is None
+    steps = FinetuneConfig(warmup_steps=7).resolved(get_task("mrpc"))
+    assert steps.optim.warmup_fraction is None and steps.optim_for(119).warmup_steps == 7
+
+
+@pytest.mark.parametrize("old", ["--warmup", "--warmup-proportion"])
+def test_the_old_warmup_flags_still_work_and_say_the_new_one(old, capsys):
+    args = build_parser().parse_args(["finetune", "mrpc", "--data", "d", "--out", "o", old, "0.2"])
+    assert from_flags(args, FinetuneConfig).optim.warmup_fraction == 0.2
+    assert f"{old} is now --warmup-fraction" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # checked as the new flag is
+        build_parser().parse_args(["finetune", "mrpc", "--data", "d", "--out", "o", old, "1.5"])
+    assert "must be in [0, 1), got 1.5" in capsys.readouterr().err
 
 
 def test_apply_recipe_is_what_the_command_builds():

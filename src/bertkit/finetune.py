@@ -51,6 +51,7 @@ from bertkit.heads import MODEL_CLASSES
 from bertkit.hub import model_dir
 from bertkit.model import set_dropout_parity
 from bertkit.model_card import write_model_card
+from bertkit.settings import flat
 from bertkit.tasks import Task, get_task
 from bertkit.tasks.base import (
     TASK_FILE,
@@ -309,7 +310,7 @@ def _training(task: Task, out: Path, config: FinetuneConfig, max_steps: int,
     return TrainingConfig(
         out_dir=str(out),
         max_steps=max_steps,
-        optim=config.optim(max_steps),
+        optim=config.optim_for(max_steps),
         precision=config.precision,
         compile=config.compile,
         log_every=max(1, min(50, steps_per_epoch // 4)),
@@ -456,16 +457,19 @@ def _write_run(out: Path, task: Task, model: Path, data, config: FinetuneConfig,
 
 
 def _hyperparameters(config: FinetuneConfig) -> dict[str, Any]:
+    values = flat(config)
     return {
-        k: getattr(config, k)
+        k: values[k][0]
         for k in (
             "epochs",
             "learning_rate",
             "batch_size",
             "max_seq_length",
             "seed",
-            "warmup_proportion",
+            "warmup_fraction",
+            "warmup_steps",
             "weight_decay",
+            "optimizer",
             "random_init",
             "bucket_batches",
             "dropout",
@@ -510,12 +514,16 @@ def _results_of_finished_run(out: Path, task: Task, config: FinetuneConfig, trai
         info = json.loads((out / TASK_FILE).read_text())
     except (OSError, ValueError):
         return None
+    recorded = dict(results.get("hyperparameters", {}))
+    if "warmup_proportion" in recorded:  # the warm-up's name before it was pre-training's
+        recorded["warmup_fraction"] = recorded.pop("warmup_proportion")
     same = (
         results.get("task") == task.name
         # runs written before `bucket_batches` was a setting sorted 50 batches' worth together;
         # before `dropout` and `validation_split`, they kept the checkpoint's and carved none;
         # before `parity`, every run drew its dropout masks as transformers does; before early
-        # stopping, the mean of the main metrics chose among epochs
+        # stopping, the mean of the main metrics chose among epochs; before the optimiser's
+        # settings were nested, the warm-up was a fraction and the optimiser AdamW
         and {
             "bucket_batches": 50,
             "dropout": None,
@@ -524,8 +532,10 @@ def _results_of_finished_run(out: Path, task: Task, config: FinetuneConfig, trai
             "metric": None,
             "patience": None,
             "eval_every": None,
+            "warmup_steps": None,
+            "optimizer": "adamw",
         }
-        | results.get("hyperparameters", {})
+        | recorded
         == _hyperparameters(config)
         and results.get("train_examples") == train_examples
         and info.get("head") == task.head_class(config.bilstm)

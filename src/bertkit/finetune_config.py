@@ -12,14 +12,17 @@ from bertkit.settings import (
     Settings,
     compile_setting,
     device_setting,
+    flat_names,
+    nested,
     parity_setting,
     precision_setting,
+    replaced,
     setting,
 )
 from bertkit.tasks import Task
 from bertkit.training.optim import OptimConfig
 
-_OPTIM_FIELDS = {f.name: f for f in dataclasses.fields(OptimConfig)}
+FINETUNE_WARMUP_FRACTION = 0.1  # Google's run_classifier.py: warmup_proportion 0.1
 
 
 class Sizes(NamedTuple):
@@ -30,10 +33,13 @@ class Sizes(NamedTuple):
     bucket_batches: int
 
 
+@flat_names
 @dataclass
 class FinetuneConfig(Settings):
     """Hyperparameters of a fine-tuning run; None takes the task's default (the paper's value).
-    The `bertkit finetune` flags are these fields (`--learning-rate`, ...)."""
+    The `bertkit finetune` flags are these fields, the optimiser's among them (`--lr`,
+    `--warmup-fraction`, ...), and so are the names it takes: FinetuneConfig(learning_rate=2e-5)
+    sets `optim.learning_rate`."""
 
     epochs: int | None = setting(None, "epochs (the paper's: 3; SQuAD 2.0: 2)", check="positive")
     metric: str | None = setting(
@@ -48,20 +54,22 @@ class FinetuneConfig(Settings):
     eval_every: int | None = setting(
         None, "training steps between evaluations (default: one each epoch)", check="positive"
     )
-    learning_rate: float | None = setting(
-        None, "peak learning rate (5e-5; SWAG: 2e-5)", check="positive", flags=("--lr",)
+    optim: OptimConfig = nested(
+        OptimConfig,
+        learning_rate=None,
+        helps={
+            "learning_rate": "peak learning rate (5e-5; SWAG: 2e-5)",
+            "warmup_steps": "linear warm-up steps (instead of --warmup-fraction)",
+            "warmup_fraction": f"linear warm-up, a fraction of the steps, rounded down (default "
+            f"{FINETUNE_WARMUP_FRACTION}; formerly --warmup-proportion, --warmup)",
+        },
+        renamed={"warmup_proportion": "warmup_fraction", "--warmup": "warmup_fraction"},
     )
     batch_size: int | None = setting(
         None, "sequences per step (32; SQuAD 2.0: 48, SWAG: 16)", check="positive"
     )
     max_seq_length: int | None = setting(
         None, "pieces per sequence (128; SQuAD: 384)", check="positive"
-    )
-    warmup_proportion: float = setting(
-        0.1, "linear warm-up, a fraction of the steps", check="fraction", flags=("--warmup",)
-    )
-    weight_decay: float = setting(
-        OptimConfig.weight_decay, "decoupled weight decay (not on biases, LayerNorm)"
     )
     seed: int = setting(42, "seed of the head's init, dropout and batch order")
     eval_batch_size: int = setting(64, "sequences per evaluation batch", check="positive")
@@ -105,34 +113,35 @@ class FinetuneConfig(Settings):
     overwrite: bool = setting(
         False, "replace what a non-empty output folder holds (another run or checkpoint)"
     )
-    optimizer: str = setting(
-        OptimConfig.optimizer, _OPTIM_FIELDS["optimizer"].metadata["help"],
-        choices=_OPTIM_FIELDS["optimizer"].metadata["choices"],
-    )  # fmt: skip
 
     def sizes(self) -> Sizes:
         """The five settings a task fills in, of a `resolved` config."""
-        values = (self.epochs, self.learning_rate, self.batch_size, self.max_seq_length,
+        values = (self.epochs, self.optim.learning_rate, self.batch_size, self.max_seq_length,
                   self.bucket_batches)  # fmt: skip
         if any(v is None for v in values):
             raise ValueError("FinetuneConfig.resolved(task) first: the task's defaults are unset")
         return Sizes(*values)  # type: ignore[arg-type]
 
-    def optim(self, max_steps: int) -> OptimConfig:
+    def optim_for(self, max_steps: int) -> OptimConfig:
         """The optimiser and schedule of a run of `max_steps` steps (of a `resolved` config):
-        the warm-up is int(warmup_proportion x steps), as transformers rounds it."""
-        return OptimConfig(
-            learning_rate=self.sizes().learning_rate,
-            warmup_steps=int(self.warmup_proportion * max_steps),
-            weight_decay=self.weight_decay,
-            optimizer=self.optimizer,
-        )
+        a warm-up fraction becomes int(fraction x steps) steps, as Google's run_classifier.py
+        rounds it."""
+        optim = self.optim
+        if optim.warmup_fraction is not None:
+            steps = int(optim.warmup_fraction * max_steps)
+            optim = dataclasses.replace(optim, warmup_steps=steps, warmup_fraction=None)
+        return optim
 
     def resolved(self, task: Task) -> FinetuneConfig:
-        return dataclasses.replace(
+        """The task's defaults where none was given; the warm-up a tenth of the steps unless
+        one is given in steps or as a fraction."""
+        optim = self.optim
+        warmup = None if optim.warmup_steps is not None else FINETUNE_WARMUP_FRACTION
+        return replaced(
             self,
             epochs=self.epochs or task.default_epochs,
-            learning_rate=self.learning_rate or task.default_learning_rate,
+            learning_rate=optim.learning_rate or task.default_learning_rate,
+            warmup_fraction=optim.warmup_fraction if optim.warmup_fraction is not None else warmup,
             batch_size=self.batch_size or task.default_batch_size,
             max_seq_length=self.max_seq_length or task.default_max_seq_length,
             bucket_batches=self.bucket_batches or task.default_bucket_batches,

@@ -25,6 +25,7 @@ from bertkit.finetune import (
     load_task_data,
     resolve_run,
 )
+from bertkit.settings import replaced
 from bertkit.tasks import Task
 from bertkit.tasks.own import DataConfig
 from bertkit.tokenizer import BertTokenizer
@@ -122,9 +123,7 @@ def finetune_grid(
     for batch_size, learning_rate, epochs in itertools.product(
         grid["batch_size"], grid["learning_rate"], grid["epochs"]
     ):
-        point = dataclasses.replace(
-            config, batch_size=batch_size, learning_rate=learning_rate, epochs=epochs
-        )
+        point = replaced(config, batch_size=batch_size, learning_rate=learning_rate, epochs=epochs)
         where = out / f"b{batch_size}_lr{learning_rate:g}_e{epochs}"
         if seeds > 1:
             result = finetune_seeds(task, model, data, where, point, seeds, loaded=loaded)

@@ -21,9 +21,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
+import sys
 import typing
-from typing import Any
+import warnings
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # check name: (lowest, highest, highest included); None: no bound on that side
 CHECKS: dict[str, tuple[float | None, float | None, bool]] = {
@@ -125,10 +130,58 @@ def device_setting() -> Any:
     return setting(None, "cpu or cuda (default: cuda when available)")
 
 
-def nested(cls: type) -> Any:
+def nested(
+    cls: type,
+    *,
+    helps: dict[str, str] | None = None,
+    renamed: dict[str, str] | None = None,
+    **defaults: Any,
+) -> Any:
     """A field holding another settings dataclass (a run's masking, its optimiser): its fields
-    are flags of their own, at this field's place in the command's help."""
-    return dataclasses.field(default_factory=cls, metadata={"nested": True})
+    are flags of their own, at this field's place in the command's help, and names the outer
+    class takes (with `flat_names`). `defaults` and `helps`: this holder's own default and
+    help of some of them (fine-tuning's learning rate is the task's); `renamed`: old
+    spellings, a Python name (its --flag too) or a --flag, of a field: {old: field name},
+    still taken, with a warning."""
+    metadata = {"nested": True, "defaults": defaults, "helps": helps or {},
+                "renamed": renamed or {}}  # fmt: skip
+    return dataclasses.field(default_factory=lambda: cls(**defaults), metadata=metadata)
+
+
+def flat_names(cls: T) -> T:
+    """Let the settings dataclass `cls` take its nested settings' fields by name as well:
+    FinetuneConfig(learning_rate=2e-5) fills its optimiser's settings, as the command's flags
+    do; so does `dataclasses.replace`. Old names a `nested` field lists are taken with a
+    warning."""
+    hints = typing.get_type_hints(cls)
+    holders = [
+        (f, field_names(hints[f.name]))
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.metadata.get("nested")
+    ]
+    own = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for field, names in holders:
+        if names & own:
+            raise TypeError(f"{cls}.{field.name} holds names of its own: {names & own}")
+    init = cls.__init__  # type: ignore[misc]
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        for field, names in holders:
+            for old, new in field.metadata["renamed"].items():
+                if not old.startswith("--") and old in kwargs:
+                    warnings.warn(f"{old} is now {new} (one name for it everywhere); the old "
+                                  "name still works", FutureWarning, stacklevel=2)  # fmt: skip
+                    kwargs[new] = kwargs.pop(old)
+            mine = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+            if mine:
+                held = kwargs.get(field.name)
+                held = held if held is not None else field.default_factory()  # type: ignore[operator]
+                kwargs[field.name] = dataclasses.replace(held, **mine)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[misc]
+    return cls
 
 
 # --------------------------------------------------------------------------- the command line
@@ -146,26 +199,39 @@ def number_type(kind: type, check: str | None = None):
     return parse
 
 
+class _Renamed(argparse.Action):
+    """An old spelling of a flag: stores as the new one does, with a warning."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog}: warning: {option_string} is now {self.const} (one name for it "
+              "everywhere); the old name still works", file=sys.stderr)  # fmt: skip
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+
+
 def add_flags(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     cls: type,
     skip: tuple[str, ...] = (),
     recipes: dict[str, dict[str, Any]] | None = None,
+    holder: typing.Mapping[str, Any] | None = None,
 ) -> None:
     """One flag per field of the settings dataclass `cls` (nested settings in place): --field-name
     (and the field's other spellings), its type, default, choices and one-line help. A field
     some recipe sets has no default on the command line (the recipe's value fills it in, an
-    explicit flag wins) and its help lists each recipe's value."""
+    explicit flag wins) and its help lists each recipe's value. `holder`: the metadata of the
+    `nested` field `cls` sits in (its defaults, helps and old spellings)."""
     hints = typing.get_type_hints(cls)
+    holder = holder or {}
     for field in dataclasses.fields(cls):
         if field.name in skip:
             continue
         meta = field.metadata
         if meta.get("nested"):
-            add_flags(parser, hints[field.name], skip, recipes)
+            add_flags(parser, hints[field.name], skip, recipes, meta)
             continue
         flags = [flag(field.name), *meta.get("flags", ())]
-        help, default = meta["help"], field.default
+        help = holder.get("helps", {}).get(field.name, meta["help"])
+        default = holder.get("defaults", {}).get(field.name, field.default)
         if recipes and any(field.name in recipe for recipe in recipes.values()):
             values = "; ".join(
                 f"{name} {recipe.get(field.name, default if default is not None else 'unset')}"
@@ -175,17 +241,22 @@ def add_flags(
         kind = hints[field.name]
         args = [a for a in typing.get_args(kind) if a is not type(None)]
         base = args[0] if args else kind
+        old = [o if o.startswith("--") else flag(o)
+               for o, new in holder.get("renamed", {}).items() if new == field.name]  # fmt: skip
         if base is bool:
             parser.add_argument(*flags, dest=field.name, action="store_true", help=help)
+            if old:
+                parser.add_argument(*old, dest=field.name, action=_Renamed, nargs=0,
+                                    const=flags[0], help=argparse.SUPPRESS)  # fmt: skip
             continue
+        parse = number_type(base, meta.get("check")) if base in (int, float) else base
+        choices = meta.get("choices")
         parser.add_argument(
-            *flags,
-            dest=field.name,
-            type=number_type(base, meta.get("check")) if base in (int, float) else base,
-            default=default,
-            choices=meta.get("choices"),
-            help=help,
+            *flags, dest=field.name, type=parse, default=default, choices=choices, help=help
         )
+        if old:
+            parser.add_argument(*old, dest=field.name, action=_Renamed, type=parse,
+                                choices=choices, const=flags[0], help=argparse.SUPPRESS)  # fmt: skip
 
 
 def field_names(cls: type) -> set[str]:
@@ -226,7 +297,7 @@ def from_values(cls: type, values: dict[str, Any]):
         if field.metadata.get("nested"):
             inner = hints[field.name]
             mine = {k: v for k, v in values.items() if k in field_names(inner)}
-            kwargs[field.name] = from_values(inner, mine)
+            kwargs[field.name] = from_values(inner, field.metadata["defaults"] | mine)
         elif field.name in values:
             kwargs[field.name] = values[field.name]
     return cls(**kwargs)

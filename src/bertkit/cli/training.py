@@ -147,8 +147,10 @@ def _recipe_line(name: str) -> str:
     return line + (" (× 256 / hidden size above 256)" if name == "laptop" else "")
 
 
-# the optimiser's settings pre-training leaves at the paper's (no flag)
+# the optimiser's settings pre-training and fine-tuning leave at the paper's (no flag; Python
+# takes them)
 _PRETRAIN_FIXED = ("weight_decay", "max_grad_norm", "optimizer", "schedule")
+_FINETUNE_FIXED = ("adam_beta2", "max_grad_norm", "schedule")
 
 
 def add_pretrain(commands) -> None:
@@ -291,7 +293,7 @@ def add_finetune(commands) -> None:
         action="store_true",
         help="the paper's grid: batch 16/32 x lr 5e-5/3e-5/2e-5 x 2/3/4 epochs",
     )
-    add_flags(finetune, FinetuneConfig, skip=("progress", "random_init"))
+    add_flags(finetune, FinetuneConfig, skip=("progress", "random_init", *_FINETUNE_FIXED))
     own = finetune.add_argument_group(
         "your own data", f"files and columns for {', '.join(OWN_TASKS)} (see docs/usage.md)"
     )

@@ -34,6 +34,7 @@ from bertkit.settings import (
     compile_setting,
     device_setting,
     flat,
+    flat_names,
     nested,
     parity_setting,
     precision_setting,
@@ -221,6 +222,7 @@ def resolve_config(
     return dataclasses.replace(resolved, is_decoder=objective == "ltr")
 
 
+@flat_names
 @dataclass
 class PretrainConfig(Settings):
     """Settings of a pre-training run; the `bertkit pretrain` flags are these fields (the

@@ -3,8 +3,9 @@ beta = (0.9, 0.999), epsilon 1e-6 as in Google's `AdamWeightDecayOptimizer`, lin
 peak learning rate, then linear decay to zero at the last step.
 
 `OptimConfig` is the one place these settings live, with their one default each: pre-training
-holds one (its `--lr`, `--warmup-steps`, ... flags are its fields), fine-tuning and the tagger
-make one, and `Trainer` builds the optimiser and the schedule from it unchanged."""
+and fine-tuning hold one (their `--lr`, `--warmup-steps`, ... flags are its fields; fine-tuning's
+learning rate is the task's unless given), the feature-based tagger makes one, and `Trainer`
+builds the optimiser and the schedule from it unchanged."""
 
 from __future__ import annotations
 
@@ -27,7 +28,10 @@ class OptimConfig(Settings):
     `warmup_fraction` of the steps or of a time budget (not both); neither given: the paper's
     10,000 steps, or a tenth of a budget (`warmup_steps_for`)."""
 
-    learning_rate: float = setting(1e-4, "peak learning rate", check="positive", flags=("--lr",))
+    # None: fine-tuning's, where the task chooses (FinetuneConfig.resolved)
+    learning_rate: float | None = setting(
+        1e-4, "peak learning rate", check="positive", flags=("--lr",)
+    )
     warmup_steps: int | None = setting(
         None, "linear warm-up steps (default 10,000, the paper's)", check="non-negative"
     )
@@ -113,6 +117,8 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
     on CPU torch would otherwise pick its one-tensor-at-a-time loop. all-MiniLM-L6-v2's update
     took 11.7 ms instead of 90.5 (7.7x), a fine-tuning step 3.8% less, with the same weights to
     6e-8 after 20 steps (measured 2026-11-23: docs/results/README.md, "The optimiser step")."""
+    if config.learning_rate is None:
+        raise ValueError("OptimConfig: no learning rate (give --lr)")
     groups = parameter_groups(model, config.weight_decay)
     lr, betas, eps = config.learning_rate, (0.9, config.adam_beta2), ADAM_EPSILON
     if config.optimizer == "bertadam":
