@@ -2,6 +2,8 @@ import pytest
 
 from bertkit import cli
 from bertkit.cli import build_parser, main, use
+from bertkit.evaluation import EvaluateConfig
+from bertkit.settings import from_flags
 
 
 def test_vocab_command(tmp_path, capsys):
@@ -126,7 +128,8 @@ def test_the_parser_answers_as_a_new_user_would_want(capsys):
     args = parser.parse_args(
         ["-v", "evaluate", "--model", "m", "--data", "d", "--split", "validation"]
     )
-    assert args.split == "dev" and args.verbose
+    assert from_flags(args, EvaluateConfig).split == "dev" and args.verbose  # the dev split
+    assert EvaluateConfig(split="Validation").split == "dev"  # from Python too
     assert not parser.parse_args(["evaluate", "--model", "m", "--data", "d"]).verbose
     # a setting's flag is its field's name; the README's short spellings stay
     for flag in ("--learning-rate", "--lr"):

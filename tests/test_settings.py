@@ -6,13 +6,18 @@ import dataclasses
 import pytest
 
 from bertkit.cli import build_parser, main
+from bertkit.evaluation import EvaluateConfig
+from bertkit.features import ExtractConfig
+from bertkit.fill_mask import FillMaskConfig
 from bertkit.finetune import FinetuneConfig
+from bertkit.predict import PredictConfig
 from bertkit.pretraining.dataset import MaskingConfig
 from bertkit.pretraining.recipes import apply_recipe
 from bertkit.pretraining.train import PretrainConfig
 from bertkit.serve import ServeConfig
 from bertkit.settings import from_flags, from_values, replaced
 from bertkit.tasks import get_task
+from bertkit.tasks.files import FileConfig
 from bertkit.tasks.own import DataConfig
 from bertkit.training.optim import OptimConfig
 
@@ -141,3 +146,30 @@ def test_phases_are_a_field_and_share_one_held_out_length():
     assert single.seq_len == 64 and single.eval_seq_len == 64 and single.phases is None
     with pytest.raises(ValueError, match="--phases SEQ:STEPS"):
         PretrainConfig().phase_plan()
+
+
+def test_the_commands_that_use_models_take_settings_too(capsys):
+    """predict, evaluate, fill-mask and extract are built from settings as finetune is; one
+    FileConfig says how a file is read, for training (DataConfig) and for predict."""
+    assert type(DataConfig().reading) is type(PredictConfig().reading) is FileConfig
+    assert DataConfig(format="tsv", columns=("a", "b")).reading.column_names == ("a", "b")
+    saved = FileConfig(columns="a,b", encoding="cp1252")
+    assert PredictConfig().reading.over(saved) == saved  # nothing given: as trained
+    assert PredictConfig(columns="").reading.over(saved).column_names is None  # a header line
+    given = PredictConfig(delimiter=";").reading.over(saved)
+    assert given == FileConfig(columns="a,b", encoding="cp1252", delimiter=";")
+    for make in (
+        lambda: PredictConfig(batch_size=0),
+        lambda: PredictConfig(backend="tensorrt"),
+        lambda: PredictConfig(delimiter=";;"),
+        lambda: FillMaskConfig(top=0),
+        lambda: ExtractConfig(max_seq_length=0),
+        lambda: EvaluateConfig(batch_size=0),
+    ):
+        with pytest.raises(ValueError):
+            make()
+    for argv in (["fill-mask", "--model", "m", "--top", "0", "a [MASK]"],
+                 ["predict", "--model", "m", "--batch-size", "0", "a text"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "must be positive, got 0" in capsys.readouterr().err

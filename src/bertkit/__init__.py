@@ -27,6 +27,8 @@ _EXPORTS = {
     "FinetuneConfig": "bertkit.finetune",
     "DataConfig": "bertkit.tasks.own",
     "Predictor": "bertkit.predict",
+    "PredictConfig": "bertkit.predict",
+    "FileConfig": "bertkit.tasks.files",
     "Embedder": "bertkit.embedding",
     "extract": "bertkit.features",
     "FillMask": "bertkit.fill_mask",
@@ -49,6 +51,8 @@ __all__ = [
     "FinetuneConfig",
     "DataConfig",
     "Predictor",
+    "PredictConfig",
+    "FileConfig",
     "Embedder",
     "extract",
     "FillMask",
@@ -83,5 +87,7 @@ if TYPE_CHECKING:
     )
     from bertkit.insight import attention, similarity
     from bertkit.model import BertModel, BertModelOutput
+    from bertkit.predict import PredictConfig, Predictor
+    from bertkit.tasks.files import FileConfig
     from bertkit.tasks.own import DataConfig
     from bertkit.tokenizer import BertTokenizer, train_vocab

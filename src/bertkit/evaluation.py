@@ -6,6 +6,7 @@ split (`evaluate`, `bertkit evaluate`); the confusion pictures of the reports.""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import torch
 from bertkit._io import write_json
 from bertkit.heads import MODEL_CLASSES
 from bertkit.hub import model_dir
+from bertkit.settings import Settings, device_setting, replaced, setting
 from bertkit.tasks import Task
 from bertkit.tasks.base import read_task_info, run_outputs, task_of_checkpoint
 from bertkit.tokenizer import BertTokenizer
@@ -101,33 +103,54 @@ def draw_reports(out: Path, task: Task, reports: dict[str, Any]) -> None:
             plot_confusion(confusion, out / name, title=title)
 
 
+# what other tools call the dev split
+SPLIT_NAMES = {"validation": "dev", "valid": "dev", "eval": "dev", "development": "dev"}
+
+
+@dataclass
+class EvaluateConfig(Settings):
+    """How `evaluate` scores a saved model: the `bertkit evaluate` flags are these fields."""
+
+    task: str | None = setting(None, "default: the model's own task")
+    split: str = setting("dev", "dev (or validation), test, dev_mismatched")
+    out: str | os.PathLike | None = setting(
+        None, "write predictions (test: GLUE submission files) here"
+    )
+    batch_size: int = setting(64, "sequences per batch", check="positive")
+    device: str | None = device_setting()
+    progress: bool = setting(False, "a progress bar over the batches")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.split = SPLIT_NAMES.get(self.split.lower(), self.split)
+
+
 def evaluate(
     model: str | os.PathLike,
     data: str | os.PathLike,
-    *,
-    task: str | None = None,
-    split: str = "dev",
-    out: str | os.PathLike | None = None,
-    batch_size: int = 64,
-    device: str | None = None,
-    progress: bool = False,
+    config: EvaluateConfig | None = None,
+    **settings: Any,
 ) -> dict[str, Any]:
     """Score a fine-tuned checkpoint on a split of the task's files (`data`: the paper's
-    folder, or for your own data a file read as the training files were); with `out`, write
-    the predictions there (GLUE test splits: the official submission layout) and, for your own
-    data, the confusion picture. Unlabelled files get predictions only. `progress`: a progress
-    bar over the batches."""
+    folder, or for your own data a file read as the training files were), as `config` (or
+    EvaluateConfig's fields by name) says; with `out`, write the predictions there (GLUE test
+    splits: the official submission layout) and, for your own data, the confusion picture.
+    Unlabelled files get predictions only."""
+    config = replaced(config or EvaluateConfig(), **settings)
+    split, out = config.split, config.out
     # the checkpoint's settings: SQuAD 2.0's threshold, a user's labels and columns
     model = model_dir(model)
-    task_obj, info = task_of_checkpoint(model, task)
+    task_obj, info = task_of_checkpoint(model, config.task)
     tokenizer = BertTokenizer.from_pretrained(model)
     max_seq_length = info.get("max_seq_length", task_obj.default_max_seq_length)
     net = MODEL_CLASSES[info.get("head", task_obj.head)].from_pretrained(model)
-    target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    target = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     net.to(target).eval()
     examples = task_obj.read(data, split)
     features = task_obj.featurize(examples, tokenizer, max_seq_length)
-    outputs = run_outputs(task_obj, net, features, batch_size, target, progress=progress)
+    outputs = run_outputs(
+        task_obj, net, features, config.batch_size, target, progress=config.progress
+    )
     predictions = task_obj.predictions(examples, features, outputs)
     labelled = task_obj.labelled(examples, split)
     figures = task_obj.score(examples, predictions) if labelled else {}

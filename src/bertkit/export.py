@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from bertkit._io import atomic_write_text
+from bertkit.settings import QUANTIZATIONS
 
 ONNX_FILE = "model.onnx"
 ONNX_INFO = "onnx.json"
@@ -76,8 +77,8 @@ def export_onnx(
     from bertkit.model import BertPreTrainedModel
 
     model, out = model_dir(model), Path(out)
-    if quantize not in (None, "int8"):
-        raise ValueError(f"quantize must be int8 or None, not {quantize!r}")
+    if quantize not in (None, *QUANTIZATIONS):
+        raise ValueError(f"quantize must be {', '.join(QUANTIZATIONS)} or None, not {quantize!r}")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out}: not empty; pass --overwrite or pick another folder")
     task_file = model / "bertkit_task.json"

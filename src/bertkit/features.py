@@ -25,13 +25,16 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from bertkit.losses import IGNORE_INDEX, token_loss
+from bertkit.settings import Settings, device_setting, replaced, setting
 
 SELECTIONS = (
     "embeddings",
@@ -196,6 +199,50 @@ def read_items(
     if empty:
         raise ValueError(f"{path}:{empty[0]}: an empty line (one item per line)")
     return [line.split() for line in lines] if words else lines
+
+
+@dataclass
+class ExtractConfig(Settings):
+    """What `extract_file` (`bertkit extract`) reads and keeps: its flags are these fields."""
+
+    layers: str = setting(
+        "last",
+        "comma-separated: embeddings, last, second_to_last, sum_last_4, concat_last_4, all, "
+        "layer:N",
+    )
+    words: bool = setting(False, "lines are words: one row per word (first piece)")
+    conll: bool = setting(False, "input is a CoNLL file: per word")
+    max_seq_length: int = setting(512, "pieces per text", check="positive")
+    batch_size: int = setting(32, "texts per model call", check="positive")
+    device: str | None = device_setting()
+
+    def selections(self) -> list[str]:
+        return [s.strip() for s in self.layers.split(",") if s.strip()]
+
+
+def extract_file(
+    model: str | os.PathLike,
+    source: str | os.PathLike,
+    out: str | os.PathLike,
+    config: ExtractConfig | None = None,
+    **settings: Any,
+) -> tuple[Path, dict[str, list[torch.Tensor]]]:
+    """The features of `source`'s items (`read_items`) under `model` in `out` (`save_features`,
+    with each row's token id), as `config` (or ExtractConfig's fields by name) says. Returns
+    the file and the features."""
+    from bertkit.model import BertModel
+    from bertkit.tokenizer import BertTokenizer
+
+    config = replaced(config or ExtractConfig(), **settings)
+    items = read_items(source, words=config.words, conll=config.conll)
+    tokenizer = BertTokenizer.from_pretrained(model)
+    encoder = BertModel.from_pretrained(model)
+    features = extract(encoder, tokenizer, items, config.selections(),
+                       max_seq_length=config.max_seq_length, batch_size=config.batch_size,
+                       device=config.device)  # fmt: skip
+    meta = {"model": str(model), "input": str(source), "per_word": config.words or config.conll}
+    ids = token_ids(tokenizer, items, config.max_seq_length)
+    return save_features(features, out, meta, ids=ids), features
 
 
 def load_features(path: str | os.PathLike, selection: str) -> list[torch.Tensor]:

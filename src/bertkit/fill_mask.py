@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from bertkit.heads import BertForMaskedLM
+from bertkit.settings import Settings, device_setting, replaced, setting
 from bertkit.tokenizer import MASK, BertTokenizer
 
 # The tensor whose absence means the checkpoint has no MLM head (the others follow it).
@@ -37,15 +39,25 @@ def has_mlm_head(model: str | os.PathLike) -> bool:
     return MLM_HEAD_TENSOR in tensor_names(model)
 
 
+@dataclass
+class FillMaskConfig(Settings):
+    """How `FillMask` runs: the `bertkit fill-mask` flags are these fields."""
+
+    top: int = setting(5, "candidates per [MASK]", check="positive")
+    batch_size: int = setting(32, "texts per model call", check="positive")
+    max_seq_length: int | None = setting(
+        None, "pieces per text (default: the model's longest)", check="positive"
+    )
+    device: str | None = device_setting()
+
+
 class FillMask:
     def __init__(
-        self,
-        model: str | os.PathLike,
-        *,
-        device: str | None = None,
-        batch_size: int = 32,
-        max_seq_length: int | None = None,
+        self, model: str | os.PathLike, config: FillMaskConfig | None = None, **settings: Any
     ) -> None:
+        """The MLM head of `model`, run as `config` (or FillMaskConfig's fields by name)
+        says."""
+        self.config = config = replaced(config or FillMaskConfig(), **settings)
         from bertkit.hub import model_dir
 
         model = model_dir(model)  # a folder, or a Hub name
@@ -59,15 +71,20 @@ class FillMask:
         self.tokenizer = BertTokenizer.from_pretrained(model)
         if MASK not in self.tokenizer.vocab:
             raise ValueError(f"{model}: the vocabulary has no {MASK} token")
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(device)
         self.model.to(self.device).eval()
-        self.batch_size = batch_size
-        self.max_seq_length = max_seq_length or self.model.config.max_position_embeddings
+        self.batch_size = config.batch_size
+        self.max_seq_length = config.max_seq_length or self.model.config.max_position_embeddings
 
     @torch.no_grad()
-    def __call__(self, texts: Text | Sequence[Text], top: int = 5) -> list[list[dict[str, Any]]]:
+    def __call__(
+        self, texts: Text | Sequence[Text], top: int | None = None
+    ) -> list[list[dict[str, Any]]]:
         """Per text, per `[MASK]`: `position` (its index among the pieces, [CLS] = 0), the `top`
-        most likely `tokens`, their `ids` and `probabilities` (most likely first)."""
+        (default: the config's) most likely `tokens`, their `ids` and `probabilities` (most
+        likely first)."""
+        top = self.config.top if top is None else top
         batch: list[Text]
         if isinstance(texts, str) or (
             isinstance(texts, tuple) and len(texts) == 2 and all(isinstance(t, str) for t in texts)

@@ -25,11 +25,12 @@ from pathlib import Path
 
 import torch
 
+from bertkit.settings import PRECISIONS
+
 log = logging.getLogger(__name__)
 
 # the CPU flags that make bf16 matrix products native, best first, with their names
 NATIVE_BF16 = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16"}
-CHOICES = ("auto", "fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,8 @@ def resolve_precision(
     """What `requested` (auto, fp32, bf16, fp16) means on `device`: the precision and why.
     Raises ValueError for fp16 on a CPU, and for anything but auto/fp32 on the onnx backend
     (an export runs as it was exported); warns for bf16 on a CPU without native bf16."""
-    if requested not in CHOICES:
-        raise ValueError(f"precision must be one of {', '.join(CHOICES)}, not {requested!r}")
+    if requested not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {requested!r}")
     if backend == "onnx":
         if requested not in ("auto", "fp32"):
             raise ValueError(f"precision {requested}: an ONNX export runs as it was exported")

@@ -22,12 +22,12 @@ line) to JSON Lines or CSV, a chunk at a time, with a progress bar.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import functools
 import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,18 @@ from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
 from bertkit.hub import model_dir
 from bertkit.precision import cast_for_inference, resolve_precision
+from bertkit.settings import (
+    Settings,
+    backend_setting,
+    device_setting,
+    flat_names,
+    nested,
+    precision_setting,
+    replaced,
+    setting,
+)
 from bertkit.tasks.base import DataError, run_outputs, task_of_checkpoint
-from bertkit.tasks.files import FileOptions, file_format, json_lines, read_jsonl, read_rows
+from bertkit.tasks.files import FileConfig, file_format, json_lines, read_jsonl, read_rows
 from bertkit.tasks.own import OwnTask
 from bertkit.tokenizer import BertTokenizer
 
@@ -47,51 +57,87 @@ from bertkit.tokenizer import BertTokenizer
 RELEVANT = ("1", "relevant", "entailment", "paraphrase", "yes", "true", "positive")
 
 
+@flat_names
+@dataclass
+class PredictConfig(Settings):
+    """How a model is run (`Predictor`) and how `predict_file` reads a file: the `bertkit
+    predict` flags are these fields, and `Predictor(model, batch_size=8)` takes them by name."""
+
+    text_column: str | None = setting(
+        None, "with --input: the column the model reads (default: as trained)"
+    )
+    text_pair_column: str | None = setting(None, "with --input: a second text column")
+    # how --input is read: as the model's training files were, unless a flag says otherwise
+    reading: FileConfig = nested(
+        FileConfig,
+        format=None,
+        encoding=None,
+        max_cell_chars=None,
+        helps={
+            "format": "of --input (default: as trained, else auto)",
+            "columns": "names of a header-less --input file's columns (default: as trained; '': "
+            "the first line names them)",
+            "encoding": "of --input (default: as trained, else utf-8)",
+            "delimiter": "CSV field separator of --input (default: as trained)",
+            "escape_char": "CSV: a character escaping quotes in --input (default: as trained)",
+            "max_cell_chars": "longest cell of --input (default: as trained, else 1,000,000)",
+        },
+    )
+    rerank: bool = setting(
+        False,
+        'with --input and a cross-encoder: each row\'s "query" and "texts" (a list) get their '
+        '"ranking" (index and score, best first)',
+    )
+    progress: bool = setting(True, "a progress bar over --input's rows")
+    batch_size: int = setting(32, "inputs per model call", check="positive")
+    device: str | None = device_setting()
+    backend: str = backend_setting(
+        "onnx: run MODEL/model.onnx (bertkit export --onnx) with ONNX Runtime"
+    )
+    precision: str = precision_setting()
+
+
 class Predictor:
     def __init__(
-        self,
-        model: str | os.PathLike,
-        *,
-        device: str | None = None,
-        batch_size: int = 32,
-        backend: str = "torch",
-        precision: str = "auto",
+        self, model: str | os.PathLike, config: PredictConfig | None = None, **settings: Any
     ) -> None:
-        """`backend="onnx"`: run `model/model.onnx` (written by `bertkit export --onnx`) with
-        ONNX Runtime on the CPU instead of PyTorch; everything else is the same. `precision`:
-        as for training (bertkit.precision): `auto` is bf16 autocast where the device runs it
+        """A model to predict with, run as `config` (or PredictConfig's fields by name) says:
+        `backend="onnx"` runs `model/model.onnx` (written by `bertkit export --onnx`) with
+        ONNX Runtime on the CPU instead of PyTorch, everything else the same; `precision` is as
+        for training (bertkit.precision): `auto` is bf16 autocast where the device runs it
         natively, fp32 elsewhere; an ONNX export runs as it was exported."""
-        if backend not in ("torch", "onnx"):
-            raise ValueError(f"backend must be torch or onnx, not {backend!r}")
+        self.config = config = replaced(config or PredictConfig(), **settings)
         model = model_dir(model)  # a folder, or a Hub name
         self.task, info = task_of_checkpoint(model)
         self.max_seq_length = int(info.get("max_seq_length", self.task.default_max_seq_length))
         self.tokenizer = BertTokenizer.from_pretrained(model)
-        if backend == "onnx":
+        if config.backend == "onnx":
             from bertkit.export import OnnxModel
 
             self.device = torch.device("cpu")
             self.model: torch.nn.Module | OnnxModel = OnnxModel(model)
-            config = read_config(Path(model))
+            model_config = read_config(Path(model))
         else:
-            self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            self.device = torch.device(device)
             head = MODEL_CLASSES[info.get("head", self.task.head)]
             net = head.from_pretrained(model).to(self.device).eval()
             self.model = net
-            config = net.config
-        self.batch_size = batch_size
-        self.precision = resolve_precision(precision, self.device, backend=backend)
+            model_config = net.config
+        self.batch_size = config.batch_size
+        self.precision = resolve_precision(config.precision, self.device, backend=config.backend)
         if isinstance(self.model, torch.nn.Module):
             cast_for_inference(self.model, self.precision)
-        labels = config.id2label
+        labels = model_config.id2label
         self.labels = [labels[i] for i in sorted(labels)] if labels else None
 
-    def file_options(self, **given: Any) -> FileOptions:
+    def reading(self, given: FileConfig | None = None) -> FileConfig:
         """How this model reads a file: the reading settings saved with it (your own data's
-        format, header-less columns, encoding, separators), each `given` one replacing its
-        saved value (`columns=None`: the file's first line names its columns)."""
-        saved = self.task.data.file_options() if isinstance(self.task, OwnTask) else FileOptions()
-        return dataclasses.replace(saved, **given)
+        format, header-less columns, encoding, separators), each setting `given` (not None)
+        in place of its saved value (`columns=""`: the file's first line names its
+        columns)."""
+        saved = self.task.data.reading if isinstance(self.task, OwnTask) else FileConfig()
+        return (given or self.config.reading).over(saved)
 
     def items_from(
         self,
@@ -168,29 +214,30 @@ def predict_file(
     source: str | os.PathLike,
     output: str | os.PathLike | None = None,
     *,
-    text_column: str | None = None,
-    text_pair_column: str | None = None,
-    options: FileOptions | None = None,
     chunk: int = 2048,
-    progress: bool = True,
-    rerank: bool = False,
+    **settings: Any,
 ) -> int:
     """Predict every row of `source` (CSV, TSV, JSON Lines, JSON, Parquet, a `datasets` folder;
     "-": stdin, one text a line) into `output` (.jsonl or .csv/.tsv; None or "-": JSON Lines on
-    stdout), streaming `chunk` rows at a time. Each output row is the input row's columns
+    stdout), streaming `chunk` rows at a time, as the predictor's `PredictConfig` says (its
+    fields by name in `settings` replace it here). Each output row is the input row's columns
     followed by the answer's fields (an answer field named like an input column is written as
     `predicted_<name>`); in CSV, lists and objects are JSON. `text_column` (and
     `text_pair_column`) name the input of the model; by default the model reads the columns it
     was trained on (`text`, `text_pair` for the paper's tasks), and a row of other columns
     without them is an error (a row of `text` alone, or `text` and `text_pair`, is the generic
-    input every model reads). `options`: how to read `source`; by default as the model read
-    its training files (`Predictor.file_options`). With `rerank` (a cross-encoder), each row
-    holds a `query` and its `texts` (a list; in CSV a JSON list) and gets their `ranking`
-    (`Predictor.rerank`: index and score, best first). Returns the rows written."""
+    input every model reads). The file is read as the model read its training files, each
+    reading setting given (`format`, `columns`, ...) in place of its saved value
+    (`Predictor.reading`). With `rerank` (a cross-encoder), each row holds a `query` and its
+    `texts` (a list; in CSV a JSON list) and gets their `ranking` (`Predictor.rerank`: index
+    and score, best first). Returns the rows written."""
+    config = replaced(predictor.config, **settings)
+    text_column, text_pair_column = config.text_column, config.text_pair_column
+    rerank, progress = config.rerank, config.progress
     if rerank and predictor.rerank_label is None:
         raise ValueError(f"{predictor.task.name}: --rerank takes a cross-encoder (a model "
                          "fine-tuned on text pairs)")  # fmt: skip
-    rows = _input_rows(source, options or predictor.file_options())
+    rows = _input_rows(source, predictor.reading(config.reading))
     target = None if output is None or str(output) == "-" else Path(output)
     kind = "jsonl" if target is None else file_format(target, "auto", default="jsonl")
     bar = None
@@ -251,7 +298,7 @@ def _query_and_texts(source, line: int, values: dict[str, Any]) -> tuple[str, li
     return query, texts
 
 
-def _input_rows(source, options: FileOptions) -> Iterator[tuple[int, dict[str, Any]]]:
+def _input_rows(source, options: FileConfig) -> Iterator[tuple[int, dict[str, Any]]]:
     if str(source) == "-":
         for number, line in enumerate(sys.stdin, start=1):
             text = line.rstrip("\r\n")

@@ -95,14 +95,29 @@ class Settings:
                 raise ValueError(f"{type(self).__name__}: {flags} {wrong}")
 
 
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+BACKENDS = ("torch", "onnx")
+QUANTIZATIONS = ("int8",)
+
+
 def precision_setting() -> Any:
-    """The compute precision of a run (every run takes the same choices)."""
+    """The compute precision of a run or a model in use (every one takes the same choices)."""
     return setting(
         "auto",
         "auto: bf16 autocast where it is native (a GPU with bf16; a CPU with AMX-BF16 or "
         "AVX512-BF16), else fp32; bf16 elsewhere warns (emulated: far slower); fp16 is GPU only",
-        choices=("auto", "fp32", "bf16", "fp16"),
+        choices=PRECISIONS,
     )
+
+
+def backend_setting(help: str) -> Any:
+    """What runs a model in use: PyTorch or ONNX Runtime."""
+    return setting("torch", help, choices=BACKENDS)
+
+
+def quantize_setting(help: str) -> Any:
+    """The weights of an ONNX model: as trained (None) or int8."""
+    return setting(None, help, choices=QUANTIZATIONS)
 
 
 def parity_setting() -> Any:
@@ -197,6 +212,16 @@ def number_type(kind: type, check: str | None = None):
 
     parse.__name__ = kind.__name__  # argparse names the type in "invalid int value"
     return parse
+
+
+class Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """The help of a command built from settings: every default that is not None/False is
+    shown (recipe settings say theirs in the help)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default == argparse.SUPPRESS:
+            return action.help
+        return super()._get_help_string(action)
 
 
 class _Renamed(argparse.Action):

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from bertkit.tasks.base import DataError
-from bertkit.tasks.files import FileOptions, file_format, read_conll_columns, read_rows
+from bertkit.tasks.files import FileConfig, file_format, read_conll_columns, read_rows
 
 RECORDS = [
     {"text": 'He said "hi", then left.\nNew line here.', "label": "greeting", "n": 1},
@@ -21,7 +21,7 @@ RECORDS = [
 
 def rows(path, needed=("text", "label"), **options):
     fmt = options.pop("format", None)
-    return list(read_rows(path, needed, FileOptions(**options), format=fmt))
+    return list(read_rows(path, needed, FileConfig(**options), format=fmt))
 
 
 def write_csv(path, records, *, delimiter=",", bom=False, crlf=False, header=True):

@@ -8,16 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bertkit.settings import add_flags, field_names, from_flags
-
-
-class Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows every default that is not None/False (recipe settings say theirs in the help)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False or action.default == argparse.SUPPRESS:
-            return action.help
-        return super()._get_help_string(action)
+from bertkit.settings import Formatter, add_flags, field_names, from_flags
 
 
 # --------------------------------------------------------------------------- vocab, convert
@@ -302,32 +293,20 @@ def add_finetune(commands) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> None:
-    from bertkit.evaluation import evaluate
+    from bertkit.evaluation import EvaluateConfig, evaluate
 
-    result = evaluate(
-        args.model,
-        args.data,
-        task=args.task,
-        split=args.split,
-        out=args.out,
-        batch_size=args.batch_size,
-        device=args.device,
-        progress=True,
-    )
+    result = evaluate(args.model, args.data, from_flags(args, EvaluateConfig, progress=True))
     report = result.pop("report", None)
     print(json.dumps(result, indent=1))
     _print_reports({result.get("split", "dev"): report} if report else None)
 
 
-def _split_name(text: str) -> str:
-    """`validation`/`valid`/`eval` are the dev split (Hugging Face's and CoNLL's words for it)."""
-    return {"validation": "dev", "valid": "dev", "eval": "dev", "development": "dev"}.get(
-        text.lower(), text
-    )
-
-
 def add_evaluate(commands) -> None:
-    evaluate = commands.add_parser("evaluate", help="score a fine-tuned model on a split")
+    from bertkit.evaluation import EvaluateConfig
+
+    evaluate = commands.add_parser(
+        "evaluate", help="score a fine-tuned model on a split", formatter_class=Formatter
+    )
     evaluate.add_argument("--model", required=True, help="a directory `bertkit finetune` wrote")
     evaluate.add_argument(
         "--data",
@@ -336,12 +315,7 @@ def add_evaluate(commands) -> None:
         "as the training files were (its labels scored when it has them)",
     )
     evaluate.add_argument("--task", type=task_name, help="default: the model's own task")
-    evaluate.add_argument(
-        "--split", default="dev", type=_split_name, help="dev (or validation), test, dev_mismatched"
-    )
-    evaluate.add_argument("--out", help="write predictions (test: GLUE submission files) here")
-    evaluate.add_argument("--batch-size", type=int, default=64)
-    evaluate.add_argument("--device")
+    add_flags(evaluate, EvaluateConfig, skip=("task", "progress"))
     evaluate.set_defaults(func=_evaluate)
 
 

@@ -8,35 +8,18 @@ import argparse
 import json
 import sys
 
-from bertkit.settings import add_flags, from_flags
+from bertkit.settings import QUANTIZATIONS, Formatter, add_flags, from_flags
+
 
 # --------------------------------------------------------------------------- predict, export, serve
-_FILE_FLAGS = ("format", "columns", "encoding", "delimiter", "escape_char")
-
-
 def _predict(args: argparse.Namespace) -> None:
-    from bertkit.predict import Predictor, predict_file
+    from bertkit.predict import PredictConfig, Predictor, predict_file
 
-    predictor = Predictor(args.model, device=args.device, batch_size=args.batch_size,
-                          backend=args.backend, precision=args.precision)  # fmt: skip
+    predictor = Predictor(args.model, from_flags(args, PredictConfig, progress=not args.quiet))
     if args.input is not None:
         if args.text or args.question or args.context:
             raise ValueError("give texts on the command line or --input FILE, not both")
-        given = {k: getattr(args, k) for k in _FILE_FLAGS if getattr(args, k) is not None}
-        if "columns" in given:  # "": the first line names the columns
-            names = tuple(c.strip() for c in given["columns"].split(","))
-            given["columns"] = names if any(names) else None
-        options = predictor.file_options(**given)
-        count = predict_file(
-            predictor,
-            args.input,
-            args.output,
-            text_column=args.text_column,
-            text_pair_column=args.text_pair_column,
-            options=options,
-            progress=not args.quiet,
-            rerank=args.rerank,
-        )
+        count = predict_file(predictor, args.input, args.output)
         if args.output not in (None, "-"):
             print(f"wrote {args.output} ({count:,} rows)", file=sys.stderr)
         return
@@ -46,9 +29,11 @@ def _predict(args: argparse.Namespace) -> None:
 
 
 def add_predict(commands) -> None:
-    from bertkit.tasks.files import FORMATS as FILE_FORMATS
+    from bertkit.predict import PredictConfig
 
-    predict = commands.add_parser("predict", help="labels, spans or tags for raw text")
+    predict = commands.add_parser(
+        "predict", help="labels, spans or tags for raw text", formatter_class=Formatter
+    )
     predict.add_argument("--model", required=True, help="a directory `bertkit finetune` wrote")
     predict.add_argument("text", nargs="*", help="sentences (a pair task: exactly two)")
     predict.add_argument("--question", help="SQuAD: the question")
@@ -65,45 +50,8 @@ def add_predict(commands) -> None:
         help="with --input: .jsonl or .csv/.tsv to write (input columns, then the answer); "
         "default: JSON lines on stdout",
     )
-    predict.add_argument(
-        "--text-column", help="with --input: the column the model reads (default: as trained)"
-    )
-    predict.add_argument("--text-pair-column", help="with --input: a second text column")
-    # how --input is read: as the model's training files were, unless a flag says otherwise
-    predict.add_argument(
-        "--format", choices=FILE_FORMATS, help="of --input (default: as trained, else auto)"
-    )
-    predict.add_argument(
-        "--columns",
-        help="names of a header-less --input file's columns (default: as trained; '': the "
-        "first line names them)",
-    )
-    predict.add_argument("--encoding", help="of --input (default: as trained, else utf-8)")
-    predict.add_argument("--delimiter", help="CSV field separator of --input (default: as trained)")
-    predict.add_argument(
-        "--escape-char", help="CSV: a character escaping quotes in --input (default: as trained)"
-    )
-    predict.add_argument(
-        "--rerank",
-        action="store_true",
-        help='with --input and a cross-encoder: each row\'s "query" and "texts" (a list) get '
-        'their "ranking" (index and score, best first)',
-    )
     predict.add_argument("--quiet", action="store_true", help="no progress bar")
-    predict.add_argument("--batch-size", type=int, default=32)
-    predict.add_argument("--device")
-    predict.add_argument(
-        "--backend",
-        default="torch",
-        choices=("torch", "onnx"),
-        help="onnx: run MODEL/model.onnx (bertkit export --onnx) with ONNX Runtime",
-    )
-    predict.add_argument(
-        "--precision",
-        default="auto",
-        choices=("auto", "fp32", "bf16", "fp16"),
-        help="auto: bf16 autocast where native (AMX-BF16, AVX512-BF16, a GPU with bf16), else fp32",
-    )
+    add_flags(predict, PredictConfig, skip=("progress",))
     predict.set_defaults(func=_predict)
 
 
@@ -124,7 +72,7 @@ def add_export(commands) -> None:
     export.add_argument("model", help="a checkpoint directory (a fine-tuned model or an encoder)")
     export.add_argument("out", help="output folder (model.onnx + what Predictor needs)")
     export.add_argument(
-        "--quantize", choices=("int8",), help="int8 dynamic quantisation of the linear layers"
+        "--quantize", choices=QUANTIZATIONS, help="int8 dynamic quantisation of the linear layers"
     )
     export.add_argument("--opset", type=int, default=17)
     export.add_argument("--overwrite", action="store_true", help="replace what OUT holds")
@@ -141,7 +89,9 @@ def add_serve(commands) -> None:
     from bertkit.serve.config import ServeConfig
 
     serve = commands.add_parser(
-        "serve", help="an HTTP API with dynamic batching (/predict, /embed, /fill-mask)"
+        "serve",
+        help="an HTTP API with dynamic batching (/predict, /embed, /fill-mask)",
+        formatter_class=Formatter,
     )
     serve.add_argument("model", help="a fine-tuned model, an encoder, or an ONNX export")
     add_flags(serve, ServeConfig)
@@ -150,28 +100,30 @@ def add_serve(commands) -> None:
 
 # --------------------------------------------------------------------------- insight
 def _fill_mask(args: argparse.Namespace) -> None:
-    from bertkit.fill_mask import FillMask
+    from bertkit.fill_mask import FillMask, FillMaskConfig
     from bertkit.tasks.files import read_jsonl
 
     items = read_jsonl(args.input) if args.input else list(args.text)
     if not items:
         raise ValueError('give texts with [MASK] ("The capital of France is [MASK].") or --input')
-    fill = FillMask(args.model, device=args.device, batch_size=args.batch_size)
-    for item, masks in zip(items, fill(items, top=args.top), strict=True):
+    fill = FillMask(args.model, from_flags(args, FillMaskConfig))
+    for item, masks in zip(items, fill(items), strict=True):
         text = {"text": item} if isinstance(item, str) else {"text": item[0], "text_pair": item[1]}
         print(json.dumps({**text, "masks": masks}, ensure_ascii=False))
 
 
 def add_fill_mask(commands) -> None:
+    from bertkit.fill_mask import FillMaskConfig
+
     fill = commands.add_parser(
-        "fill-mask", help="the most likely pieces for each [MASK] of a text (MLM head)"
+        "fill-mask",
+        help="the most likely pieces for each [MASK] of a text (MLM head)",
+        formatter_class=Formatter,
     )
     fill.add_argument("--model", required=True, help="a checkpoint with its MLM head")
     fill.add_argument("text", nargs="*", help="texts with one or more [MASK]s")
     fill.add_argument("--input", help='JSON lines: "text" or {"text": ..., "text_pair": ...}')
-    fill.add_argument("--top", type=int, default=5, help="candidates per [MASK] (default 5)")
-    fill.add_argument("--batch-size", type=int, default=32)
-    fill.add_argument("--device")
+    add_flags(fill, FillMaskConfig)
     fill.set_defaults(func=_fill_mask)
 
 
@@ -227,50 +179,27 @@ def add_attention(commands) -> None:
 
 
 def _extract(args: argparse.Namespace) -> None:
-    from bertkit.features import extract, read_items, save_features, token_ids
-    from bertkit.model import BertModel
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.features import ExtractConfig, extract_file
 
-    items = read_items(args.input, words=args.words, conll=args.conll)
-    tokenizer = BertTokenizer.from_pretrained(args.model)
-    model = BertModel.from_pretrained(args.model)
-    selections = [s.strip() for s in args.layers.split(",") if s.strip()]
-    features = extract(
-        model,
-        tokenizer,
-        items,
-        selections,
-        max_seq_length=args.max_seq_length,
-        batch_size=args.batch_size,
-        device=args.device,
-    )
-    meta = {"model": args.model, "input": args.input, "per_word": bool(args.words or args.conll)}
-    ids = token_ids(tokenizer, items, args.max_seq_length)
-    path = save_features(features, args.out, meta, ids=ids)
+    path, features = extract_file(args.model, args.input, args.out,
+                                  from_flags(args, ExtractConfig))  # fmt: skip
     widths = {s: tuple(v[0].shape[1:]) for s, v in features.items()}
-    print(f"wrote {path}: {len(items)} items, features {widths}")
+    items = len(next(iter(features.values())))
+    print(f"wrote {path}: {items} items, features {widths}")
 
 
 def add_extract(commands) -> None:
+    from bertkit.features import ExtractConfig
+
     extract = commands.add_parser(
-        "extract", help="frozen per-token features from chosen layers (feature-based approach)"
+        "extract",
+        help="frozen per-token features from chosen layers (feature-based approach)",
+        formatter_class=Formatter,
     )
     extract.add_argument("--model", required=True, help="checkpoint directory")
     extract.add_argument("--input", required=True, help="one text per line (or --conll FILE)")
     extract.add_argument("--out", required=True, help="output .safetensors file")
-    extract.add_argument(
-        "--layers",
-        default="last",
-        help="comma-separated: embeddings, last, second_to_last, sum_last_4, concat_last_4, all, "
-        "layer:N (default last)",
-    )
-    extract.add_argument(
-        "--words", action="store_true", help="lines are words: one row per word (first piece)"
-    )
-    extract.add_argument("--conll", action="store_true", help="input is a CoNLL file: per word")
-    extract.add_argument("--max-seq-length", type=int, default=512)
-    extract.add_argument("--batch-size", type=int, default=32)
-    extract.add_argument("--device")
+    add_flags(extract, ExtractConfig)
     extract.set_defaults(func=_extract)
 
 

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bertkit.settings import Settings, precision_setting, setting
+from bertkit.settings import (
+    Settings,
+    backend_setting,
+    device_setting,
+    precision_setting,
+    quantize_setting,
+    setting,
+)
 
 
 @dataclass
 class ServeConfig(Settings):
     host: str = setting("127.0.0.1", "address to listen on (0.0.0.0: every interface)")
     port: int = setting(8080, "port to listen on", check="non-negative")
-    backend: str = setting(
-        "torch", "torch, or onnx (ONNX Runtime; a checkpoint is exported at start-up)",
-        choices=("torch", "onnx"),
-    )  # fmt: skip
-    quantize: str | None = setting(None, "int8: dynamic int8 weights (with --backend onnx)",
-                                   choices=("int8",))  # fmt: skip
+    backend: str = backend_setting(
+        "torch, or onnx (ONNX Runtime; a checkpoint is exported at start-up)"
+    )
+    quantize: str | None = quantize_setting("int8: dynamic int8 weights (with --backend onnx)")
     max_batch_size: int = setting(32, "most inputs in one model call", check="positive")
     max_wait_ms: float = setting(
         0.0,
@@ -46,7 +51,7 @@ class ServeConfig(Settings):
     threads: int | None = setting(
         None, "torch threads per worker (default: the CPU count / workers)", check="positive"
     )
-    device: str | None = setting(None, "cpu or cuda (default: cuda when available)")
+    device: str | None = device_setting()
     api_key: str | None = setting(
         None,
         "require Authorization: Bearer KEY on every route but /health (default: the "

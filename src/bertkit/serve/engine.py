@@ -28,6 +28,7 @@ import torch
 from bertkit.embedding import POOLINGS, declared_length, pool, read_pooling
 from bertkit.precision import cast_for_inference, resolve_precision
 from bertkit.serve.config import ServeConfig
+from bertkit.settings import BACKENDS, QUANTIZATIONS
 from bertkit.tasks.base import TASK_FILE
 
 log = logging.getLogger(__name__)
@@ -75,10 +76,10 @@ class ServedModel:
         from bertkit.tokenizer import BertTokenizer
 
         path = model_dir(path)  # a folder, or a Hub name
-        if backend not in ("torch", "onnx"):
-            raise ValueError(f"backend must be torch or onnx, not {backend!r}")
-        if quantize not in (None, "int8"):
-            raise ValueError(f"quantize must be int8, not {quantize!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+        if quantize not in (None, *QUANTIZATIONS):
+            raise ValueError(f"quantize must be {', '.join(QUANTIZATIONS)}, not {quantize!r}")
         if quantize and backend != "onnx":
             raise ValueError("int8 serving runs on ONNX Runtime: add --backend onnx")
         path = Path(path)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import dataclasses
 import difflib
 import io
 import json
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from bertkit.settings import Settings, setting
 from bertkit.tasks.base import DataError
 
 FORMATS = ("auto", "csv", "tsv", "jsonl", "json", "parquet", "arrow", "conll")
@@ -52,28 +54,46 @@ _EXTENSIONS = {
 }
 
 
-@dataclass(frozen=True)
-class FileOptions:
-    """How to read a file (the `bertkit finetune`/`predict` flags of the same names)."""
+@dataclass
+class FileConfig(Settings):
+    """How to read a file: the flags of the same names of `bertkit finetune` (a field of
+    `DataConfig`) and of `bertkit predict` (where each one not given is as the model's training
+    files were read: `over`)."""
 
-    format: str = "auto"
-    columns: tuple[str, ...] | None = None  # names of a header-less file's columns
-    encoding: str = "utf-8"
-    delimiter: str | None = None  # CSV/TSV: default "," / tab
-    escape_char: str | None = None  # CSV: a character that escapes quotes (often "\\")
-    max_cell_chars: int = MAX_CELL_CHARS
+    format: str = setting("auto", "file format (auto: by extension)", choices=FORMATS)
+    columns: str | None = setting(None, "names of a header-less file's columns: a,b,c")
+    encoding: str = setting("utf-8", "text encoding of the files (cp1252, latin-1, utf-16, ...)")
+    delimiter: str | None = setting(None, "CSV field separator (default ',', TSV: tab)")
+    escape_char: str | None = setting(None, "CSV: a character escaping quotes, e.g. '\\'")
+    max_cell_chars: int = setting(
+        MAX_CELL_CHARS, "longest cell read (longer: an unclosed quote)", check="positive"
+    )
 
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise ValueError(f"format {self.format!r} is not one of {', '.join(FORMATS)}")
-        if self.delimiter is not None and len(self.delimiter) != 1:
-            raise ValueError(f"delimiter must be one character, got {self.delimiter!r}")
-        if self.escape_char is not None and len(self.escape_char) != 1:
-            raise ValueError(f"escape_char must be one character, got {self.escape_char!r}")
-        try:
-            codecs.lookup(self.encoding)
-        except LookupError:
-            raise ValueError(f"unknown encoding {self.encoding!r}") from None
+        super().__post_init__()
+        if self.columns is not None and not isinstance(self.columns, str):  # names from Python
+            self.columns = ",".join(self.columns)
+        if self.columns and not all(self.column_names or ()):
+            raise ValueError(f"--columns {self.columns!r} names an empty column")
+        for name in ("delimiter", "escape_char"):
+            value = getattr(self, name)
+            if value is not None and len(value) != 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be one character, got {value!r}")
+        if self.encoding is not None:
+            try:
+                codecs.lookup(self.encoding)
+            except LookupError:
+                raise ValueError(f"unknown encoding {self.encoding!r}") from None
+
+    @property
+    def column_names(self) -> tuple[str, ...] | None:
+        """The columns of a header-less file; None: its first line names them."""
+        return tuple(c.strip() for c in self.columns.split(",")) if self.columns else None
+
+    def over(self, saved: FileConfig) -> FileConfig:
+        """`saved` with each setting given here (not None) in its place."""
+        given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return dataclasses.replace(saved, **{k: v for k, v in given.items() if v is not None})
 
 
 class _Every(tuple):
@@ -102,7 +122,7 @@ def file_format(path: str | os.PathLike, format: str = "auto", default: str = "c
 def read_rows(
     path: str | os.PathLike,
     needed: Sequence[str],
-    options: FileOptions = FileOptions(),
+    options: FileConfig | None = None,
     *,
     optional: Sequence[str] = (),
     format: str | None = None,
@@ -112,6 +132,7 @@ def read_rows(
     listing the columns found) and the `optional` ones where the file has them; with
     `every_column`, all the file's columns."""
     path = Path(path)
+    options = options or FileConfig()
     kind = format or file_format(path, options.format)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
@@ -201,7 +222,7 @@ def decode_error(path: Path, encoding: str) -> DataError:
     )
 
 
-def _delimited_rows(path, needed, optional, options: FileOptions, kind: str) -> Iterator[Row]:
+def _delimited_rows(path, needed, optional, options: FileConfig, kind: str) -> Iterator[Row]:
     delimiter = options.delimiter or ("\t" if kind == "tsv" else ",")
     # csv's own cap (process-wide) only guards memory against a quote never closed in a huge
     # file; the check below, well under it, names the column
@@ -218,8 +239,8 @@ def _delimited_rows(path, needed, optional, options: FileOptions, kind: str) -> 
         )
         start = 1
         try:
-            if options.columns is not None:
-                header = list(options.columns)
+            if options.column_names is not None:
+                header = list(options.column_names)
             else:
                 first = next(reader, None)
                 if first is None:
@@ -255,7 +276,7 @@ def _delimited_rows(path, needed, optional, options: FileOptions, kind: str) -> 
             raise DataError(path, reader.line_num, f"malformed {kind.upper()}: {err}") from None
 
 
-def _check_header(path, header: list[str], needed, options: FileOptions, delimiter: str) -> None:
+def _check_header(path, header: list[str], needed, options: FileConfig, delimiter: str) -> None:
     duplicates = sorted({h for h in header if header.count(h) > 1 and h})
     if duplicates:
         raise DataError(path, 1, f"the header names {duplicates} twice")
@@ -264,7 +285,7 @@ def _check_header(path, header: list[str], needed, options: FileOptions, delimit
             continue
         message = missing_column(name, header, "header's columns are")
         hints = []
-        if options.columns is None and _looks_like_data(header):
+        if options.column_names is None and _looks_like_data(header):
             hints.append("a file without a header line? name its columns with --columns a,b,c")
         others = [d for d in ",;\t|" if d != delimiter and len(header) == 1 and d in header[0]]
         if others:
@@ -314,7 +335,7 @@ def _record(path, line, item, needed, optional, limit) -> Row:
     return Row(line, values)
 
 
-def _jsonl_rows(path, needed, optional, options: FileOptions) -> Iterator[Row]:
+def _jsonl_rows(path, needed, optional, options: FileConfig) -> Iterator[Row]:
     for number, item in json_lines(path, options.encoding):
         yield _record(path, number, item, needed, optional, options.max_cell_chars)
 
@@ -400,7 +421,7 @@ def json_records(path: Path, encoding: str = "utf-8") -> Iterator[tuple[int, Any
     raise DataError(path, 1, 'expected a list of records (or an object with a "data" list)')
 
 
-def _json_rows(path, needed, optional, options: FileOptions) -> Iterator[Row]:
+def _json_rows(path, needed, optional, options: FileConfig) -> Iterator[Row]:
     for index, (line, item) in enumerate(json_records(path, options.encoding), start=1):
         yield _record(path, line if line is not None else index, item, needed, optional,
                       options.max_cell_chars)  # fmt: skip
@@ -489,7 +510,7 @@ def _class_labels(schema) -> dict[str, list[str]]:
     return names
 
 
-def _arrow_rows(path, needed, optional, options: FileOptions, kind: str) -> Iterator[Row]:
+def _arrow_rows(path, needed, optional, options: FileConfig, kind: str) -> Iterator[Row]:
     number = 0
     for schema, batches in _arrow_tables(path, kind):
         found = list(schema.names)
@@ -526,13 +547,14 @@ class ColumnSentence(NamedTuple):
 
 
 def read_conll_columns(
-    path: str | os.PathLike, options: FileOptions = FileOptions(), min_fields: int = 2
+    path: str | os.PathLike, options: FileConfig | None = None, min_fields: int = 2
 ) -> tuple[list[ColumnSentence], int]:
     """(sentences, fields per line) of a CoNLL-style file: one token a line with its fields
     separated by tabs (if the line has any) or spaces, a blank line between sentences,
     `-DOCSTART-` lines and `#` comment lines (CoNLL-U) skipped. Every token line has as many
     fields as the first, and at least `min_fields` (a token and its tag)."""
     path = Path(path)
+    options = options or FileConfig()
     sentences: list[ColumnSentence] = []
     rows: list[list[str]] = []
     lines: list[int] = []

@@ -124,7 +124,7 @@ class MultipleChoiceTask(OwnTask, ChoiceTask):
             needed.append(d.label_column)
         optional = () if labelled else (d.label_column,)
         examples = []
-        for row in read_rows(path, needed, d.file_options(), optional=optional):
+        for row in read_rows(path, needed, d.reading, optional=optional):
             v, line = row.values, row.line
             context = text_cell(path, line, d.context_column, v[d.context_column])
             if len(choice_columns) == 1:

@@ -19,14 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bertkit.settings import Settings, setting
+from bertkit.settings import Settings, flat, flat_names, nested, setting
 from bertkit.tasks.base import DataError, Task, check_data
-from bertkit.tasks.files import FORMATS, MAX_CELL_CHARS, FileOptions
+from bertkit.tasks.files import FileConfig
 from bertkit.tasks.labels import PROBLEMS
 
 TAG_SCHEMES = ("auto", "iob1", "iob2", "iobes", "plain")
 
 
+@flat_names
 @dataclass
 class DataConfig(Settings):
     """Your own files and how to read them as a task. The `bertkit finetune` flags of the four
@@ -41,14 +42,7 @@ class DataConfig(Settings):
     test: str | None = setting(
         None, "test file: predicted (and scored, if labelled) once, by the best epoch's model"
     )
-    format: str = setting("auto", "file format (auto: by extension)", choices=FORMATS)
-    columns: str | None = setting(None, "names of a header-less file's columns: a,b,c")
-    encoding: str = setting("utf-8", "text encoding of the files (cp1252, latin-1, utf-16, ...)")
-    delimiter: str | None = setting(None, "CSV field separator (default ',', TSV: tab)")
-    escape_char: str | None = setting(None, "CSV: a character escaping quotes, e.g. '\\'")
-    max_cell_chars: int = setting(
-        MAX_CELL_CHARS, "longest cell read (longer: an unclosed quote)", check="positive"
-    )
+    reading: FileConfig = nested(FileConfig)
     text_column: str = setting("text", "column of the text (classification)")
     text_pair_column: str | None = setting(
         None, "column of a second text, read as segment B (sentence pairs)"
@@ -110,29 +104,13 @@ class DataConfig(Settings):
         "choices", "multiple choice: a column of choice lists, or choice columns a,b,c,d"
     )
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.file_options()  # the format, encoding and separators are checked here
-
-    def file_options(self) -> FileOptions:
-        columns = None
-        if self.columns is not None:
-            columns = tuple(c.strip() for c in self.columns.split(","))
-            if not all(columns):
-                raise ValueError(f"--columns {self.columns!r} names an empty column")
-        return FileOptions(self.format, columns, self.encoding, self.delimiter,
-                           self.escape_char, self.max_cell_chars)  # fmt: skip
-
     def file(self, split: str) -> str | None:
         return {"train": self.train, "dev": self.validation, "test": self.test}.get(split)
 
     def given(self) -> dict[str, Any]:
-        """The fields set to other than their defaults (what a user asked for)."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if getattr(self, f.name) != f.default
-        }
+        """The fields set to other than their defaults (what a user asked for), by flat name."""
+        defaults = flat(DataConfig())
+        return {k: v for k, (v, _) in flat(self).items() if v != defaults[k][0]}
 
 
 class OwnTask(Task):
@@ -171,7 +149,8 @@ class OwnTask(Task):
         return "predictions.jsonl" if split == "dev" else f"predictions_{split}.jsonl"
 
     def settings(self) -> dict[str, Any]:
-        return {"data": {k: getattr(self.data, k) for k in self.reading_fields}}
+        values = flat(self.data)
+        return {"data": {k: values[k][0] for k in self.reading_fields}}
 
     def restored(self, settings: dict[str, Any]) -> OwnTask:
         """A copy reading files as the checkpoint's spec says."""

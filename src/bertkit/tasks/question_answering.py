@@ -34,11 +34,11 @@ class QuestionAnsweringTask(OwnTask, SquadTask):
     def read(self, data, split: str) -> list[SquadExample]:
         path = self.split_path(data, split)
         labelled = split in ("train", "dev")
-        kind = file_format(path, self.data.format, default="json")
-        if kind == "json" and _squad_layout(path, self.data.encoding):
+        kind = file_format(path, self.data.reading.format, default="json")
+        if kind == "json" and _squad_layout(path, self.data.reading.encoding):
             return read_squad(path, require_answers=labelled)
         examples = []
-        options = self.data.file_options()
+        options = self.data.reading
         for row in read_rows(path, COLUMNS[1:3], options, optional=("id", "answers"), format=kind):
             v, line = row.values, row.line
             question = text_cell(path, line, "question", v["question"])

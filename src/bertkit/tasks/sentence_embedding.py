@@ -89,7 +89,7 @@ class SentenceEmbeddingTask(OwnTask):
         optional = [c for c in (d.negative_column, d.label_column) if c]
         low, high = self.score_range()
         examples = []
-        for row in read_rows(path, needed, d.file_options(), optional=optional):
+        for row in read_rows(path, needed, d.reading, optional=optional):
             v = row.values
             anchor = text_cell(path, row.line, d.text_column, v[d.text_column])
             positive = negative = score = None

@@ -171,7 +171,7 @@ class TextClassificationTask(OwnTask):
             needed.append(d.label_column)
         optional = () if labelled else (d.label_column,)
         source, empty = str(path), True
-        for row in read_rows(path, needed, d.file_options(), optional=optional):
+        for row in read_rows(path, needed, d.reading, optional=optional):
             v = row.values
             text = text_cell(path, row.line, d.text_column, v[d.text_column])
             pair = None

@@ -62,7 +62,7 @@ class TokenClassificationTask(OwnTask, WordTagger):
     def read(self, data, split: str) -> list[TaggedSentence]:
         path = self.split_path(data, split)
         labelled = split in ("train", "dev")
-        options = self.data.file_options()
+        options = self.data.reading
         kind = file_format(path, options.format, default="conll")
         if kind == "conll":
             return self._read_columns(path, labelled)
@@ -98,7 +98,7 @@ class TokenClassificationTask(OwnTask, WordTagger):
         return sentences
 
     def _read_columns(self, path: Path, labelled: bool) -> list[TaggedSentence]:
-        options = self.data.file_options()
+        options = self.data.reading
         found, width = read_conll_columns(path, options, min_fields=2 if labelled else 1)
         names = options.columns
         token_at, tag_at = 0, width - 1
