@@ -31,7 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
 import torch
@@ -65,6 +65,10 @@ from bertkit.training.loop import LOG_FILE, Trainer, TrainingConfig
 from bertkit.viz import plot_log, read_log
 
 logger = logging.getLogger("bertkit")
+
+# what a run reads: the paper's folder, your own files (a DataConfig), or None (a task that
+# holds its DataConfig)
+Data: TypeAlias = "str | os.PathLike | DataConfig | None"
 RESULTS_FILE = "results.json"
 
 
@@ -214,7 +218,7 @@ def resolve_run(
     task: str | Task,
     config: FinetuneConfig | None,
     out: str | os.PathLike,
-    data: str | os.PathLike | DataConfig | None = None,
+    data: Data = None,
 ) -> tuple[Task, FinetuneConfig, Path]:
     """The arguments every entry point takes, as objects: the task (the generic ones with the
     DataConfig given as `data`), the settings with the task's defaults filled in, the output
@@ -230,7 +234,7 @@ def resolve_run(
 def finetune(
     task: str | Task,
     model: str | os.PathLike,
-    data: str | os.PathLike | DataConfig | None,
+    data: Data,
     out: str | os.PathLike,
     config: FinetuneConfig | None = None,
     *,

@@ -18,6 +18,7 @@ from bertkit import stats
 from bertkit._io import write_json
 from bertkit.finetune import (
     RESULTS_FILE,
+    Data,
     FinetuneConfig,
     Selection,
     TaskData,
@@ -27,7 +28,6 @@ from bertkit.finetune import (
 )
 from bertkit.settings import replaced
 from bertkit.tasks import Task
-from bertkit.tasks.own import DataConfig
 from bertkit.tokenizer import BertTokenizer
 
 GRID = {"batch_size": (16, 32), "learning_rate": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
@@ -46,14 +46,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return summary
 
 
-def _start(
-    task: str | Task,
-    model: str | os.PathLike,
-    data: str | os.PathLike | DataConfig | None,
-    out: str | os.PathLike,
-    config: FinetuneConfig | None,
-    loaded: TaskData | None = None,
-) -> tuple[Task, FinetuneConfig, Path, Any, TaskData]:
+def _start(task: str | Task, model: str | os.PathLike, data: Data, out: str | os.PathLike,
+           config: FinetuneConfig | None, loaded: TaskData | None = None
+           ) -> tuple[Task, FinetuneConfig, Path, Any, TaskData]:  # fmt: skip
     """The start of a series of runs: the arguments as objects (`resolve_run`), what the task
     reads of `data`, and the data read and featurised once for every run of the series
     (features depend on max_seq_length only, not on batch, rate, epochs or seed)."""
@@ -66,17 +61,10 @@ def _start(
     return task, config, out, data, loaded
 
 
-def finetune_seeds(
-    task: str | Task,
-    model: str | os.PathLike,
-    data: str | os.PathLike | DataConfig | None,
-    out: str | os.PathLike,
-    config: FinetuneConfig | None = None,
-    seeds: int = 3,
-    build: Callable[[Task, str | os.PathLike, int], torch.nn.Module] | None = None,
-    *,
-    loaded: TaskData | None = None,
-) -> dict[str, Any]:
+def finetune_seeds(task: str | Task, model: str | os.PathLike, data: Data, out: str | os.PathLike,
+                   config: FinetuneConfig | None = None, seeds: int = 3,
+                   build: Callable[[Task, str | os.PathLike, int], torch.nn.Module] | None = None,
+                   *, loaded: TaskData | None = None) -> dict[str, Any]:  # fmt: skip
     """K runs with seeds seed, seed+1, ... in OUT/seed_<s>; OUT/results.json has the mean in
     `"dev"` and `dev_std`, `dev_min`, `dev_max`, every run's figures under `runs`."""
     task, config, out, data, loaded = _start(task, model, data, out, config, loaded)
@@ -104,15 +92,9 @@ def finetune_seeds(
     return results
 
 
-def finetune_grid(
-    task: str | Task,
-    model: str | os.PathLike,
-    data: str | os.PathLike | DataConfig | None,
-    out: str | os.PathLike,
-    config: FinetuneConfig | None = None,
-    seeds: int = 1,
-    grid: dict[str, tuple] | None = None,
-) -> dict[str, Any]:
+def finetune_grid(task: str | Task, model: str | os.PathLike, data: Data, out: str | os.PathLike,
+                  config: FinetuneConfig | None = None, seeds: int = 1,
+                  grid: dict[str, tuple] | None = None) -> dict[str, Any]:  # fmt: skip
     """The paper's grid, each point in OUT/b<batch>_lr<lr>_e<epochs> (with `seeds` seeds
     each); the point with the best dev score (`config.metric`'s figure, else the mean of the
     task's metrics; over seeds, their mean) is selected, OUT/results.json reports it."""

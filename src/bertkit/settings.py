@@ -224,6 +224,12 @@ class Formatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def command(commands: Any, name: str, help: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand of `commands` (argparse's subparsers) whose flags are settings: its help
+    shows their defaults (`Formatter`)."""
+    return commands.add_parser(name, help=help, formatter_class=Formatter, **kwargs)
+
+
 class _Renamed(argparse.Action):
     """An old spelling of a flag: stores as the new one does, with a warning."""
 

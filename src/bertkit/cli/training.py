@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bertkit.settings import Formatter, add_flags, field_names, from_flags
+from bertkit.settings import add_flags, command, field_names, from_flags
 
 
 # --------------------------------------------------------------------------- vocab, convert
@@ -148,10 +148,10 @@ def add_pretrain(commands) -> None:
     from bertkit.pretraining.recipes import RECIPES
     from bertkit.pretraining.train import PretrainConfig
 
-    pretrain = commands.add_parser(
+    pretrain = command(
+        commands,
         "pretrain",
-        help="pre-train BERT (MLM + NSP) on prepared shards",
-        formatter_class=Formatter,
+        "pre-train BERT (MLM + NSP) on prepared shards",
         description="Settings marked 'recipe' come from --recipe (default: the paper's); an "
         "explicit flag always wins. The laptop recipe: " + _recipe_line("laptop"),
     )
@@ -256,10 +256,10 @@ def add_finetune(commands) -> None:
     from bertkit.tasks import OWN_TASKS, PAPER_TASKS
     from bertkit.tasks.own import DataConfig
 
-    finetune = commands.add_parser(
+    finetune = command(
+        commands,
         "finetune",
-        help="fine-tune on a task of the paper (GLUE, SQuAD, CoNLL-2003, SWAG) or your own files",
-        formatter_class=Formatter,
+        "fine-tune on a task of the paper (GLUE, SQuAD, CoNLL-2003, SWAG) or your own files",
         description="The paper's tasks read their official files from --data DIR; "
         f"{', '.join(OWN_TASKS)} read your own files (--train, --validation, --test and the "
         "flags of 'your own data').",
@@ -304,9 +304,7 @@ def _evaluate(args: argparse.Namespace) -> None:
 def add_evaluate(commands) -> None:
     from bertkit.evaluation import EvaluateConfig
 
-    evaluate = commands.add_parser(
-        "evaluate", help="score a fine-tuned model on a split", formatter_class=Formatter
-    )
+    evaluate = command(commands, "evaluate", "score a fine-tuned model on a split")
     evaluate.add_argument("--model", required=True, help="a directory `bertkit finetune` wrote")
     evaluate.add_argument(
         "--data",

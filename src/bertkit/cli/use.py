@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from bertkit.settings import QUANTIZATIONS, Formatter, add_flags, from_flags
+from bertkit.settings import QUANTIZATIONS, add_flags, command, from_flags
 
 
 # --------------------------------------------------------------------------- predict, export, serve
@@ -31,9 +31,7 @@ def _predict(args: argparse.Namespace) -> None:
 def add_predict(commands) -> None:
     from bertkit.predict import PredictConfig
 
-    predict = commands.add_parser(
-        "predict", help="labels, spans or tags for raw text", formatter_class=Formatter
-    )
+    predict = command(commands, "predict", "labels, spans or tags for raw text")
     predict.add_argument("--model", required=True, help="a directory `bertkit finetune` wrote")
     predict.add_argument("text", nargs="*", help="sentences (a pair task: exactly two)")
     predict.add_argument("--question", help="SQuAD: the question")
@@ -88,10 +86,8 @@ def _serve(args: argparse.Namespace) -> None:
 def add_serve(commands) -> None:
     from bertkit.serve.config import ServeConfig
 
-    serve = commands.add_parser(
-        "serve",
-        help="an HTTP API with dynamic batching (/predict, /embed, /fill-mask)",
-        formatter_class=Formatter,
+    serve = command(
+        commands, "serve", "an HTTP API with dynamic batching (/predict, /embed, /fill-mask)"
     )
     serve.add_argument("model", help="a fine-tuned model, an encoder, or an ONNX export")
     add_flags(serve, ServeConfig)
@@ -115,10 +111,8 @@ def _fill_mask(args: argparse.Namespace) -> None:
 def add_fill_mask(commands) -> None:
     from bertkit.fill_mask import FillMaskConfig
 
-    fill = commands.add_parser(
-        "fill-mask",
-        help="the most likely pieces for each [MASK] of a text (MLM head)",
-        formatter_class=Formatter,
+    fill = command(
+        commands, "fill-mask", "the most likely pieces for each [MASK] of a text (MLM head)"
     )
     fill.add_argument("--model", required=True, help="a checkpoint with its MLM head")
     fill.add_argument("text", nargs="*", help="texts with one or more [MASK]s")
@@ -191,10 +185,8 @@ def _extract(args: argparse.Namespace) -> None:
 def add_extract(commands) -> None:
     from bertkit.features import ExtractConfig
 
-    extract = commands.add_parser(
-        "extract",
-        help="frozen per-token features from chosen layers (feature-based approach)",
-        formatter_class=Formatter,
+    extract = command(
+        commands, "extract", "frozen per-token features from chosen layers (feature-based approach)"
     )
     extract.add_argument("--model", required=True, help="checkpoint directory")
     extract.add_argument("--input", required=True, help="one text per line (or --conll FILE)")
