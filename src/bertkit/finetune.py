@@ -460,30 +460,16 @@ def _write_run(out: Path, task: Task, model: Path, data, config: FinetuneConfig,
         record_model_digest(out)  # checked by everything that loads it
 
 
+# the settings results.json records, and a resumed run must match to count as finished
+HYPERPARAMETERS = ("epochs", "learning_rate", "batch_size", "max_seq_length", "seed",
+                   "warmup_fraction", "warmup_steps", "weight_decay", "optimizer", "random_init",
+                   "bucket_batches", "dropout", "validation_split", "parity", "metric", "patience",
+                   "eval_every")  # fmt: skip
+
+
 def _hyperparameters(config: FinetuneConfig) -> dict[str, Any]:
     values = flat(config)
-    return {
-        k: values[k][0]
-        for k in (
-            "epochs",
-            "learning_rate",
-            "batch_size",
-            "max_seq_length",
-            "seed",
-            "warmup_fraction",
-            "warmup_steps",
-            "weight_decay",
-            "optimizer",
-            "random_init",
-            "bucket_batches",
-            "dropout",
-            "validation_split",
-            "parity",
-            "metric",
-            "patience",
-            "eval_every",
-        )
-    }
+    return {k: values[k][0] for k in HYPERPARAMETERS}
 
 
 def _check_out(out: Path, config: FinetuneConfig) -> None:
