@@ -487,3 +487,30 @@ def test_early_stopping_keeps_the_best_evaluation_and_stops(words_model, tmp_pat
         "--metric f2: not a figure of text-classification's evaluation; its figures are "
         "accuracy, macro_f1, mcc, micro_f1" in capsys.readouterr().err
     )
+
+
+def test_activation_checkpointing_fine_tunes_the_same_model(words_model, tmp_path, monkeypatch):
+    """Fine-tuning with --activation-checkpointing: the same epochs' scores and the same
+    weights as without (dropout's masks replayed in the backward pass)."""
+    from safetensors.torch import load_file
+
+    import bertkit.model
+
+    from helpers import OWN_QUICK, topic_files
+
+    replays, real = [], bertkit.model.activation_checkpoint
+    monkeypatch.setattr(bertkit.model, "activation_checkpoint",
+                        lambda *a, **k: replays.append(1) or real(*a, **k))  # fmt: skip
+    data = topic_files(tmp_path)
+    runs = [
+        finetune("text-classification", words_model, data, tmp_path / f"r{int(on)}",
+                 FinetuneConfig(**OWN_QUICK | {"epochs": 2}, activation_checkpointing=on))
+        for on in (False, True)
+    ]  # fmt: skip
+    assert replays  # the second run replayed its layers
+    assert [e["score"] for e in runs[1]["epochs"]] == pytest.approx(
+        [e["score"] for e in runs[0]["epochs"]], abs=1e-6
+    )
+    plain, replayed = (load_file(tmp_path / f"r{on}" / "model.safetensors") for on in (0, 1))
+    for name, weight in plain.items():
+        torch.testing.assert_close(replayed[name], weight, atol=1e-6, rtol=1e-5)

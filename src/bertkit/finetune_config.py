@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from bertkit.settings import (
     Settings,
+    checkpointing_setting,
     compile_setting,
     device_setting,
     flat_names,
@@ -82,6 +83,7 @@ class FinetuneConfig(Settings):
     precision: str = precision_setting()
     parity: bool = parity_setting()
     compile: str = compile_setting()
+    activation_checkpointing: bool = checkpointing_setting()
     device: str | None = device_setting()
     resume: bool = setting(False, "continue a killed run in the output folder")
     keep_state: bool = setting(False, "keep trainer_state.pt (the optimiser too: 3x the model)")

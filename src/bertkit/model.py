@@ -494,6 +494,15 @@ def set_dropout_parity(model: nn.Module, parity: bool = True) -> nn.Module:
     return model
 
 
+def set_activation_checkpointing(model: nn.Module, on: bool = True) -> nn.Module:
+    """Recompute each encoder layer's activations in the backward pass (every encoder in
+    `model`): far less activation memory, about a third more compute, the same gradients."""
+    for module in model.modules():
+        if isinstance(module, BertEncoder):
+            module.gradient_checkpointing = on
+    return model
+
+
 def _check_ids(ids: torch.Tensor, limit: int, name: str, field: str) -> None:
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= limit):
         raise ValueError(

@@ -130,6 +130,16 @@ def parity_setting() -> Any:
     )
 
 
+def checkpointing_setting() -> Any:
+    """Activation checkpointing (a run of every kind takes the same flag)."""
+    return setting(
+        False,
+        "recompute each layer's activations in the backward pass instead of keeping them: "
+        "about a third more compute for far less activation memory (BERT-large at 512, a "
+        "larger batch on one card); the same numbers",
+    )
+
+
 def compile_setting() -> Any:
     """Whether a run compiles its model (every run takes the same choices)."""
     return setting(

@@ -210,3 +210,31 @@ def test_pretrain_prints_its_evaluations_and_where_it_wrote(setup, tmp_path, cap
     printed = capsys.readouterr().out.strip().splitlines()[-1]
     assert printed.startswith(f"wrote {out} (") and "held out: " in printed
     assert " mlm_accuracy " in printed and " nsp_accuracy " in printed
+
+
+def test_activation_checkpointing_is_the_same_run(setup, tmp_path, monkeypatch):
+    """`--activation-checkpointing` recomputes each layer in the backward pass: with dropout on,
+    the replay draws the same masks (the RNG state is restored), so the losses and the weights
+    are the run's without it."""
+    import bertkit.model
+
+    replayed = []
+    real = bertkit.model.activation_checkpoint
+
+    def counted(*args, **kwargs):
+        replayed.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bertkit.model, "activation_checkpoint", counted)
+    runs = {}
+    for on in (False, True):
+        out = tmp_path / f"ckpt_{on}"
+        settings = tiny_settings(setup, log_every=1, dropout=0.1)
+        entries = run_pretraining(setup / "shards", out, settings, max_steps=4, warmup_steps=1,
+                                  activation_checkpointing=on)  # fmt: skip
+        runs[on] = ([e["loss"] for e in entries if e["split"] == "train"],
+                    load_file(out / "model.safetensors"))  # fmt: skip
+        assert bool(replayed) == on  # checkpointed: each layer of each step, and only then
+    assert runs[True][0] == pytest.approx(runs[False][0], abs=1e-6)
+    for name, weight in runs[False][1].items():
+        torch.testing.assert_close(runs[True][1][name], weight, atol=1e-6, rtol=1e-5)

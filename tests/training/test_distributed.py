@@ -18,8 +18,12 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_process_ddp_equals_one_process_with_the_same_global_batch(setup, tmp_path):
-    common = tiny_cli_args(setup, steps=8, config=setup / "nodrop.json")
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_two_process_ddp_equals_one_process_with_the_same_global_batch(setup, tmp_path, accumulate):
+    """Also with accumulation: DDP's no_sync micro-batches and its gradient buckets (the
+    gradients are views into them) add up to the one process's step."""
+    common = [*tiny_cli_args(setup, steps=8, config=setup / "nodrop.json"),
+              "--accumulate", accumulate]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     torchrun = [
         sys.executable,

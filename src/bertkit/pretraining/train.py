@@ -22,7 +22,7 @@ from bertkit.config import BertConfig
 from bertkit.heads import BertForMaskedLM, BertForPreTraining
 from bertkit.hub import model_dir
 from bertkit.losses import IGNORE_INDEX, sequence_loss, token_loss
-from bertkit.model import set_dropout_parity
+from bertkit.model import set_activation_checkpointing, set_dropout_parity
 from bertkit.pretraining import init_schemes
 from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
 from bertkit.pretraining.init_schemes import ATTENTION_INITS, POSITION_INITS
@@ -31,6 +31,7 @@ from bertkit.pretraining.prefetch import PrefetchedData, default_workers
 from bertkit.pretraining.shards import Shards
 from bertkit.settings import (
     Settings,
+    checkpointing_setting,
     compile_setting,
     device_setting,
     flat,
@@ -301,6 +302,7 @@ class PretrainConfig(Settings):
     precision: str = precision_setting()
     parity: bool = parity_setting()
     compile: str = compile_setting()
+    activation_checkpointing: bool = checkpointing_setting()
     device: str | None = device_setting()
     data_workers: int | None = setting(
         None,
@@ -487,6 +489,7 @@ def _train_phase(
         if c.mlm_bias_init == "unigram":
             unigram_bias_(model.cls.predictions.bias, shards.token_counts(tokenizer.vocab_size))
     set_dropout_parity(model, c.parity)
+    set_activation_checkpointing(model, c.activation_checkpointing)
     stream = PretrainingData(
         shards,
         tokenizer,

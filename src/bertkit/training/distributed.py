@@ -47,12 +47,15 @@ def setup(device: str | None = None) -> Distributed:
 
 
 def wrap(model: nn.Module, info: Distributed) -> nn.Module:
+    """DDP over the process group. The gradients are views into DDP's all-reduce buckets
+    (`gradient_as_bucket_view`): no copy between the two after each backward, and one
+    gradient-sized buffer less on each card."""
     if not info.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [info.device.index] if info.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids)
+    return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
