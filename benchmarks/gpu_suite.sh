@@ -94,7 +94,8 @@ bench=("$PY" benchmarks/gpu_throughput.py --data "$data" --out "$rows" "${device
 step base "${bench[@]}" --case "${base[@]}" --variants bertkit bertkit-padded transformers \
   --profile bertkit transformers
 step base_compiled "${bench[@]}" --case "${base[@]}" \
-  --variants transformers bertkit-compiled bertkit-padded-compiled --profile bertkit-compiled
+  --variants transformers bertkit-compiled bertkit-synced-compiled bertkit-padded-compiled \
+  --profile bertkit-compiled
 step large "${bench[@]}" --case "${large[@]}" --variants bertkit transformers --profile bertkit
 step squad "${bench[@]}" --case "${squad[@]}" --variants bertkit transformers \
   --profile bertkit transformers

@@ -12,9 +12,12 @@ cases time SQuAD fine-tuning (span QA at SEQ_LEN, every position a real token, a
 bf16 autocast (`--precision fp32` for none). Variants:
 
 - `bertkit`: the loop's model and objective (unpadded dense layers, the MLM head at the masked
-  positions only, the fused vocabulary softmax where it applies), eager;
+  positions only, the fused vocabulary softmax where it applies, the token layouts worked out
+  on the host as the loop does: `_Head.host_layouts`), eager;
 - `bertkit-compiled`: the same after `model.compile()` (what `--compile on` does; the warm-up,
   every batch once, compilation included, is timed apart as `warmup_s`);
+- `bertkit-synced-compiled`: compiled, the layouts worked out by the forward on the card (what
+  the loop did before: the host waits at each `nonzero` for the card to count real tokens);
 - `bertkit-padded`: eager on the padded path (every grid cell a row);
 - `bertkit-padded-compiled`: the padded path compiled (static row counts: one graph);
 - `bertkit-graphs`: the padded path compiled with `mode="reduce-overhead"` (CUDA graphs: one
@@ -133,6 +136,8 @@ def build(variant: str, config: BertConfig, squad: bool, tokenizer, device):
             encode = model.bert.forward
             model.bert.forward = lambda *a, **k: encode(*a, **{**k, "unpad": False})
         optimizer = build_optimizer(model, OptimConfig(learning_rate=1e-4))
+    # the loop's unpadded variants take their layouts from the host (`step`)
+    model.host_planned = variant in ("bertkit", "bertkit-compiled")
     if variant.endswith("compiled"):
         model.compile()
     elif variant == "bertkit-graphs":
@@ -187,6 +192,8 @@ def run_case(args, case: str, device: torch.device) -> list[dict]:
     def step(model, optimizer, i: int) -> None:
         batch = {k: v.to(device, non_blocking=True) for k, v in batches[i].items()}
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            if getattr(model, "host_planned", False):  # as the loop does (Trainer)
+                batch["layouts"] = model.host_layouts(batches[i], device)
             if squad:
                 loss = model(**batch).loss
             else:

@@ -318,3 +318,66 @@ def test_each_loss_is_one_definition_the_mean_is_the_sum_over_its_units():
     close(span_loss(moved, *args[1:]), span_loss(*args))
     with pytest.raises(ValueError, match="reduction"):
         token_loss(logits, labels, reduction="none")
+
+
+def _outputs(out):
+    return [t for t in vars(out).values() if isinstance(t, torch.Tensor)]
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize(
+    "head, decoder",
+    [(BertForPreTraining, False), (BertForPreTraining, True), (BertForMaskedLM, False),
+     (BertForSequenceClassification, False), (BertForTokenClassification, False),
+     (BertForQuestionAnswering, False), (BertForMultipleChoice, False)],
+)  # fmt: skip
+def test_host_layouts_are_the_forwards_own(tiny_config, tiny_batch, head, decoder, autocast):
+    """What the training loop works out on the host (`host_layouts`, then `layouts=`) is what
+    the forward would work out on the device: the same outputs, dropout on, in fp32 and under
+    CPU bf16 autocast (rows rounded up to 64); a padded-only (ONNX) model ignores reads."""
+    tiny_config.is_decoder = decoder
+    batch = dict(tiny_batch)
+    if head is BertForMultipleChoice:
+        batch = {k: torch.stack([v, v.roll(1, 0)], 1) for k, v in batch.items()}  # 2 choices
+    if head in (BertForPreTraining, BertForMaskedLM):
+        batch["masked_positions"] = torch.tensor([[2, 4, 0], [5, 1, 0], [1, 3, 0]])
+    for padded_only in (False, True):
+        torch.manual_seed(0)
+        model = head(tiny_config).train()
+        model.padded_only = model.bert.padded_only = padded_only
+        runs = []
+        for planned in (False, True):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                extra = {"layouts": model.host_layouts(batch, "cpu")} if planned else {}
+                torch.manual_seed(1)
+                runs.append(_outputs(model(**batch, **extra)))
+        assert runs[1] and all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+    # a batch without padding: attention takes no mask (left to right, the causal one)
+    model.padded_only = model.bert.padded_only = False
+    full = {k: v[:1, :1] if head is BertForMultipleChoice else v[:1] for k, v in batch.items()}
+    assert model.host_layouts(full, "cpu").masked == decoder
+    assert model.host_layouts(batch, "cpu").masked
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # fused loop, plain path
+def test_the_vocabulary_softmax_skips_unlabelled_rows_without_selecting_them(dtype):
+    """Rows labelled IGNORE_INDEX (the padding slots of masked_positions) add nothing to the
+    sum, the hits or the gradients, on the fused loop (CPU) and on the plain path (CUDA's, which
+    keeps every row so that the GPU need not report how many are labelled)."""
+    from bertkit.losses import IGNORE_INDEX, fused_vocab_cross_entropy
+
+    generator = torch.Generator().manual_seed(3)
+    states = torch.randn(40, 16, generator=generator, dtype=dtype, requires_grad=True)
+    weight = torch.randn(50, 16, generator=generator, dtype=dtype, requires_grad=True)
+    bias = torch.randn(50, generator=generator, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, 50, (40,), generator=generator)
+    labels[::3] = IGNORE_INDEX
+    keep = labels != IGNORE_INDEX
+    logits = torch.nn.functional.linear(states[keep], weight, bias)
+    plain = torch.nn.functional.cross_entropy(logits, labels[keep], reduction="sum")
+    expected = torch.autograd.grad(plain, (states, weight, bias))
+    total, correct = fused_vocab_cross_entropy(states, weight, bias, labels)
+    torch.testing.assert_close(total.double(), plain.detach().double(), rtol=1e-6, atol=1e-4)
+    assert int(correct) == int((logits.argmax(-1) == labels[keep]).sum())
+    for a, b in zip(torch.autograd.grad(total, (states, weight, bias)), expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -10,11 +10,15 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from bertkit.config import BertConfig
 from bertkit.embedding import BertForSentenceEmbedding
+from bertkit.lm_head import (
+    BertOnlyMLMHead,
+    BertPreTrainingHeads,
+    gather_positions,
+)
 from bertkit.losses import (
     IGNORE_INDEX,
     fused_vocab_cross_entropy,
@@ -23,66 +27,19 @@ from bertkit.losses import (
     span_loss,
     token_loss,
 )
-from bertkit.model import BertModel, BertPreTrainedModel, activation
+from bertkit.model import BertModel, BertPreTrainedModel
 from bertkit.outputs import BertForPreTrainingOutput, BertHeadOutput, BertQuestionAnsweringOutput
-
-
-# ------------------------------------------------------------------------------- pieces
-class BertPredictionHeadTransform(nn.Module):
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = activation(config.hidden_act)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.act(self.dense(x)))
-
-
-class BertLMPredictionHead(nn.Module):
-    """transform -> vocabulary logits with the word-embedding matrix (tied) + an output bias."""
-
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.transform = BertPredictionHeadTransform(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # tied
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., H) -> (..., V)
-        return F.linear(self.transform(x), self.decoder.weight, self.bias)
-
-
-class BertPreTrainingHeads(nn.Module):
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.predictions = BertLMPredictionHead(config)
-        self.seq_relationship = nn.Linear(config.hidden_size, 2)
-
-
-class BertOnlyMLMHead(nn.Module):
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        self.predictions = BertLMPredictionHead(config)
-
-
-def gather_positions(sequence: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Hidden states at the given positions: (B, S, H), (B, P) -> (B, P, H).
-
-    >>> gather_positions(torch.arange(6.).view(1, 3, 2), torch.tensor([[2, 0]])).tolist()
-    [[[4.0, 5.0], [0.0, 1.0]]]
-    """
-    if positions.dim() != 2 or positions.shape[0] != sequence.shape[0]:
-        raise ValueError(
-            f"masked_positions must be (batch={sequence.shape[0]}, P), got {tuple(positions.shape)}"
-        )
-    index = positions.long().unsqueeze(-1).expand(-1, -1, sequence.shape[-1])
-    return torch.gather(sequence, 1, index)
+from bertkit.unpad import Layouts
 
 
 class _Head(BertPreTrainedModel):
-    """A task head on `self.bert`."""
+    """A task head on `self.bert`. What the head reads of the encoder's output decides what the
+    encoder computes: every position (`per_position`: tagging, QA), [CLS] alone
+    (`reads_cls_only`: classifiers), or the `read_positions` a forward gives (masked LM)."""
 
     bert: BertModel
+    per_position = True
+    reads_cls_only = False
 
     def _encode(
         self,
@@ -90,22 +47,20 @@ class _Head(BertPreTrainedModel):
         token_type_ids: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
         *,
-        per_position: bool,  # the head's output has a value at every position
         output_hidden_states: bool,
         output_attentions: bool,
         read_positions: torch.Tensor | None = None,
-        read_cls_only: bool = False,
+        layouts: Layouts | None = None,
     ):
         """Run the encoder, on real tokens only (`unpad=True`) whenever no padded position's
-        value can be seen: the head reads [CLS] or chosen positions (`per_position=False`), or
-        the model is training (losses ignore padding). Requested hidden states or attentions keep
-        the padded path, so they match other implementations everywhere. `read_positions`: the
-        only positions (besides [CLS]) the head reads, see `BertModel.forward`."""
-        unpad = not (output_hidden_states or output_attentions or self.padded_only) and (
-            self.training or not per_position
+        value can be seen: the head reads [CLS] or chosen positions, or the model is training
+        (losses ignore padding). Requested hidden states or attentions keep the padded path, so
+        they match other implementations everywhere. `read_positions`: the only positions
+        (besides [CLS]) the head reads, see `BertModel.forward`; `layouts`: what
+        `host_layouts` gave for the same batch."""
+        unpad, read_positions, cls_only = self._reads(
+            read_positions, output_hidden_states or output_attentions
         )
-        if self.padded_only:
-            read_positions, read_cls_only = None, False
         return self.bert(
             input_ids,
             token_type_ids,
@@ -114,8 +69,31 @@ class _Head(BertPreTrainedModel):
             output_attentions=output_attentions,
             unpad=unpad,
             read_positions=read_positions,
-            read_cls_only=read_cls_only,
+            read_cls_only=cls_only,
+            layouts=layouts,
         )
+
+    def _reads(self, read_positions: torch.Tensor | None, reads_all: bool):
+        """(unpad, read_positions, read_cls_only) of a forward."""
+        per_position = self.per_position and read_positions is None
+        unpad = not (reads_all or self.padded_only) and (self.training or not per_position)
+        if self.padded_only:
+            return unpad, None, False
+        return unpad, read_positions, self.reads_cls_only
+
+    def host_layouts(self, batch: dict[str, torch.Tensor], device: torch.device | str) -> Layouts:
+        """The layouts `_encode` would compute on `device` for `batch` (its attention_mask, and
+        the masked LM's masked_positions), computed where the batch is (the host) and moved to
+        `device`: a forward given them (`layouts=`) never waits for the device to count the real
+        tokens, so the host queues the step's kernels ahead of the card."""
+        mask = batch["attention_mask"]
+        mask = mask.reshape(-1, mask.shape[-1])  # multiple choice: (B x choices, S)
+        unpad, positions, cls_only = self._reads(batch.get("masked_positions"), False)
+        layouts = self.bert.layouts(
+            mask, (mask.shape[0], mask.shape[1]), device, unpad=unpad,
+            causal=self.bert.config.is_decoder, read_positions=positions, read_cls_only=cls_only,
+        )  # fmt: skip
+        return layouts.to(device)
 
 
 class _PerTokenHead(_Head):
@@ -136,6 +114,7 @@ class _PerTokenHead(_Head):
         *,
         output_hidden_states: bool,
         output_attentions: bool,
+        layouts: Layouts | None = None,
     ):
         """The encoder's output and every token's final vector (B, S, H), through the BiLSTM
         when the head has one."""
@@ -143,9 +122,9 @@ class _PerTokenHead(_Head):
             input_ids,
             token_type_ids,
             attention_mask,
-            per_position=True,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
+            layouts=layouts,
         )
         hidden = out.last_hidden_state
         if self.bilstm is not None:
@@ -181,12 +160,9 @@ class _MaskedLMMixin:
         if masked_positions is None or labels is None:
             raise ValueError("fused_mlm needs masked_positions and labels")
         states = self.cls.predictions.transform(gather_positions(sequence, masked_positions))
-        valid = labels != IGNORE_INDEX
+        predictions = self.cls.predictions
         return fused_vocab_cross_entropy(
-            states[valid],
-            self.cls.predictions.decoder.weight,
-            self.cls.predictions.bias,
-            labels[valid],
+            states.flatten(0, 1), predictions.decoder.weight, predictions.bias, labels.flatten()
         )
 
 
@@ -219,6 +195,7 @@ class BertForPreTraining(_MaskedLMMixin, _Head):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         fused_mlm: bool = False,
+        layouts: Layouts | None = None,
     ) -> BertForPreTrainingOutput:
         """With `fused_mlm` (training; needs `masked_positions` and `labels`) the MLM loss is
         computed without materialising the logits: `mlm_logits` is None, `mlm_loss_sum` and
@@ -227,10 +204,10 @@ class BertForPreTraining(_MaskedLMMixin, _Head):
             input_ids,
             token_type_ids,
             attention_mask,
-            per_position=masked_positions is None,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
             read_positions=masked_positions,
+            layouts=layouts,
         )
         assert out.pooler_output is not None
         nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
@@ -283,16 +260,17 @@ class BertForMaskedLM(_MaskedLMMixin, _Head):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         fused_mlm: bool = False,
+        layouts: Layouts | None = None,
     ) -> BertHeadOutput:
         """`fused_mlm`: as in `BertForPreTraining.forward`."""
         out = self._encode(
             input_ids,
             token_type_ids,
             attention_mask,
-            per_position=masked_positions is None,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
             read_positions=masked_positions,
+            layouts=layouts,
         )
         if fused_mlm:
             assert masked_positions is not None and labels is not None, "fused_mlm needs both"
@@ -308,6 +286,8 @@ class BertForSequenceClassification(_Head):
     """A linear layer on the pooled [CLS] vector. `config.num_labels == 1` is regression (MSE,
     e.g. STS-B); otherwise softmax cross-entropy, or sigmoid BCE for multi-label
     (`problem_type`, as in Hugging Face)."""
+
+    per_position, reads_cls_only = False, True
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
@@ -326,15 +306,15 @@ class BertForSequenceClassification(_Head):
         *,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        layouts: Layouts | None = None,
     ) -> BertHeadOutput:
         out = self._encode(
             input_ids,
             token_type_ids,
             attention_mask,
-            per_position=False,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
-            read_cls_only=True,
+            layouts=layouts,
         )
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, C)
         loss = None
@@ -371,6 +351,7 @@ class BertForTokenClassification(_PerTokenHead):
         *,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        layouts: Layouts | None = None,
     ) -> BertHeadOutput:
         out, hidden = self._encode_tokens(
             input_ids,
@@ -378,6 +359,7 @@ class BertForTokenClassification(_PerTokenHead):
             attention_mask,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
+            layouts=layouts,
         )
         logits = self.classifier(self.dropout(hidden))  # (B, S, C)
         loss = token_loss(logits, labels) if labels is not None else None
@@ -407,6 +389,7 @@ class BertForQuestionAnswering(_PerTokenHead):
         *,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        layouts: Layouts | None = None,
     ) -> BertQuestionAnsweringOutput:
         out, hidden = self._encode_tokens(
             input_ids,
@@ -414,6 +397,7 @@ class BertForQuestionAnswering(_PerTokenHead):
             attention_mask,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
+            layouts=layouts,
         )
         logits = self.qa_outputs(hidden)  # (B, S, 2)
         start_logits, end_logits = logits[..., 0], logits[..., 1]  # (B, S) each
@@ -469,6 +453,8 @@ class BertForMultipleChoice(_Head):
     """One `[CLS] context [SEP] choice [SEP]` per choice, a score from the pooled vector, softmax
     over the choices (SWAG)."""
 
+    per_position, reads_cls_only = False, True
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
         self.bert = BertModel(config)
@@ -485,6 +471,7 @@ class BertForMultipleChoice(_Head):
         *,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        layouts: Layouts | None = None,
     ) -> BertHeadOutput:
         if input_ids.dim() != 3:
             raise ValueError(
@@ -499,10 +486,9 @@ class BertForMultipleChoice(_Head):
             input_ids.reshape(batch * choices, seq_len),
             flat(token_type_ids),
             flat(attention_mask),
-            per_position=False,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
-            read_cls_only=True,
+            layouts=layouts,
         )
         scores = self.classifier(self.dropout(out.pooler_output))  # (B*C, 1)
         logits = scores.view(batch, choices)

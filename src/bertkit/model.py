@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint as activation_checkpoint
 from bertkit.checkpoint import load_pretrained, save_pretrained
 from bertkit.config import BertConfig
 from bertkit.dropout import dropout as fast_dropout
-from bertkit.unpad import TokenLayout, row_multiple
+from bertkit.unpad import Layouts, TokenLayout, row_multiple
 
 
 class BertEmbeddings(nn.Module):
@@ -384,6 +384,47 @@ class BertModel(BertPreTrainedModel):
         self.dropout_parity = False
         self.init_weights()
 
+    def layouts(
+        self,
+        attention_mask: torch.Tensor | None,
+        shape: tuple[int, int],
+        device: torch.device | str,
+        *,
+        unpad: bool,
+        causal: bool,
+        read_positions: torch.Tensor | None = None,
+        read_cls_only: bool = False,
+    ) -> Layouts:
+        """Where a forward's token rows sit in its (B, S) = `shape` grid (see `TokenLayout`):
+        the real tokens' rows (`unpad` and a mask), the last layer's rows when only
+        `read_positions` (B, P) and [CLS] (a left-to-right model: its last real token), or
+        [CLS] alone (`read_cls_only`), are read after it, and whether attention needs the mask.
+        Computed where `attention_mask` is: on the device by `forward`, or on the host before
+        a batch goes to a GPU (`_Head.host_layouts`), so the GPU need not stop to count the
+        real tokens; `device` is where the batch runs (it sets the row multiple)."""
+        batch, seq_len = shape
+        multiple = row_multiple(torch.device(device))
+        parity, masked = self.dropout_parity, True
+        if unpad and attention_mask is not None:
+            layout = TokenLayout.unpadded(attention_mask, multiple, parity)
+            masked = layout.index is not None or causal or self.padded_only
+        else:
+            layout = TokenLayout(batch, seq_len, parity=parity)
+        read = None
+        if read_positions is not None or read_cls_only:
+            where = attention_mask.device if attention_mask is not None else device
+            keep = torch.zeros(batch, seq_len, dtype=torch.bool, device=where)
+            if not causal:
+                keep[:, 0] = True  # [CLS], read by the pooler
+            else:
+                keep[torch.arange(batch), _last_tokens(attention_mask, batch, seq_len, where)] = (
+                    True
+                )
+            if read_positions is not None:
+                keep.scatter_(1, read_positions.long().to(where), True)
+            read = layout.subset(keep, multiple)
+        return Layouts(layout, read, masked)
+
     def forward(
         self,
         input_ids: torch.Tensor,  # (B, S) token ids
@@ -397,6 +438,7 @@ class BertModel(BertPreTrainedModel):
         unpad: bool = False,
         read_positions: torch.Tensor | None = None,
         read_cls_only: bool = False,
+        layouts: Layouts | None = None,
     ) -> BertModelOutput:
         """Encode a batch. With `unpad=True` and an `attention_mask`, the dense layers run on
         real tokens only (faster by the padding fraction) and every output is zero at padded
@@ -407,7 +449,8 @@ class BertModel(BertPreTrainedModel):
         `last_hidden_state` is zero elsewhere (the masked LM passes its masked positions).
         `read_cls_only`: only [CLS]'s final state will be read (classifiers). Both are ignored
         when hidden states or attentions are asked for. A left-to-right (`causal`) model pools
-        its last real token, not [CLS] (which sees only itself there)."""
+        its last real token, not [CLS] (which sees only itself there). `layouts`: what
+        `self.layouts` gives for these arguments, computed beforehand (on the host)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_len), got {tuple(input_ids.shape)}")
         seq_len = input_ids.shape[1]
@@ -442,36 +485,28 @@ class BertModel(BertPreTrainedModel):
             )
 
         batch = input_ids.shape[0]
-        multiple = row_multiple(input_ids.device)
-        parity = self.dropout_parity
-        if unpad and attention_mask is not None:
-            layout = TokenLayout.unpadded(attention_mask, multiple, parity)
-            if layout.index is None and not causal and not self.padded_only:
-                # No padding (SQuAD's 384-piece windows, say): attention needs no mask, and
-                # without one SDPA may take its flash kernel (a mask rules that out on CUDA)
-                mask = None
-        else:
-            layout = TokenLayout(batch, seq_len, parity=parity)
         # Left to right, [CLS] attends to itself alone, so a sentence representation read there
         # would be the same for every input: the pooler reads the last real token instead (the
         # final [SEP], which has seen the whole input, as GPT's classifier does). The paper does
         # not say where its LTR ablation's classifier reads.
-        pool_at = None
-        if causal:
-            pool_at = torch.full((batch,), seq_len - 1, device=input_ids.device)
-            if attention_mask is not None:
-                pool_at = attention_mask.long().cumsum(1).argmax(1)  # the last 1 of each row
-        read = None
-        reads_few = read_positions is not None or read_cls_only
-        if reads_few and not (output_hidden_states or output_attentions):
-            keep = torch.zeros(batch, seq_len, dtype=torch.bool, device=input_ids.device)
-            if pool_at is None:
-                keep[:, 0] = True  # [CLS], read by the pooler
-            else:
-                keep[torch.arange(batch, device=keep.device), pool_at] = True
-            if read_positions is not None:
-                keep.scatter_(1, read_positions.long(), True)
-            read = layout.subset(keep, multiple)
+        pool_at = _last_tokens(attention_mask, batch, seq_len, input_ids.device) if causal else None
+        if layouts is None:
+            reads_all = output_hidden_states or output_attentions
+            layouts = self.layouts(
+                attention_mask, (batch, seq_len), input_ids.device, unpad=unpad, causal=causal,
+                read_positions=None if reads_all else read_positions,
+                read_cls_only=read_cls_only and not reads_all,
+            )  # fmt: skip
+        elif (layouts.rows.batch, layouts.rows.seq_len) != (batch, seq_len):
+            raise ValueError(
+                f"layouts for a {layouts.rows.batch} x {layouts.rows.seq_len} batch, given "
+                f"{batch} x {seq_len}"
+            )
+        layout, read = layouts.rows, layouts.read
+        if not layouts.masked:
+            # No padding (SQuAD's 384-piece windows, say): attention needs no mask, and without
+            # one SDPA may take its flash kernel (a mask rules that out on CUDA)
+            mask = None
         x = self.embeddings(input_ids, token_type_ids, position_ids, layout)  # rows
         x, hidden_states, attentions = self.encoder(
             x, mask, layout, output_hidden_states, output_attentions, read
@@ -492,6 +527,14 @@ def set_dropout_parity(model: nn.Module, parity: bool = True) -> nn.Module:
         if isinstance(module, BertModel):
             module.dropout_parity = parity
     return model
+
+
+def _last_tokens(attention_mask: torch.Tensor | None, batch: int, seq_len: int,
+                 device: torch.device | str) -> torch.Tensor:  # fmt: skip
+    """(B,) the position of each row's last real token."""
+    if attention_mask is None:
+        return torch.full((batch,), seq_len - 1, device=device)
+    return attention_mask.long().cumsum(1).argmax(1)  # the last 1 of each row
 
 
 def set_activation_checkpointing(model: nn.Module, on: bool = True) -> nn.Module:

@@ -12,7 +12,9 @@ numbers on either path and the numbers transformers gives.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +60,12 @@ class TokenLayout:
             added = (flat == 0).nonzero().squeeze(1)[:extra]
             index = torch.cat([index, added]).sort().values
         return cls(attention_mask.shape[0], attention_mask.shape[1], index, added, parity)
+
+    def to(self, device: torch.device | str) -> TokenLayout:
+        """This layout with its positions on `device` (to a GPU through pinned memory: a copy
+        the host does not wait for)."""
+        return dataclasses.replace(self, index=_moved(self.index, device),
+                                   added=_moved(self.added, device))  # fmt: skip
 
     def to_rows(self, grid: torch.Tensor) -> torch.Tensor:  # (B, S, ...) -> (N, F) or (B, S, F)
         if self.index is None:
@@ -115,6 +123,31 @@ class TokenLayout:
             if self.added is not None:
                 rows = rows.index_fill(0, self.added, 0)
         return rows.view(self.batch, self.seq_len, rows.shape[-1])
+
+
+@dataclass
+class Layouts:
+    """The token layouts of one forward (`BertModel.layouts`): the layers' `rows`; `read`, the
+    last layer's rows and layout when only some positions are read after it (None: all); and
+    whether attention takes the padding mask (`masked`; False when there is no padding)."""
+
+    rows: TokenLayout
+    read: tuple[torch.Tensor, TokenLayout] | None = None
+    masked: bool = True
+
+    def to(self, device: torch.device | str) -> Layouts:
+        read = (
+            None if self.read is None else (_moved(self.read[0], device), self.read[1].to(device))
+        )
+        return Layouts(self.rows.to(device), read, self.masked)
+
+
+def _moved(tensor: Any, device: torch.device | str) -> Any:
+    if tensor is None or tensor.device == torch.device(device):
+        return tensor
+    if tensor.device.type == "cpu" and torch.device(device).type == "cuda":
+        tensor = tensor.pin_memory()  # a copy from pageable memory would wait for the stream
+    return tensor.to(device, non_blocking=True)
 
 
 def row_multiple(device: torch.device) -> int:

@@ -238,3 +238,24 @@ def test_activation_checkpointing_is_the_same_run(setup, tmp_path, monkeypatch):
     assert runs[True][0] == pytest.approx(runs[False][0], abs=1e-6)
     for name, weight in runs[False][1].items():
         torch.testing.assert_close(runs[True][1][name], weight, atol=1e-6, rtol=1e-5)
+
+
+def test_the_loop_works_out_the_token_layouts_on_the_host(setup, tmp_path, monkeypatch):
+    """Every training forward gets its layouts from the loop (`_Head.host_layouts`, on the
+    batch before it moves to the device): on a GPU the step then never waits to count real
+    tokens. The run is the one the forward's own layouts give (tests/test_heads.py)."""
+    from bertkit.model import BertModel
+
+    seen = []
+    real = BertModel.forward
+
+    def forward(self, *args, **kwargs):
+        seen.append((self.training, kwargs.get("layouts") is not None))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(BertModel, "forward", forward)
+    run_pretraining(setup / "shards", tmp_path / "run", tiny_settings(setup), max_steps=3,
+                    warmup_steps=1, eval_data=setup / "shards", eval_batches=1)  # fmt: skip
+    trained = [given for training, given in seen if training]
+    assert len(trained) == 3 and all(trained)
+    assert any(not training for training, _ in seen)  # evaluation: the forward's own

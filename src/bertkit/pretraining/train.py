@@ -72,12 +72,13 @@ class PretrainingObjective:
         labels = batch["labels"]
         valid = labels != IGNORE_INDEX
         fused = isinstance(distributed.unwrap(model), (BertForPreTraining, BertForMaskedLM))
+        ours = {"labels": labels, "fused_mlm": True, "layouts": batch.get("layouts")}
         out = model(
             input_ids=batch["input_ids"],
             token_type_ids=batch["token_type_ids"],
             attention_mask=batch["attention_mask"],
             masked_positions=batch["masked_positions"],
-            **({"labels": labels, "fused_mlm": True} if fused else {}),
+            **(ours if fused else {}),
         )
         if fused:  # bertkit's heads: the vocabulary softmax without the logits in memory
             mlm_sum, correct = out.mlm_loss_sum.float(), out.mlm_correct

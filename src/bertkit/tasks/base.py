@@ -245,13 +245,21 @@ class Task:
         return list(texts)
 
 
-def head_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The head's logits, in fp32, for a collated batch (every classification-style task)."""
+def run_model(model, batch: dict[str, Any]):
+    """The model on a collated batch's inputs, with the token layouts the training loop worked
+    out on the host when it did (`Objective.layouts`)."""
+    extra = {"layouts": batch["layouts"]} if "layouts" in batch else {}
     return model(
         input_ids=batch["input_ids"],
         token_type_ids=batch["token_type_ids"],
         attention_mask=batch["attention_mask"],
-    ).logits.float()
+        **extra,
+    )
+
+
+def head_logits(model, batch: dict[str, Any]) -> torch.Tensor:
+    """The head's logits, in fp32, for a collated batch (every classification-style task)."""
+    return run_model(model, batch).logits.float()
 
 
 def collate(features: Sequence[Feature], padded: dict[str, int]) -> dict[str, torch.Tensor]:

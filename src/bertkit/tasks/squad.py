@@ -35,7 +35,7 @@ import torch
 from bertkit._io import atomic_path
 from bertkit.losses import PAD_LOGIT, span_loss
 from bertkit.tasks import metrics
-from bertkit.tasks.base import DataError, Feature, Task, read_text, require_file
+from bertkit.tasks.base import DataError, Feature, Task, read_text, require_file, run_model
 
 logger = logging.getLogger("bertkit")
 
@@ -307,11 +307,7 @@ class SquadTask(Task):
 
     # ----------------------------------------------------------------- training
     def _forward(self, model, batch):
-        return model(
-            input_ids=batch["input_ids"],
-            token_type_ids=batch["token_type_ids"],
-            attention_mask=batch["attention_mask"],
-        )
+        return run_model(model, batch)
 
     def loss(self, model, batch):
         out = self._forward(model, batch)

@@ -249,6 +249,11 @@ class Divergence:
 
 
 class Objective(Protocol):
+    """What a run minimises. A bertkit head's batch reaches `loss` with batch["layouts"]: where
+    its token rows sit, worked out by the loop while the batch was still on the host
+    (`_Head.host_layouts`), so that a GPU never stops to tell the host how many tokens are
+    real; `loss` passes it to the model."""
+
     def counts(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Units each loss term averages over in this micro-batch, e.g. [masked tokens, pairs]."""
 
@@ -544,6 +549,7 @@ class Trainer:
             if budget_schedule is not None:
                 budget_schedule.set_spent(self.train_seconds)
             batches = [self.data.next_batch() for _ in range(config.accumulation)]
+            plan = getattr(self.model, "host_layouts", None)
             totals = torch.stack([self.objective.counts(b) for b in batches]).sum(0).double()
             if self.dist.enabled:  # (one process: no trip to the device, whose .cpu() would
                 # wait for the last step's kernels and keep the host from running ahead)
@@ -552,7 +558,8 @@ class Trainer:
                 real = int(batch["attention_mask"].sum())  # counted on the CPU: no device sync
                 tokens += real
                 self.tokens_seen += real * self.dist.world_size
-                batch = {k: v.to(self.dist.device, non_blocking=True) for k, v in batch.items()}
+                host, device = batch, self.dist.device
+                batch = {k: v.to(device, non_blocking=True) for k, v in host.items()}
                 last = index == len(batches) - 1
                 sync = (
                     contextlib.nullcontext()
@@ -565,6 +572,9 @@ class Trainer:
                         self.dist.device.type, dtype=self.dtype, enabled=self.dtype is not None
                     ),
                 ):
+                    layouts = plan(host, device) if plan is not None else None
+                    if layouts is not None:  # (under autocast: it sets the CPU's row multiple)
+                        batch["layouts"] = layouts
                     loss, stats = self.objective.loss(self.wrapped, batch, totals)
                     # DDP averages gradients over ranks; the loss is already a global mean
                     loss = loss * self.dist.world_size

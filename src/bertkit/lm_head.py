@@ -1,0 +1,64 @@
+"""The output layers of pre-training, named as the checkpoints name them: the masked-LM
+prediction head (a transform, then the vocabulary logits through the tied word embeddings and
+an output bias) and NSP's two-way classifier; `gather_positions` picks the masked positions'
+states for them."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertkit.config import BertConfig
+from bertkit.model import activation
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """transform -> vocabulary logits with the word-embedding matrix (tied) + an output bias."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # tied
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., H) -> (..., V)
+        return F.linear(self.transform(x), self.decoder.weight, self.bias)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+
+
+def gather_positions(sequence: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Hidden states at the given positions: (B, S, H), (B, P) -> (B, P, H).
+
+    >>> gather_positions(torch.arange(6.).view(1, 3, 2), torch.tensor([[2, 0]])).tolist()
+    [[[4.0, 5.0], [0.0, 1.0]]]
+    """
+    if positions.dim() != 2 or positions.shape[0] != sequence.shape[0]:
+        raise ValueError(
+            f"masked_positions must be (batch={sequence.shape[0]}, P), got {tuple(positions.shape)}"
+        )
+    index = positions.long().unsqueeze(-1).expand(-1, -1, sequence.shape[-1])
+    return torch.gather(sequence, 1, index)
