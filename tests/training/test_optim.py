@@ -89,5 +89,55 @@ def test_bertadam_is_googles_update_without_bias_correction():
         OptimConfig(learning_rate=1.0, weight_decay=0.0, optimizer="bertadam"),
     ).step()
     assert float(first.detach()) == pytest.approx(-0.1 / (0.001**0.5 + 1e-6), rel=1e-5)
-    with pytest.raises(ValueError, match="--optimizer 'sgd' is not one of adamw, bertadam"):
+    with pytest.raises(ValueError, match="--optimizer .sgd. is not one of adamw, bertadam, lamb"):
         OptimConfig(optimizer="sgd")
+
+
+def test_lamb_is_the_papers_update_and_resumes():
+    """LAMB, step by step in numpy: bias-corrected Adam's step plus decay, scaled per tensor by
+    ||w|| / ||u||; LayerNorm and biases (no decay) take Adam's step unscaled. Its state saved
+    and loaded mid-run gives the same weights as the run not stopped."""
+    from bertkit.training.optim import OptimConfig, build_optimizer
+
+    def model_and_optimizer():
+        torch.manual_seed(0)
+        model = torch.nn.ModuleDict(
+            {"dense": torch.nn.Linear(5, 4), "LayerNorm": torch.nn.LayerNorm(4)}
+        )
+        config = OptimConfig(learning_rate=0.01, weight_decay=0.1, optimizer="lamb")
+        return model, build_optimizer(model, config)
+
+    model, optimizer = model_and_optimizer()
+    start = {n: p.detach().double().numpy().copy() for n, p in model.named_parameters()}
+    grads = [{n: torch.randn_like(p) for n, p in model.named_parameters()} for _ in range(5)]
+
+    def steps(model, optimizer, which):
+        for step in which:
+            for n, p in model.named_parameters():
+                p.grad = step[n].clone()
+            optimizer.step()
+
+    steps(model, optimizer, grads)
+    beta1, beta2, eps, lr = 0.9, 0.999, 1e-6, 0.01
+    for name, weights in start.items():
+        m, v = np.zeros_like(weights), np.zeros_like(weights)
+        decay = 0.0 if name.endswith("bias") or name.startswith("LayerNorm") else 0.1
+        for t, step in enumerate(grads, start=1):
+            g = step[name].double().numpy()
+            m = beta1 * m + (1.0 - beta1) * g
+            v = beta2 * v + (1.0 - beta2) * g * g
+            update = (m / (1 - beta1**t)) / (np.sqrt(v / (1 - beta2**t)) + eps) + decay * weights
+            w_norm, u_norm = np.linalg.norm(weights), np.linalg.norm(update)
+            ratio = w_norm / u_norm if decay and w_norm > 0 and u_norm > 0 else 1.0
+            weights = weights - lr * ratio * update
+        got = dict(model.named_parameters())[name].detach().double().numpy()
+        np.testing.assert_allclose(got, weights, rtol=1e-5, atol=1e-6)
+    # stopped after 2 steps, its state saved and loaded into a fresh optimiser: the same run
+    again, first = model_and_optimizer()
+    steps(again, first, grads[:2])
+    config = OptimConfig(learning_rate=0.01, weight_decay=0.1, optimizer="lamb")
+    resumed = build_optimizer(again, config)
+    resumed.load_state_dict(first.state_dict())
+    steps(again, resumed, grads[2:])
+    for (name, a), b in zip(again.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, msg=name)

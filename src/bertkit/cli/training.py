@@ -140,7 +140,7 @@ def _recipe_line(name: str) -> str:
 
 # the optimiser's settings pre-training and fine-tuning leave at the paper's (no flag; Python
 # takes them)
-_PRETRAIN_FIXED = ("weight_decay", "max_grad_norm", "optimizer", "schedule")
+_PRETRAIN_FIXED = ("weight_decay", "max_grad_norm", "schedule")
 _FINETUNE_FIXED = ("adam_beta2", "max_grad_norm", "schedule")
 
 

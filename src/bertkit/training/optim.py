@@ -45,9 +45,10 @@ class OptimConfig(Settings):
     max_grad_norm: float = setting(1.0, "gradients clipped to this global norm", check="positive")
     optimizer: str = setting(
         "adamw",
-        "adamw (torch's, bias-corrected) or bertadam (Google's original update without bias "
-        "correction, eps 1e-6)",
-        choices=("adamw", "bertadam"),
+        "adamw (torch's, bias-corrected), bertadam (Google's original update without bias "
+        "correction, eps 1e-6) or lamb (Adam's step scaled per tensor by its weight norm over "
+        "its step norm, You et al. 2020: for large batches, as NVIDIA pre-trains)",
+        choices=("adamw", "bertadam", "lamb"),
     )
     schedule: str = setting(
         "linear",
@@ -123,6 +124,8 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
     lr, betas, eps = config.learning_rate, (0.9, config.adam_beta2), ADAM_EPSILON
     if config.optimizer == "bertadam":
         return BertAdam(groups, lr=lr, betas=betas, eps=eps)
+    if config.optimizer == "lamb":
+        return Lamb(groups, lr=lr, betas=betas, eps=eps)
     params = [p for group in groups for p in group["params"]]
     fused = bool(params) and all(
         p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float64)
@@ -171,6 +174,66 @@ class BertAdam(torch.optim.Optimizer):
                 if decay:
                     update.add_(parameter, alpha=decay)
                 parameter.add_(update, alpha=-lr)
+        return loss
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al., "Large Batch Optimization for Deep Learning: Training BERT in 76
+    Minutes", ICLR 2020), the optimiser of NVIDIA's BERT pre-training at batch 64k:
+    m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  u = m^ / (sqrt(v^) + eps) + wd w  (m^, v^
+    bias-corrected);  w -= lr r u  with the trust ratio r = ||w|| / ||u|| per tensor (1 when
+    either norm is 0). Tensors without weight decay (biases, LayerNorm) also skip the trust
+    ratio (r = 1), as the reference implementation's `exclude_from_layer_adaptation` defaults to
+    its weight-decay exclusions. Each group's tensors are updated together (torch's `_foreach`
+    kernels) and the ratios stay on the device: no host round trip. Gradient clipping stays
+    the training loop's (NVIDIA's LAMB clips the global norm to 1 first, as the loop does)."""
+
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = ADAM_EPSILON,
+                 weight_decay: float = 0.0) -> None:  # fmt: skip
+        if not lr >= 0 or not 0 <= betas[0] < 1 or not 0 <= betas[1] < 1 or not eps >= 0:
+            raise ValueError(f"Lamb: bad lr {lr}, betas {betas} or eps {eps}")
+        super().__init__(
+            params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        )
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            (beta1, beta2), lr, eps = group["betas"], group["lr"], group["eps"]
+            decay = group["weight_decay"]
+            grads = [p.grad for p in params]
+            for p in params:
+                if not self.state[p]:
+                    self.state[p].update(step=0, exp_avg=torch.zeros_like(p),
+                                         exp_avg_sq=torch.zeros_like(p))  # fmt: skip
+                self.state[p]["step"] += 1
+            m = [self.state[p]["exp_avg"] for p in params]
+            v = [self.state[p]["exp_avg_sq"] for p in params]
+            torch._foreach_lerp_(m, grads, 1 - beta1)
+            torch._foreach_mul_(v, beta2)
+            torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
+            step = self.state[params[0]]["step"]  # every tensor of a group steps together
+            updates = torch._foreach_div(m, 1 - beta1**step)
+            denominators = torch._foreach_sqrt(torch._foreach_div(v, 1 - beta2**step))
+            torch._foreach_add_(denominators, eps)
+            torch._foreach_div_(updates, denominators)
+            if decay:
+                torch._foreach_add_(updates, params, alpha=decay)
+                weight_norms = torch._foreach_norm(params)
+                update_norms = torch._foreach_norm(updates)
+                ratios = [
+                    torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w))
+                    for w, u in zip(weight_norms, update_norms, strict=True)
+                ]
+                torch._foreach_mul_(updates, ratios)
+            torch._foreach_add_(params, updates, alpha=-lr)
         return loss
 
 
