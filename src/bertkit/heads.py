@@ -149,6 +149,18 @@ class _MaskedLMMixin:
             sequence = gather_positions(sequence, masked_positions)  # (B, P, H)
         return self.cls.predictions(sequence)
 
+    def _mlm(self, hidden: torch.Tensor, masked_positions: torch.Tensor | None,
+             labels: torch.Tensor | None, fused: bool):  # fmt: skip
+        """(logits, mean loss, summed loss, correct argmax count) of the masked LM; with
+        `fused` (training; needs `masked_positions` and `labels`) no logits and the sums set,
+        else the logits and no sums."""
+        if fused:
+            assert masked_positions is not None and labels is not None, "fused_mlm needs both"
+            total, correct = self._fused_mlm(hidden, masked_positions, labels)
+            return None, reduce_loss(total, labels.ne(IGNORE_INDEX).sum(), "mean"), total, correct
+        logits = self._mlm_logits(hidden, masked_positions)
+        return logits, (token_loss(logits, labels) if labels is not None else None), None, None
+
     def _fused_mlm(
         self,
         sequence: torch.Tensor,
@@ -211,14 +223,9 @@ class BertForPreTraining(_MaskedLMMixin, _Head):
         )
         assert out.pooler_output is not None
         nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
-        mlm_sum = mlm_correct = mlm_logits = mlm_loss = None
-        if fused_mlm:
-            assert masked_positions is not None and labels is not None, "fused_mlm needs both"
-            mlm_sum, mlm_correct = self._fused_mlm(out.last_hidden_state, masked_positions, labels)
-            mlm_loss = reduce_loss(mlm_sum, labels.ne(IGNORE_INDEX).sum(), "mean")
-        else:
-            mlm_logits = self._mlm_logits(out.last_hidden_state, masked_positions)
-            mlm_loss = token_loss(mlm_logits, labels) if labels is not None else None
+        mlm_logits, mlm_loss, mlm_sum, mlm_correct = self._mlm(
+            out.last_hidden_state, masked_positions, labels, fused_mlm
+        )
         nsp_loss = (
             sequence_loss(nsp_logits, next_sentence_label, "single_label_classification")
             if next_sentence_label is not None
@@ -272,14 +279,10 @@ class BertForMaskedLM(_MaskedLMMixin, _Head):
             read_positions=masked_positions,
             layouts=layouts,
         )
-        if fused_mlm:
-            assert masked_positions is not None and labels is not None, "fused_mlm needs both"
-            total, correct = self._fused_mlm(out.last_hidden_state, masked_positions, labels)
-            mean = reduce_loss(total, labels.ne(IGNORE_INDEX).sum(), "mean")
-            return BertHeadOutput(None, mean, out.hidden_states, out.attentions, total, correct)
-        logits = self._mlm_logits(out.last_hidden_state, masked_positions)
-        loss = token_loss(logits, labels) if labels is not None else None
-        return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
+        logits, loss, total, correct = self._mlm(
+            out.last_hidden_state, masked_positions, labels, fused_mlm
+        )
+        return BertHeadOutput(logits, loss, out.hidden_states, out.attentions, total, correct)
 
 
 class BertForSequenceClassification(_Head):

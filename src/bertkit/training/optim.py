@@ -134,18 +134,14 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
 
 
-class BertAdam(torch.optim.Optimizer):
-    """Google BERT's `AdamWeightDecayOptimizer` (optimization.py), the optimiser of the paper:
-    m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  w -= lr (m / (sqrt(v) + eps) + wd w),
-    with NO bias correction of m and v (torch's AdamW has it), decoupled weight decay, and
-    eps = 1e-6. Without the correction the first steps move each weight by about
-    lr * (1 - b1) / sqrt(1 - b2) ~ 3 lr instead of lr: what makes fine-tuning small tasks erratic
-    (Mosbach et al., ICLR 2021). Gradient clipping stays the training loop's."""
+class _Adam(torch.optim.Optimizer):
+    """What BertAdam and Lamb share: Adam's hyperparameters, checked, and a step that runs the
+    optimiser's `update` over each parameter group."""
 
     def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = ADAM_EPSILON,
                  weight_decay: float = 0.0) -> None:  # fmt: skip
         if not lr >= 0 or not 0 <= betas[0] < 1 or not 0 <= betas[1] < 1 or not eps >= 0:
-            raise ValueError(f"BertAdam: bad lr {lr}, betas {betas} or eps {eps}")
+            raise ValueError(f"{type(self).__name__}: bad lr {lr}, betas {betas} or eps {eps}")
         super().__init__(
             params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
         )
@@ -157,27 +153,43 @@ class BertAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            (beta1, beta2), lr, eps = group["betas"], group["lr"], group["eps"]
-            decay = group["weight_decay"]
-            for parameter in group["params"]:
-                if parameter.grad is None:
-                    continue
-                grad = parameter.grad
-                state = self.state[parameter]
-                if not state:
-                    state["exp_avg"] = torch.zeros_like(parameter)
-                    state["exp_avg_sq"] = torch.zeros_like(parameter)
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                m.mul_(beta1).add_(grad, alpha=1 - beta1)
-                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                update = m / (v.sqrt() + eps)
-                if decay:
-                    update.add_(parameter, alpha=decay)
-                parameter.add_(update, alpha=-lr)
+            self.update(group)
         return loss
 
+    def update(self, group: dict) -> None:
+        raise NotImplementedError
 
-class Lamb(torch.optim.Optimizer):
+
+class BertAdam(_Adam):
+    """Google BERT's `AdamWeightDecayOptimizer` (optimization.py), the optimiser of the paper:
+    m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  w -= lr (m / (sqrt(v) + eps) + wd w),
+    with NO bias correction of m and v (torch's AdamW has it), decoupled weight decay, and
+    eps = 1e-6. Without the correction the first steps move each weight by about
+    lr * (1 - b1) / sqrt(1 - b2) ~ 3 lr instead of lr: what makes fine-tuning small tasks erratic
+    (Mosbach et al., ICLR 2021). Gradient clipping stays the training loop's."""
+
+    @torch.no_grad()
+    def update(self, group: dict) -> None:
+        (beta1, beta2), lr, eps = group["betas"], group["lr"], group["eps"]
+        decay = group["weight_decay"]
+        for parameter in group["params"]:
+            if parameter.grad is None:
+                continue
+            grad = parameter.grad
+            state = self.state[parameter]
+            if not state:
+                state["exp_avg"] = torch.zeros_like(parameter)
+                state["exp_avg_sq"] = torch.zeros_like(parameter)
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            m.mul_(beta1).add_(grad, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            update = m / (v.sqrt() + eps)
+            if decay:
+                update.add_(parameter, alpha=decay)
+            parameter.add_(update, alpha=-lr)
+
+
+class Lamb(_Adam):
     """LAMB (You et al., "Large Batch Optimization for Deep Learning: Training BERT in 76
     Minutes", ICLR 2020), the optimiser of NVIDIA's BERT pre-training at batch 64k:
     m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  u = m^ / (sqrt(v^) + eps) + wd w  (m^, v^
@@ -188,53 +200,39 @@ class Lamb(torch.optim.Optimizer):
     kernels) and the ratios stay on the device: no host round trip. Gradient clipping stays
     the training loop's (NVIDIA's LAMB clips the global norm to 1 first, as the loop does)."""
 
-    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = ADAM_EPSILON,
-                 weight_decay: float = 0.0) -> None:  # fmt: skip
-        if not lr >= 0 or not 0 <= betas[0] < 1 or not 0 <= betas[1] < 1 or not eps >= 0:
-            raise ValueError(f"Lamb: bad lr {lr}, betas {betas} or eps {eps}")
-        super().__init__(
-            params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        )
-
     @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            (beta1, beta2), lr, eps = group["betas"], group["lr"], group["eps"]
-            decay = group["weight_decay"]
-            grads = [p.grad for p in params]
-            for p in params:
-                if not self.state[p]:
-                    self.state[p].update(step=0, exp_avg=torch.zeros_like(p),
-                                         exp_avg_sq=torch.zeros_like(p))  # fmt: skip
-                self.state[p]["step"] += 1
-            m = [self.state[p]["exp_avg"] for p in params]
-            v = [self.state[p]["exp_avg_sq"] for p in params]
-            torch._foreach_lerp_(m, grads, 1 - beta1)
-            torch._foreach_mul_(v, beta2)
-            torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
-            step = self.state[params[0]]["step"]  # every tensor of a group steps together
-            updates = torch._foreach_div(m, 1 - beta1**step)
-            denominators = torch._foreach_sqrt(torch._foreach_div(v, 1 - beta2**step))
-            torch._foreach_add_(denominators, eps)
-            torch._foreach_div_(updates, denominators)
-            if decay:
-                torch._foreach_add_(updates, params, alpha=decay)
-                weight_norms = torch._foreach_norm(params)
-                update_norms = torch._foreach_norm(updates)
-                ratios = [
-                    torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w))
-                    for w, u in zip(weight_norms, update_norms, strict=True)
-                ]
-                torch._foreach_mul_(updates, ratios)
-            torch._foreach_add_(params, updates, alpha=-lr)
-        return loss
+    def update(self, group: dict) -> None:
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            return
+        (beta1, beta2), lr, eps = group["betas"], group["lr"], group["eps"]
+        decay = group["weight_decay"]
+        grads = [p.grad for p in params]
+        for p in params:
+            if not self.state[p]:
+                self.state[p].update(step=0, exp_avg=torch.zeros_like(p),
+                                     exp_avg_sq=torch.zeros_like(p))  # fmt: skip
+            self.state[p]["step"] += 1
+        m = [self.state[p]["exp_avg"] for p in params]
+        v = [self.state[p]["exp_avg_sq"] for p in params]
+        torch._foreach_lerp_(m, grads, 1 - beta1)
+        torch._foreach_mul_(v, beta2)
+        torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
+        step = self.state[params[0]]["step"]  # every tensor of a group steps together
+        updates = torch._foreach_div(m, 1 - beta1**step)
+        denominators = torch._foreach_sqrt(torch._foreach_div(v, 1 - beta2**step))
+        torch._foreach_add_(denominators, eps)
+        torch._foreach_div_(updates, denominators)
+        if decay:
+            torch._foreach_add_(updates, params, alpha=decay)
+            weight_norms = torch._foreach_norm(params)
+            update_norms = torch._foreach_norm(updates)
+            ratios = [
+                torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w))
+                for w, u in zip(weight_norms, update_norms, strict=True)
+            ]
+            torch._foreach_mul_(updates, ratios)
+        torch._foreach_add_(params, updates, alpha=-lr)
 
 
 def warmup_linear_decay(step: int, warmup_steps: int, total_steps: int) -> float:
