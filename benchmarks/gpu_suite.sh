@@ -13,7 +13,7 @@
 #      line; what the throughput of steps 1-2 loses to the data path and the loop; then the
 #      same with --data-workers 0 (batches made between steps).
 #   5. Small models (tiny, small, mini; batch 256 x 128): launch-bound or not, eager, compiled
-#      and with CUDA graphs.
+#      and with CUDA graphs; BERT-small in the loop with `--compile graphs` and the default.
 #   6. bf16 against fp32 loss curves: BERT-mini, 300 steps, the same data and seed.
 #
 # On the CPU machine, once (Wikipedia AA wiki_00..09 with the bert-base-uncased vocabulary,
@@ -71,6 +71,7 @@ if [ -n "$dry" ]; then  # toy sizes on the CPU: every command runs, nothing is m
   device=(--device cpu --precision fp32 --steps 2 --rounds 1)
   base=(tiny:32:8) small=(tiny:32:8) large=(tiny:64:4) squad=(squad-tiny:64:4)
   loop=(--config tiny --max-steps 6 --batch-size 8 --seq-len 32 --device cpu --data-workers 2)
+  loop_small=(--config tiny --max-steps 6 --batch-size 8 --seq-len 32 --device cpu)
   curves=(--config tiny --max-steps 6 --batch-size 8 --seq-len 32 --device cpu --warmup-steps 2)
   graphs=()  # (CUDA graphs need CUDA)
   bf16=fp32
@@ -79,6 +80,7 @@ else
   base=(base:128:256) small=(tiny:128:256 small:128:256 mini:128:256)
   large=(large:128:256 large:512:32) squad=(squad-large:384:32)
   loop=(--config base --max-steps 40 --batch-size 256 --seq-len 128)
+  loop_small=(--config small --max-steps 120 --batch-size 256 --seq-len 128)
   curves=(--config mini --max-steps 300 --batch-size 128 --seq-len 128 --warmup-steps 30)
   graphs=(bertkit-graphs)
   bf16=bf16
@@ -105,6 +107,11 @@ step loop "$PY" -m bertkit.cli pretrain --data "$data" "${loop[@]}" --warmup-ste
 # the same without data workers: the batches made between steps (what the loop did before)
 step loop_serial "$PY" -m bertkit.cli pretrain --data "$data" "${loop[@]}" --warmup-steps 4 \
   --log-every 5 --save-every 100000 --data-workers 0 --out "$work/loop_serial"
+# BERT-small in the loop: CUDA graphs (padded, one shape) against the default compiled path
+step loop_small_graphs "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
+  --warmup-steps 4 --log-every 20 --save-every 100000 --compile graphs --out "$work/loop_small_graphs"
+step loop_small "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
+  --warmup-steps 4 --log-every 20 --save-every 100000 --out "$work/loop_small"
 step base "${bench[@]}" --case "${base[@]}" --variants bertkit bertkit-padded transformers \
   --profile bertkit transformers
 step large "${bench[@]}" --case "${large[@]}" --variants bertkit transformers --profile bertkit
@@ -118,7 +125,7 @@ for precision in fp32 "$bf16"; do
 done
 
 # what comes back (8 files at most): the rows, the summary, every log in one archive
-for run in loop loop_serial curves_fp32 curves_bf16; do
+for run in loop loop_serial loop_small_graphs loop_small curves_fp32 curves_bf16; do
   [ -f "$work/$run/log.jsonl" ] && cp "$work/$run/log.jsonl" "$work/logs/$run.log.jsonl"
 done
 echo "done at ${SECONDS}s" | tee -a "$summary"

@@ -49,7 +49,7 @@ from bertkit.evaluation import draw_reports, evaluate_split, final_evaluation, s
 from bertkit.finetune_config import FinetuneConfig
 from bertkit.heads import MODEL_CLASSES
 from bertkit.hub import model_dir
-from bertkit.model import set_activation_checkpointing, set_dropout_parity
+from bertkit.model import set_activation_checkpointing, set_dropout_parity, set_static_shapes
 from bertkit.model_card import write_model_card
 from bertkit.settings import flat
 from bertkit.tasks import Task, get_task
@@ -338,6 +338,7 @@ def _network(task: Task, model: Path, tokenizer, config: FinetuneConfig, build) 
         net = build(task, model, config.seed)
     set_dropout_parity(net, config.parity)
     set_activation_checkpointing(net, config.activation_checkpointing)
+    set_static_shapes(net, config.compile == "graphs")
     task.configure(net, config.sizes().max_seq_length)
     if tokenizer.vocab_size > net.config.vocab_size:
         raise ValueError(

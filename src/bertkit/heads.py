@@ -76,8 +76,9 @@ class _Head(BertPreTrainedModel):
     def _reads(self, read_positions: torch.Tensor | None, reads_all: bool):
         """(unpad, read_positions, read_cls_only) of a forward."""
         per_position = self.per_position and read_positions is None
-        unpad = not (reads_all or self.padded_only) and (self.training or not per_position)
-        if self.padded_only:
+        fixed = self.padded_only or self.static_shapes
+        unpad = not (reads_all or fixed) and (self.training or not per_position)
+        if fixed:
             return unpad, None, False
         return unpad, read_positions, self.reads_cls_only
 

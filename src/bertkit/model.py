@@ -319,6 +319,8 @@ class BertPreTrainedModel(nn.Module):
         # attention mask: what an ONNX export traces (bertkit.export sets it on the model and
         # its encoder); the default picks the faster unpadded path.
         self.padded_only = False
+        # The padded path without data-dependent shapes, for CUDA graphs (`set_static_shapes`)
+        self.static_shapes = False
 
     def init_weights(self) -> None:
         """Google's initialisation: weights ~ N(0, initializer_range) truncated at 2 sigma
@@ -535,6 +537,17 @@ def _last_tokens(attention_mask: torch.Tensor | None, batch: int, seq_len: int,
     if attention_mask is None:
         return torch.full((batch,), seq_len - 1, device=device)
     return attention_mask.long().cumsum(1).argmax(1)  # the last 1 of each row
+
+
+def set_static_shapes(model: nn.Module, on: bool = True) -> nn.Module:
+    """Train every head in `model` on the padded path with no data-dependent shape (no rows
+    chosen by the mask, the last layer computed everywhere): a batch of a given shape then runs
+    the same kernels on the same shapes, which CUDA graphs (`--compile graphs`) need. The
+    outputs at real tokens are the unpadded path's."""
+    for module in model.modules():
+        if isinstance(module, BertPreTrainedModel):
+            module.static_shapes = on
+    return model
 
 
 def set_activation_checkpointing(model: nn.Module, on: bool = True) -> nn.Module:

@@ -1,6 +1,8 @@
 """The pre-training data stream (bertkit.pretraining.dataset): masks per epoch, ranks."""
 
 import numpy as np
+import pytest
+import torch
 
 from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
 
@@ -61,3 +63,26 @@ def test_ranks_split_the_global_batch(tmp_path):
                 small[r]["next_sentence_label"].numpy(),
                 big["next_sentence_label"][4 * r : 4 * r + 4].numpy(),
             )
+
+
+@pytest.mark.parametrize("objective", ["mlm+nsp", "ltr"])
+def test_fixed_shapes_pad_every_batch_to_one_shape(tmp_path, objective):
+    """`fixed_shapes` (`--compile graphs`): every batch is seq_len wide with room for the most
+    predictions a sequence can have, the extra cells padding and ignored labels; the tokens and
+    labels are the unfixed batches' own."""
+    tokenizer = synthetic_tokenizer()
+    shards = synthetic_shards(tmp_path, tokenizer, documents=60)
+    settings = dict(batch_size=2, seq_len=48, short_seq_prob=0.9, objective=objective, seed=3)
+    loose = PretrainingData(shards, tokenizer, **settings)
+    fixed = PretrainingData(shards, tokenizer, **settings, fixed_shapes=True)
+    most = 47 if objective == "ltr" else 20
+    widths = set()
+    for _ in range(10):
+        a, b = loose.next_batch(), fixed.next_batch()
+        widths.add(a["input_ids"].shape[1])
+        assert b["input_ids"].shape == (2, 48) and b["labels"].shape == (2, most)
+        n, p = a["input_ids"].shape[1], a["labels"].shape[1]
+        for key in ("input_ids", "token_type_ids", "attention_mask"):
+            assert torch.equal(b[key][:, :n], a[key]) and not b[key][:, n:].any()
+        assert torch.equal(b["labels"][:, :p], a["labels"]) and (b["labels"][:, p:] == -100).all()
+    assert min(widths) < 48  # the unfixed batches did vary

@@ -66,6 +66,7 @@ class PretrainingData:
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        fixed_shapes: bool = False,
     ) -> None:
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
@@ -76,6 +77,9 @@ class PretrainingData:
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.seq_len, self.short_seq_prob = seq_len, short_seq_prob
         self.objective, self.masking, self.seed = objective, masking, seed
+        # every batch padded to seq_len and to the most predictions a sequence can have (CUDA
+        # graphs replay one shape); else to the batch's longest
+        self.fixed_shapes = fixed_shapes
         vocab = tokenizer.vocab
         self.cls_id, self.sep_id, self.pad_id = vocab[CLS], vocab[SEP], vocab[PAD]
         if MASK not in vocab:
@@ -189,10 +193,14 @@ class PretrainingData:
         }
 
     def collate(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        """Pad to the longest sequence of the batch (not to max_seq_length)."""
+        """Pad to the longest sequence of the batch (not to max_seq_length), or with
+        `fixed_shapes` to seq_len and the most predictions a sequence can have."""
         batch = len(items)
         length = max(len(x["input_ids"]) for x in items)
         predictions = max(len(x["positions"]) for x in items)
+        if self.fixed_shapes:
+            most = self.seq_len - 1 if self.objective == "ltr" else self.masking.max_predictions
+            length, predictions = max(length, self.seq_len), max(predictions, most)
         ids = np.full((batch, length), self.pad_id, np.int64)
         segments = np.zeros((batch, length), np.int64)
         attention = np.zeros((batch, length), np.int64)

@@ -22,7 +22,7 @@ from bertkit.config import BertConfig
 from bertkit.heads import BertForMaskedLM, BertForPreTraining
 from bertkit.hub import model_dir
 from bertkit.losses import IGNORE_INDEX, sequence_loss, token_loss
-from bertkit.model import set_activation_checkpointing, set_dropout_parity
+from bertkit.model import set_activation_checkpointing, set_dropout_parity, set_static_shapes
 from bertkit.pretraining import init_schemes
 from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
 from bertkit.pretraining.init_schemes import ATTENTION_INITS, POSITION_INITS
@@ -491,6 +491,7 @@ def _train_phase(
             unigram_bias_(model.cls.predictions.bias, shards.token_counts(tokenizer.vocab_size))
     set_dropout_parity(model, c.parity)
     set_activation_checkpointing(model, c.activation_checkpointing)
+    set_static_shapes(model, c.compile == "graphs")
     stream = PretrainingData(
         shards,
         tokenizer,
@@ -502,6 +503,7 @@ def _train_phase(
         seed=c.seed,
         rank=dist.rank,
         world_size=dist.world_size,
+        fixed_shapes=c.compile == "graphs",
     )
     workers = default_workers(dist.device) if c.data_workers is None else c.data_workers
     batches: PretrainingData | PrefetchedData = stream

@@ -162,9 +162,9 @@ def compiles(choice: str, device: torch.device) -> bool:
     """`compile` resolved: "auto" is on with CUDA, off on the CPU (unpadded batches change
     shape every step, and inductor compiles each new one: tens of seconds on two cores for a
     tiny model, measured; the same losses within 1e-7)."""
-    if choice not in ("auto", "on", "off"):
-        raise ValueError(f"compile must be auto, on or off, not {choice!r}")
-    return choice == "on" or (choice == "auto" and device.type == "cuda")
+    if choice not in ("auto", "on", "off", "graphs"):
+        raise ValueError(f"compile must be auto, on, off or graphs, not {choice!r}")
+    return choice in ("on", "graphs") or (choice == "auto" and device.type == "cuda")
 
 
 def compile_seconds() -> float:
@@ -311,7 +311,9 @@ class Trainer:
         # checkpoint) plus since this trainer was made
         self.seconds_before, self._clock = 0.0, time.perf_counter()
         self.compiled = compiles(config.compile, self.dist.device)
-        if self.compiled:  # in place: parameter names and state dicts stay the module's
+        if config.compile == "graphs":  # (the run made the model's shapes static)
+            self.model.compile(mode="reduce-overhead")
+        elif self.compiled:  # in place: parameter names and state dicts stay the module's
             self.model.compile()
         self.precision = resolve_precision(config.precision, self.dist.device)
         self.dtype = self.precision.dtype
