@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from bertkit import dropout as fast
+from bertkit._device import to_device
 
 
 @dataclass
@@ -143,11 +144,7 @@ class Layouts:
 
 
 def _moved(tensor: Any, device: torch.device | str) -> Any:
-    if tensor is None or tensor.device == torch.device(device):
-        return tensor
-    if tensor.device.type == "cpu" and torch.device(device).type == "cuda":
-        tensor = tensor.pin_memory()  # a copy from pageable memory would wait for the stream
-    return tensor.to(device, non_blocking=True)
+    return None if tensor is None else to_device(tensor, device)
 
 
 def row_multiple(device: torch.device) -> int:

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from bertkit._device import to_device
 from bertkit._io import (
     DIGEST_FILE,
     MODEL_FILE,
@@ -561,7 +562,7 @@ class Trainer:
                 tokens += real
                 self.tokens_seen += real * self.dist.world_size
                 host, device = batch, self.dist.device
-                batch = {k: v.to(device, non_blocking=True) for k, v in host.items()}
+                batch = {k: to_device(v, device) for k, v in host.items()}
                 last = index == len(batches) - 1
                 sync = (
                     contextlib.nullcontext()
