@@ -13,3 +13,12 @@ def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     if device.type == "cuda" and tensor.device.type == "cpu" and not tensor.is_pinned():
         tensor = tensor.pin_memory()
     return tensor.to(device, non_blocking=True)
+
+
+def as_float64(value: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
+    """`value` as a 0-dim float64 tensor on `like`'s device. A number is written there by a
+    fill, not copied from the host (a copy of a host number to a GPU waits as any pageable copy
+    does)."""
+    if isinstance(value, torch.Tensor) and value.device == like.device:
+        return value.to(torch.float64)
+    return torch.full((), float(value), dtype=torch.float64, device=like.device)

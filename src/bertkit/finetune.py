@@ -36,6 +36,7 @@ from typing import Any, NamedTuple, TypeAlias
 import numpy as np
 import torch
 
+from bertkit._device import as_float64
 from bertkit._io import (
     DIGEST_FILE,
     LOCK_FILE,
@@ -83,7 +84,7 @@ class TaskObjective:
 
     def loss(self, model, batch, totals):
         total, units = self.task.loss(model, batch)
-        stats = torch.stack([total.detach().double(), torch.as_tensor(units).double().to(total)])
+        stats = torch.stack([total.detach().double(), as_float64(units, total)])
         return total / totals[0].clamp(min=1), stats
 
     def log_entry(self, sums):

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from bertkit._device import as_float64
 from bertkit.config import BertConfig
 from bertkit.heads import BertForMaskedLM, BertForPreTraining
 from bertkit.hub import model_dir
@@ -97,12 +98,10 @@ class PretrainingObjective:
             loss = loss + nsp_sum / totals[1].clamp(min=1)
             stats += [
                 nsp_sum.detach(),
-                torch.tensor(len(nsp_labels)),
+                len(nsp_labels),
                 (nsp_logits.argmax(-1) == nsp_labels).sum(),
             ]
-        return loss, torch.stack(
-            [torch.as_tensor(s, dtype=torch.float64, device=loss.device) for s in stats]
-        )
+        return loss, torch.stack([as_float64(s, loss) for s in stats])
 
     def log_entry(self, sums: torch.Tensor) -> dict[str, float]:
         s = sums.tolist()
