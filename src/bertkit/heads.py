@@ -156,22 +156,18 @@ class _MaskedLMMixin:
         `fused` (training; needs `masked_positions` and `labels`) no logits and the sums set,
         else the logits and no sums."""
         if fused:
-            assert masked_positions is not None and labels is not None, "fused_mlm needs both"
+            if masked_positions is None or labels is None:
+                raise ValueError("fused_mlm needs masked_positions and labels")
             total, correct = self._fused_mlm(hidden, masked_positions, labels)
             return None, reduce_loss(total, labels.ne(IGNORE_INDEX).sum(), "mean"), total, correct
         logits = self._mlm_logits(hidden, masked_positions)
         return logits, (token_loss(logits, labels) if labels is not None else None), None, None
 
     def _fused_mlm(
-        self,
-        sequence: torch.Tensor,
-        masked_positions: torch.Tensor | None,
-        labels: torch.Tensor | None,
+        self, sequence: torch.Tensor, masked_positions: torch.Tensor, labels: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed cross-entropy, correct argmax count) over the labelled positions, without
         the (tokens, V) logits in memory: see `fused_vocab_cross_entropy`."""
-        if masked_positions is None or labels is None:
-            raise ValueError("fused_mlm needs masked_positions and labels")
         states = self.cls.predictions.transform(gather_positions(sequence, masked_positions))
         predictions = self.cls.predictions
         return fused_vocab_cross_entropy(

@@ -419,9 +419,8 @@ class BertModel(BertPreTrainedModel):
             if not causal:
                 keep[:, 0] = True  # [CLS], read by the pooler
             else:
-                keep[torch.arange(batch), _last_tokens(attention_mask, batch, seq_len, where)] = (
-                    True
-                )
+                rows = torch.arange(batch, device=where)
+                keep[rows, _last_tokens(attention_mask, batch, seq_len, where)] = True
             if read_positions is not None:
                 keep.scatter_(1, read_positions.long().to(where), True)
             read = layout.subset(keep, multiple)

@@ -225,13 +225,10 @@ class Lamb(_Adam):
         torch._foreach_div_(updates, denominators)
         if decay:
             torch._foreach_add_(updates, params, alpha=decay)
-            weight_norms = torch._foreach_norm(params)
-            update_norms = torch._foreach_norm(updates)
-            ratios = [
-                torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w))
-                for w, u in zip(weight_norms, update_norms, strict=True)
-            ]
-            torch._foreach_mul_(updates, ratios)
+            w = torch.stack(torch._foreach_norm(params))  # one norm a tensor, in one vector
+            u = torch.stack(torch._foreach_norm(updates))
+            ratios = torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w))
+            torch._foreach_mul_(updates, list(ratios.unbind()))
         torch._foreach_add_(params, updates, alpha=-lr)
 
 
