@@ -9,7 +9,9 @@ path, backward, gradient clipping at 1, AdamW over the paper's decay groups; all
 MRPC's first training pairs, batches of 32 padded to their longest. Variants: `default` (the
 loop's optimiser, `build_optimizer`), `single-adamw` (torch's AdamW one tensor at a time: its
 choice on CPU, what the loop ran before 2026-11-23), `foreach` (`AdamW(foreach=True)`), `parity`
-(the default's optimiser, dropout masks drawn as transformers draws them: `--parity`).
+(the default's optimiser, dropout masks drawn as transformers draws them: `--parity`),
+`compiled` (the default, the model `torch.compile`d with every size symbolic and one token
+layout structure, `BertModel.one_layout_structure`; the first steps compile).
 `--precision bf16` runs the step under bf16 autocast, as `finetune --precision bf16` does;
 `--implementation transformers` times transformers' class of the same name on the same batches
 (oneDNN left on, as in a user's loop); `--profile N` then runs one more round under
@@ -41,7 +43,7 @@ VARIANTS = {"single-adamw": {"foreach": False}, "foreach": {"foreach": True}}
 
 
 def optimizer_for(model, variant: str) -> torch.optim.Optimizer:
-    if variant in ("default", "parity"):
+    if variant in ("default", "parity", "compiled"):
         return build_optimizer(model, OptimConfig(learning_rate=2e-5))
     return torch.optim.AdamW(parameter_groups(model, 0.01), lr=2e-5, eps=1e-6, **VARIANTS[variant])
 
@@ -93,11 +95,16 @@ def main() -> None:
     for variant in args.variants:
         model = copy.deepcopy(base)
         set_dropout_parity(model, variant == "parity")
+        if variant == "compiled":  # every size symbolic, one layout structure (see --help)
+            model.bert.one_layout_structure = True
+            model.compile(dynamic=True)
         setups[variant] = (model, optimizer_for(model, variant))
 
     def step(model, optimizer, batch) -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = model(**batch).loss
+            plan = getattr(model, "host_layouts", None)
+            extra = {"layouts": plan(batch, "cpu")} if plan is not None else {}
+            loss = model(**batch, **extra).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

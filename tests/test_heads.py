@@ -359,6 +359,36 @@ def test_host_layouts_are_the_forwards_own(tiny_config, tiny_batch, head, decode
     assert model.host_layouts(batch, "cpu").masked
 
 
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize(
+    "head", [BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering]
+)
+def test_one_layout_structure_answers_as_the_default(tiny_config, tiny_batch, head, autocast):
+    """What a compiled model runs (`one_layout_structure`: rows always gathered, the mask always
+    passed, rows rounding N up to 64 under CPU autocast placed past the grid) gives the default
+    path's outputs, with and without padding, and every batch's layouts have one structure."""
+    torch.manual_seed(0)
+    model = head(tiny_config).eval()
+    full = {k: v[:1, :5] for k, v in tiny_batch.items()}  # no padding
+    assert bool(full["attention_mask"].all()) and not bool(tiny_batch["attention_mask"].all())
+    for batch in (tiny_batch, full):
+        runs, shapes = [], []
+        for one in (False, True):
+            model.bert.one_layout_structure = one
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                layouts = model.host_layouts(batch, "cpu")
+                runs.append(_outputs(model(**batch, layouts=layouts)))
+            rows, read = layouts.rows, layouts.read
+            shapes.append((rows.index is None, rows.added is None, rows.spare, layouts.masked,
+                           read is None or read[1].spare))  # fmt: skip
+        for a, b in zip(*runs, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6 if not autocast else 1e-2)
+        # a classifier reads [CLS] alone: unpadded; per-position heads run the padded grid
+        unpadded = (False, True, 63 if autocast else 0, True, 0)
+        one = unpadded if head is BertForSequenceClassification else (True, True, 0, True, True)
+        assert shapes[1] == one, shapes
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # fused loop, plain path
 def test_the_vocabulary_softmax_skips_unlabelled_rows_without_selecting_them(dtype):
     """Rows labelled IGNORE_INDEX (the padding slots of masked_positions) add nothing to the

@@ -298,3 +298,30 @@ def test_precision_follows_the_hardware_for_serving_and_prediction(topics_model,
             assert got["probabilities"][label] == pytest.approx(p, abs=0.05)
     with pytest.raises(ValueError, match="fp16 on a CPU"):
         ServedModel(topics_model, precision="fp16")
+
+
+def test_compiled_serving_answers_as_eager_in_one_graph_per_kind(topics_model, monkeypatch):
+    """`--compile on`: each kind of call the warm-up makes (one input; inputs with padding; a
+    full batch) compiles once, in one graph (the layouts come from the host: counting tokens
+    inside the forward would break it), and later calls of those kinds compile nothing new
+    and answer as the eager model does."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = ServedModel(topics_model, compile="on", max_batch_size=4)
+    compiled.warm()
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    frames = counters["stats"]["unique_graphs"]
+    eager = ServedModel(topics_model, max_batch_size=4)
+    for batch in (HEADLINES[:1], HEADLINES[:3], HEADLINES[1:4]):
+        for got, want in zip(compiled.run("predict", batch), eager.run("predict", batch),
+                             strict=True):  # fmt: skip
+            assert got["label"] == want["label"]
+            for label, p in want["probabilities"].items():
+                assert got["probabilities"][label] == pytest.approx(p, abs=1e-5)
+    assert counters["stats"]["unique_graphs"] == frames  # warmed: no new compile
+    with pytest.raises(ValueError, match="compiles the torch backend"):
+        ServedModel(topics_model, compile="on", backend="onnx")
+    with pytest.raises(ValueError, match="compile must be off or on"):
+        ServedModel(topics_model, compile="yes")

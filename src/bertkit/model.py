@@ -384,6 +384,9 @@ class BertModel(BertPreTrainedModel):
         self.pooler = BertPooler(config) if add_pooling_layer else None
         # Dropout masks as transformers draws them (TokenLayout.dropout): `set_dropout_parity`
         self.dropout_parity = False
+        # Compiled for inference (`precision.compile_for_inference`): every batch's layouts
+        # of one structure (see `layouts`)
+        self.one_layout_structure = False
         self.init_weights()
 
     def layouts(
@@ -405,11 +408,14 @@ class BertModel(BertPreTrainedModel):
         a batch goes to a GPU (`_Head.host_layouts`), so the GPU need not stop to count the
         real tokens; `device` is where the batch runs (it sets the row multiple)."""
         batch, seq_len = shape
+        # `one_layout_structure`: rows gathered and the mask passed even without padding, so
+        # that a compiled forward sees one structure (see TokenLayout.unpadded's `gather`)
+        one = self.one_layout_structure
         multiple = row_multiple(torch.device(device))
         parity, masked = self.dropout_parity, True
         if unpad and attention_mask is not None:
-            layout = TokenLayout.unpadded(attention_mask, multiple, parity)
-            masked = layout.index is not None or causal or self.padded_only
+            layout = TokenLayout.unpadded(attention_mask, multiple, parity, gather=one)
+            masked = one or layout.index is not None or causal or self.padded_only
         else:
             layout = TokenLayout(batch, seq_len, parity=parity)
         read = None
@@ -423,7 +429,7 @@ class BertModel(BertPreTrainedModel):
                 keep[rows, _last_tokens(attention_mask, batch, seq_len, where)] = True
             if read_positions is not None:
                 keep.scatter_(1, read_positions.long().to(where), True)
-            read = layout.subset(keep, multiple)
+            read = layout.subset(keep, 1 if one else multiple)
         return Layouts(layout, read, masked)
 
     def forward(

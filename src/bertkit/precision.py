@@ -22,6 +22,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -138,3 +139,23 @@ def cast_for_inference(model: torch.nn.Module, precision: Precision) -> torch.nn
         if isinstance(module, torch.nn.Linear) and id(module.weight) not in tied:
             module.to(dtype)
     return model
+
+
+def compile_for_inference(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` compiled for inference (`--compile on` of predict and serve): inductor with
+    every size symbolic from the first call (`dynamic=True`: unpadded batches change their
+    token count from call to call, and one graph takes them all) and the weights frozen as
+    constants, and the casts, LayerNorms and activations between the matrix products fused.
+    Give the forward its layouts computed on the host (`_Head.host_layouts`,
+    `BertModel.layouts`): counting the real tokens inside it would break the graph; every
+    batch's layouts then have one structure (`BertModel.one_layout_structure`). A batch of
+    one is compiled for once more (its size is special to the compiler); the server warms
+    both at start-up. For inference only: the weights are read once, when it first
+    compiles."""
+    from bertkit.model import BertModel
+
+    for module in model.modules():
+        if isinstance(module, BertModel):
+            module.one_layout_structure = True
+    compiled: Any = torch.compile(model, dynamic=True, options={"freezing": True})
+    return compiled  # an OptimizedModule: a Module delegating to `model`

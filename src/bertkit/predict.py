@@ -37,12 +37,13 @@ from bertkit._io import atomic_path
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
 from bertkit.hub import model_dir
-from bertkit.precision import cast_for_inference, resolve_precision
+from bertkit.precision import cast_for_inference, compile_for_inference, resolve_precision
 from bertkit.settings import (
     Settings,
     backend_setting,
     device_setting,
     flat_names,
+    inference_compile_setting,
     nested,
     precision_setting,
     replaced,
@@ -95,6 +96,7 @@ class PredictConfig(Settings):
         "onnx: run MODEL/model.onnx (bertkit export --onnx) with ONNX Runtime"
     )
     precision: str = precision_setting()
+    compile: str = inference_compile_setting()
 
 
 class Predictor:
@@ -128,6 +130,10 @@ class Predictor:
         self.precision = resolve_precision(config.precision, self.device, backend=config.backend)
         if isinstance(self.model, torch.nn.Module):
             cast_for_inference(self.model, self.precision)
+            if config.compile == "on":
+                self.model = compile_for_inference(self.model)
+        elif config.compile == "on":
+            raise ValueError("--compile on compiles the torch backend; not with --backend onnx")
         labels = model_config.id2label
         self.labels = [labels[i] for i in sorted(labels)] if labels else None
 

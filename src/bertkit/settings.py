@@ -153,6 +153,17 @@ def compile_setting() -> Any:
     )
 
 
+def inference_compile_setting() -> Any:
+    """Whether predict and serve compile their model (`precision.compile_for_inference`)."""
+    return setting(
+        "off",
+        "on: torch.compile the model for inference (inductor, every size symbolic, weights "
+        "frozen): each call faster after the first of its kind compiles (tens of seconds on "
+        "two cores; the server compiles at start-up). torch backend only",
+        choices=("off", "on"),
+    )
+
+
 def device_setting() -> Any:
     return setting(None, "cpu or cuda (default: cuda when available)")
 

@@ -41,18 +41,39 @@ class TokenLayout:
     # positions among `index` that are rows only to round N up (`row_multiple`): zero in the grid
     added: torch.Tensor | None = None
     parity: bool = False  # dropout masks as transformers draws them (see `dropout`)
+    # cells past the grid's end that rows rounding N up may sit in (`unpadded`'s `gather`):
+    # `to_grid` drops them, and a gather reads the grid's last cell for them
+    spare: int = 0
 
     @classmethod
     def unpadded(
-        cls, attention_mask: torch.Tensor, multiple: int = 1, parity: bool = False
+        cls,
+        attention_mask: torch.Tensor,
+        multiple: int = 1,
+        parity: bool = False,
+        gather: bool = False,
     ) -> TokenLayout:
         """The real tokens' rows; with `multiple` > 1, padding cells are added (first ones
         first) until the row count is a multiple of it or the grid is full, so that the dense
         layers see few distinct shapes (see `row_multiple`). Outputs at real tokens do not
         change (a padding cell is a key no one attends to) and `to_grid` keeps padding zero.
-        A mask without padding gives the padded layout (`index` None)."""
+        A mask without padding gives the padded layout (`index` None), unless `gather`.
+
+        `gather`: one structure for every mask, as a compiled forward needs (each structure is
+        a graph of its own): the real tokens always gathered, and rows rounding N up to
+        `multiple` (below it, to a power of two) sit past the grid's end (`spare`), where
+        nothing reads them, instead of in its padding cells (some rows added or none, and a
+        grid without room for them)."""
         flat = attention_mask.reshape(-1)
         index = flat.nonzero().squeeze(1)
+        if gather:
+            # (a short sentence alone is not 64 rows of work)
+            n = len(index)
+            extra = -n % multiple if n >= multiple else (1 << (n - 1).bit_length()) - n
+            past = torch.arange(extra, device=flat.device) + flat.numel()
+            index = torch.cat([index, past]) if multiple > 1 else index
+            batch, seq_len = attention_mask.shape[:2]
+            return cls(batch, seq_len, index, None, parity, spare=multiple - 1)
         if len(index) == flat.numel():  # no padding: the grid itself, nothing to gather
             return cls(attention_mask.shape[0], attention_mask.shape[1], parity=parity)
         extra = min(-len(index) % multiple, flat.numel() - len(index))
@@ -71,7 +92,12 @@ class TokenLayout:
     def to_rows(self, grid: torch.Tensor) -> torch.Tensor:  # (B, S, ...) -> (N, F) or (B, S, F)
         if self.index is None:
             return grid.reshape(self.batch, self.seq_len, -1)
-        return grid.reshape(self.batch * self.seq_len, -1).index_select(0, self.index)
+        return grid.reshape(self.batch * self.seq_len, -1).index_select(0, self._sources())
+
+    def _sources(self) -> torch.Tensor:
+        """The grid cells the rows are read from: `index`, a spare row reading the last."""
+        assert self.index is not None
+        return self.index.clamp(max=self.batch * self.seq_len - 1) if self.spare else self.index
 
     @property
     def rows(self) -> int:
@@ -93,7 +119,7 @@ class TokenLayout:
                 return fast.dropout(rows, p, True)
             mask = fast.dropout(rows.new_ones(self.rows, rows.shape[-1]), p, True)
             return rows * mask.index_select(0, within)
-        index = self.index
+        index = None if self.index is None else self._sources()
         if within is not None:
             index = within if index is None else index.index_select(0, within)
         if index is None:
@@ -106,7 +132,10 @@ class TokenLayout:
         of just those rows (with `multiple`: and more of this layout's rows, as `unpadded`,
         which `to_grid` leaves zero)."""
         flat = keep.reshape(-1)
-        chosen = flat if self.index is None else flat.index_select(0, self.index)
+        chosen = flat if self.index is None else flat.index_select(0, self._sources())
+        if self.spare:  # rows past the grid are never chosen, nor added (`multiple` is 1)
+            assert multiple == 1, "a layout with spare rows is read without rounding"
+            chosen = chosen & (self._sources() == self.index)
         rows = chosen.nonzero().squeeze(1)
         extra = min(-len(rows) % multiple, len(chosen) - len(rows))
         added = None
@@ -119,10 +148,13 @@ class TokenLayout:
 
     def to_grid(self, rows: torch.Tensor) -> torch.Tensor:  # rows -> (B, S, F), zeros at padding
         if self.index is not None:
-            empty = rows.new_zeros(self.batch * self.seq_len, rows.shape[-1])
+            cells = self.batch * self.seq_len
+            empty = rows.new_zeros(cells + self.spare, rows.shape[-1])
             rows = empty.index_copy(0, self.index, rows)
             if self.added is not None:
                 rows = rows.index_fill(0, self.added, 0)
+            if self.spare:
+                rows = rows[:cells]
         return rows.view(self.batch, self.seq_len, rows.shape[-1])
 
 

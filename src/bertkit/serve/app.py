@@ -73,6 +73,7 @@ class Service:
             device=self.config.device,
             max_batch_size=self.config.max_batch_size,
             precision=self.config.precision,
+            compile=self.config.compile,
             on_forward=self.metrics.forward,
         )
         model.warm()

@@ -8,6 +8,7 @@ from bertkit.settings import (
     Settings,
     backend_setting,
     device_setting,
+    inference_compile_setting,
     precision_setting,
     quantize_setting,
     setting,
@@ -58,3 +59,4 @@ class ServeConfig(Settings):
         "BERTKIT_API_KEY environment variable; unset: open, as on localhost)",
     )
     precision: str = precision_setting()
+    compile: str = inference_compile_setting()

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from bertkit.embedding import POOLINGS, declared_length, pool, read_pooling
-from bertkit.precision import cast_for_inference, resolve_precision
+from bertkit.precision import cast_for_inference, compile_for_inference, resolve_precision
 from bertkit.serve.config import ServeConfig
 from bertkit.settings import BACKENDS, QUANTIZATIONS
 from bertkit.tasks.base import TASK_FILE
@@ -68,8 +68,12 @@ class ServedModel:
         device: str | None = None,
         max_batch_size: int = 32,
         precision: str = "auto",
+        compile: str = "off",
         on_forward: Callable[[], None] = lambda: None,
     ) -> None:
+        """`compile="on"`: what /predict and /rerank run (a checkpoint with a task), or the
+        encoder /embed runs (one without), compiled for inference
+        (`precision.compile_for_inference`); fill-mask runs as it is."""
         from bertkit.export import ONNX_FILE, ONNX_INFO, OnnxModel, export_onnx
         from bertkit.hub import model_dir
         from bertkit.predict import Predictor
@@ -82,6 +86,10 @@ class ServedModel:
             raise ValueError(f"quantize must be {', '.join(QUANTIZATIONS)}, not {quantize!r}")
         if quantize and backend != "onnx":
             raise ValueError("int8 serving runs on ONNX Runtime: add --backend onnx")
+        if compile not in ("off", "on"):
+            raise ValueError(f"compile must be off or on, not {compile!r}")
+        if compile == "on" and backend != "torch":
+            raise ValueError("--compile on compiles the torch backend; not with --backend onnx")
         path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(f"{path}: no such model folder")
@@ -117,7 +125,8 @@ class ServedModel:
         self.task_name: str | None = None
         if (path / TASK_FILE).exists():
             self.predictor = Predictor(path, device=str(self.device), batch_size=max_batch_size,
-                                       backend=backend, precision=precision)  # fmt: skip
+                                       backend=backend, precision=precision,
+                                       compile=compile)  # fmt: skip
             self.tokenizer = self.predictor.tokenizer
             self.max_seq_length = self.predictor.max_seq_length
             self.task_name = self.predictor.task.name
@@ -138,6 +147,8 @@ class ServedModel:
             else:
                 self._encoder = self._load_torch_encoder(path)
                 cast_for_inference(self.fill.model if self.fill else self._encoder, self.precision)
+                if compile == "on":
+                    self._encoder = compile_for_inference(self._encoder)
             # a sentence-transformers folder's own length (all-MiniLM-L6-v2: 256), as
             # SentenceTransformer(path) cuts; else what the tokenizer and positions allow
             longest = min(self.tokenizer.model_max_length, self._max_positions())
@@ -415,12 +426,18 @@ class ServedModel:
         mask = encoded["attention_mask"]
         self._count()
         if isinstance(self._encoder, torch.nn.Module):
+            encoder: Any = self._encoder
+            # where the real tokens are, worked out here: the forward need not count them
+            layouts = encoder.layouts(
+                mask, tuple(mask.shape), self.device, unpad=True, causal=encoder.config.is_decoder
+            ).to(self.device)
             hidden = (
-                self._encoder(
+                encoder(
                     encoded["input_ids"].to(self.device),
                     encoded["token_type_ids"].to(self.device),
                     mask.to(self.device),
                     unpad=True,
+                    layouts=layouts,
                 )
                 .last_hidden_state.float()
                 .cpu()
@@ -451,9 +468,10 @@ class ServedModel:
         ]  # fmt: skip
 
     def warm(self) -> None:
-        """Each endpoint once on two short inputs (lazy set-up), then on a full batch of the
-        longest inputs, so the largest activations are allocated at start-up: a server that
-        will not fit fails then, not under its first heavy load."""
+        """Each endpoint once on a short input, on a long one, on both, then on a full batch
+        of the longest inputs: lazy set-up done, each kind of call a compiled model compiles
+        for (a batch of one, of more) compiled, and the largest activations allocated at
+        start-up: a server that will not fit fails then, not under its first heavy load."""
         from bertkit.tokenizer import MASK
 
         # a word that is one piece of this vocabulary, so n words are n pieces
@@ -464,16 +482,14 @@ class ServedModel:
                 continue
             if endpoint == "predict":
                 assert self.predictor is not None
-                for size in (short, long):
-                    item = self._predict_example(size)
-                    self.run(endpoint, [item] * (2 if size is short else self.max_batch_size))
+                small, large = self._predict_example(short), self._predict_example(long)
             elif endpoint == "embed":
-                self.run(endpoint, [(short, "mean", True)] * 2)
-                self.run(endpoint, [(long, "mean", True)] * self.max_batch_size)
+                small, large = (short, "mean", True), (long, "mean", True)
             else:
                 filler = " ".join([word] * (self.max_seq_length - 3))
-                self.run(endpoint, [(f"Warm {MASK}.", 1)] * 2)
-                self.run(endpoint, [(f"{MASK} {filler}", 1)] * self.max_batch_size)
+                small, large = (f"Warm {MASK}.", 1), (f"{MASK} {filler}", 1)
+            for batch in ([small], [large], [small, large], [large] * self.max_batch_size):
+                self.run(endpoint, batch)
 
     def _predict_example(self, text: str) -> Any:
         """An input this model's task takes, made of `text`."""

@@ -396,9 +396,13 @@ def run_outputs(
         from tqdm import tqdm
 
         batches = tqdm(list(batches), desc="evaluate", unit="batch")
+    plan = getattr(model, "host_layouts", None)  # a bertkit head's: see Trainer.fit
     for indices in batches:
         batch = collate([features[i] for i in indices], task.padded_inputs)
+        layouts = plan(batch, device) if plan is not None else None
         batch = {k: v.to(device) for k, v in batch.items()}
+        if layouts is not None:  # worked out on the host: the forward need not count tokens
+            batch["layouts"] = layouts
         for key, value in task.outputs(model, batch).items():
             chunks.setdefault(key, []).append(value.float().cpu().numpy())
         order.append(indices)
