@@ -10,11 +10,15 @@ run in eval mode under torch.inference_mode, and are timed alternately so that d
 machine hits both alike. Ratios are bertkit / transformers throughput (above 1 = bertkit faster):
 once with the default padded encoder (identical outputs everywhere), once with `unpad=True`
 (dense layers on real tokens only; what the fine-tuning and pre-training heads use).
+`--compiled` adds bertkit unpadded and compiled for inference (`predict`/`serve --compile
+on`: `precision.compile_for_inference`, its layouts worked out on the host in each timed call),
+its first call's seconds (the compile) reported apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -28,6 +32,7 @@ from machine import line as machine_line
 
 from bertkit import BertConfig, BertModel, BertTokenizer
 from bertkit.checkpoint import load_state_dict_into
+from bertkit.precision import compile_for_inference
 
 
 def texts_for_benchmark(count: int) -> list[str]:
@@ -86,24 +91,49 @@ def run(name: str, args) -> dict:
     real = int(batch["attention_mask"].sum())
     dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     times: dict[str, list[float]] = {"bertkit": [], "bertkit_unpad": [], "transformers": []}
+    sides = {"bertkit": (ours, {}), "bertkit_unpad": (ours, {"unpad": True}),
+             "transformers": (theirs, {})}  # fmt: skip
+    compile_seconds = None
+    if args.compiled:
+        inner = copy.deepcopy(ours)
+        compiled = compile_for_inference(inner)
+        host_mask = batch["attention_mask"].cpu()
+
+        def compiled_call(**inputs):  # the layouts on the host, as predict and serve do
+            layouts = inner.layouts(host_mask, tuple(host_mask.shape), args.device, unpad=True,
+                                    causal=False).to(args.device)  # fmt: skip
+            return compiled(**inputs, unpad=True, layouts=layouts)
+
+        sides["bertkit_compiled"] = (compiled_call, {})
+        times["bertkit_compiled"] = []
     with (
         torch.inference_mode(),
         torch.autocast(args.device, dtype=dtype, enabled=dtype is not None),
     ):
+        if args.compiled:
+            compile_seconds = time_forward(compiled_call, batch, args.device)
         for _ in range(args.warmup):
-            ours(**batch)
-            ours(**batch, unpad=True)
-            theirs(**batch)
+            for model, kwargs in sides.values():
+                model(**batch, **kwargs)
         for _ in range(args.iters):
-            times["bertkit"].append(time_forward(ours, batch, args.device))
-            times["bertkit_unpad"].append(time_forward(ours, batch, args.device, unpad=True))
-            times["transformers"].append(time_forward(theirs, batch, args.device))
+            for side, (model, kwargs) in sides.items():
+                times[side].append(time_forward(model, batch, args.device, **kwargs))
         reference = theirs(**batch).last_hidden_state
         real_mask = batch["attention_mask"].bool()
         diff = (ours(**batch).last_hidden_state - reference).abs().max().item()
         diff_unpad = (ours(**batch, unpad=True).last_hidden_state - reference)[real_mask]
+        if args.compiled:
+            diff_compiled = (compiled_call(**batch).last_hidden_state - reference)[real_mask]
+            diff_unpad = torch.cat([diff_unpad.flatten(), diff_compiled.flatten()])
     median = {k: statistics.median(v) for k, v in times.items()}
-    return {
+    extra = {}
+    if args.compiled:
+        extra = {
+            "bertkit_compiled_tokens_per_s": real / median["bertkit_compiled"],
+            "ratio_compiled": median["transformers"] / median["bertkit_compiled"],
+            "compile_seconds": compile_seconds,
+        }
+    return extra | {
         "model": name,
         "batch": list(batch["input_ids"].shape),
         "real_tokens": real,
@@ -125,6 +155,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
+    parser.add_argument("--compiled", action="store_true", help="also bertkit compiled")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     import transformers
@@ -147,6 +178,10 @@ def main() -> None:
             f"{r['bertkit_unpad_tokens_per_s']:>12,.0f} {r['ratio_unpad']:>6.2f} "
             f"{r['max_abs_diff']:>8.1e}"
         )
+        if args.compiled:
+            print(f"{'':<10} compiled: {r['bertkit_compiled_tokens_per_s']:,.0f} tokens/s, "
+                  f"ratio {r['ratio_compiled']:.2f}, first call (compile) "
+                  f"{r['compile_seconds']:.1f} s")  # fmt: skip
         sys.stdout.flush()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

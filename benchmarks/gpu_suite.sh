@@ -63,7 +63,7 @@ step() {
   echo "== $name (at ${SECONDS}s, $(left)s left)" | tee -a "$summary"
   timeout "$(left)" "$@" > "$work/logs/$name.log" 2>&1
   local rc=$?
-  grep -E "seq/s|first step|warm-up|tokens/s|FAILED|failed|attention|Error" "$work/logs/$name.log" | tee -a "$summary"
+  grep -E "seq/s|first step|warm-up|tokens/s|FAILED|failed|attention|Error|^(tiny|base|minilm-l6) " "$work/logs/$name.log" | tee -a "$summary"
   echo "-- $name: exit $rc at ${SECONDS}s" | tee -a "$summary"
 }
 
@@ -74,6 +74,7 @@ if [ -n "$dry" ]; then  # toy sizes on the CPU: every command runs, nothing is m
   loop_small=(--config tiny --max-steps 6 --batch-size 8 --seq-len 32 --device cpu)
   curves=(--config tiny --max-steps 6 --batch-size 8 --seq-len 32 --device cpu --warmup-steps 2)
   graphs=()  # (CUDA graphs need CUDA)
+  infer=(--models tiny --batch 8 --seq-len 32 --dtype fp32 --device cpu --iters 2)
   bf16=fp32
 else
   device=()
@@ -83,6 +84,7 @@ else
   loop_small=(--config small --max-steps 120 --batch-size 256 --seq-len 128)
   curves=(--config mini --max-steps 300 --batch-size 128 --seq-len 128 --warmup-steps 30)
   graphs=(bertkit-graphs)
+  infer=(--models base minilm-l6 --batch 256 --seq-len 128 --dtype bf16 --iters 20)
   bf16=bf16
 fi
 {
@@ -112,6 +114,9 @@ step loop_small_graphs "$PY" -m bertkit.cli pretrain --data "$data" "${loop_smal
   --warmup-steps 4 --log-every 20 --save-every 100000 --compile graphs --out "$work/loop_small_graphs"
 step loop_small "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
   --warmup-steps 4 --log-every 20 --save-every 100000 --out "$work/loop_small"
+# inference: padded, unpadded and compiled (predict/serve --compile on) against transformers
+step infer "$PY" benchmarks/forward_throughput.py "${infer[@]}" --compiled \
+  --json "$work/logs/infer.json"
 step base "${bench[@]}" --case "${base[@]}" --variants bertkit bertkit-padded transformers \
   --profile bertkit transformers
 step large "${bench[@]}" --case "${large[@]}" --variants bertkit transformers --profile bertkit
