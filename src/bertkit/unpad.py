@@ -71,7 +71,7 @@ class TokenLayout:
             n = len(index)
             extra = -n % multiple if n >= multiple else (1 << (n - 1).bit_length()) - n
             past = torch.arange(extra, device=flat.device) + flat.numel()
-            index = torch.cat([index, past]) if multiple > 1 else index
+            index = torch.cat([index, past])
             batch, seq_len = attention_mask.shape[:2]
             return cls(batch, seq_len, index, None, parity, spare=multiple - 1)
         if len(index) == flat.numel():  # no padding: the grid itself, nothing to gather
@@ -132,10 +132,11 @@ class TokenLayout:
         of just those rows (with `multiple`: and more of this layout's rows, as `unpadded`,
         which `to_grid` leaves zero)."""
         flat = keep.reshape(-1)
-        chosen = flat if self.index is None else flat.index_select(0, self._sources())
+        sources = None if self.index is None else self._sources()
+        chosen = flat if sources is None else flat.index_select(0, sources)
         if self.spare:  # rows past the grid are never chosen, nor added (`multiple` is 1)
             assert multiple == 1, "a layout with spare rows is read without rounding"
-            chosen = chosen & (self._sources() == self.index)
+            chosen = chosen & (sources == self.index)
         rows = chosen.nonzero().squeeze(1)
         extra = min(-len(rows) % multiple, len(chosen) - len(rows))
         added = None

@@ -468,10 +468,10 @@ class ServedModel:
         ]  # fmt: skip
 
     def warm(self) -> None:
-        """Each endpoint once on a short input, on a long one, on both, then on a full batch
-        of the longest inputs: lazy set-up done, each kind of call a compiled model compiles
-        for (a batch of one, of more) compiled, and the largest activations allocated at
-        start-up: a server that will not fit fails then, not under its first heavy load."""
+        """Each endpoint once on a short input, on a short and a long one, then on a full
+        batch of the longest inputs: lazy set-up done, each kind of call a compiled model
+        compiles for (a batch of one, of more) compiled, and the largest activations allocated
+        at start-up: a server that will not fit fails then, not under its first heavy load."""
         from bertkit.tokenizer import MASK
 
         # a word that is one piece of this vocabulary, so n words are n pieces
@@ -488,7 +488,7 @@ class ServedModel:
             else:
                 filler = " ".join([word] * (self.max_seq_length - 3))
                 small, large = (f"Warm {MASK}.", 1), (f"{MASK} {filler}", 1)
-            for batch in ([small], [large], [small, large], [large] * self.max_batch_size):
+            for batch in ([small], [small, large], [large] * self.max_batch_size):
                 self.run(endpoint, batch)
 
     def _predict_example(self, text: str) -> Any:
