@@ -72,13 +72,13 @@ def test_unpadded_training_draws_masks_for_real_tokens_only(tiny_config, monkeyp
     from bertkit import dropout as module
 
     drawn = []
-    real = module.keep_mask
+    real = module._draw
 
-    def counting(shape, p):
+    def counting(shape, p, dtype, kept):
         drawn.append(shape)
-        return real(shape, p)
+        return real(shape, p, dtype, kept)
 
-    monkeypatch.setattr(module, "keep_mask", counting)
+    monkeypatch.setattr(module, "_draw", counting)
     model = BertModel(tiny_config).train()
     ids = torch.randint(5, tiny_config.vocab_size, (3, 20))
     mask = torch.zeros_like(ids)
@@ -86,3 +86,20 @@ def test_unpadded_training_draws_masks_for_real_tokens_only(tiny_config, monkeyp
     model(ids, attention_mask=mask, unpad=True).last_hidden_state.sum().backward()
     hidden = [s for s in drawn if len(s) == 2]
     assert hidden and all(s == (15, tiny_config.hidden_size) for s in hidden)
+
+
+def test_the_draw_does_not_depend_on_how_the_words_are_chunked(monkeypatch):
+    """The words are hashed a chunk at a time (cache-sized passes); chunks of 3 words, ending
+    anywhere in the mask, give the very mask one pass gives, bool and scaled float alike."""
+    from bertkit import dropout as module
+
+    def draws():
+        torch.manual_seed(11)
+        return keep_mask((7, 13), 0.3), module.dropout_mask((5, 9), 0.1, torch.bfloat16)
+
+    whole = draws()
+    monkeypatch.setattr(module, "_CHUNK", 3)
+    chunked = draws()
+    assert all(torch.equal(a, b) for a, b in zip(whole, chunked, strict=True))
+    assert set(whole[1].unique().tolist()) == {0.0, torch.tensor(65536 / 58982).bfloat16().item()}
+    assert module.dropout_mask((4, 4), 1.0, torch.float32).abs().sum() == 0

@@ -137,15 +137,22 @@ class BertLayer(nn.Module):
         # unless parity asks for those draws, attention is computed here with bertkit.dropout's
         fast_masks = dropout_p > 0.0 and not layout.parity and q.device.type == "cpu"
         if output_attentions or fast_masks:
-            # Explicit softmax(QK^T / sqrt(D)) so the probabilities can be returned.
-            scores = q @ k.transpose(-1, -2) / math.sqrt(size)  # (B, A, S, S)
-            if mask is not None and mask.is_floating_point():
-                scores = scores + mask  # additive (padded_only)
-            elif mask is not None:
-                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-            probs = scores.softmax(dim=-1)
+            # Explicit softmax(QK^T / sqrt(D) + mask) so the probabilities can be returned. One
+            # batched product with the scale and the additive mask folded in (baddbmm's alpha and
+            # input): no separate passes, forward and backward, over the (B, A, S, S) scores.
+            flat = batch * heads
+            q3, k3, v3 = (t.reshape(flat, seq_len, size) for t in (q, k, v))
+            if mask is None:
+                bias, beta = q3.new_zeros(()).expand(flat, seq_len, seq_len), 0.0
+            else:
+                bias, beta = _additive(mask, q3.dtype), 1.0  # (B, 1, 1|S, S)
+                bias = bias.expand(batch, heads, *bias.shape[2:]).reshape(flat, -1, seq_len)
+            scores = torch.baddbmm(bias, q3, k3.transpose(1, 2), beta=beta, alpha=size**-0.5)
+            probs = scores.softmax(dim=-1).view(batch, heads, seq_len, seq_len)
             attention_dropout = F.dropout if layout.parity else fast_dropout
-            context = attention_dropout(probs, dropout_p, self.training) @ v  # (B, A, S, D)
+            dropped = attention_dropout(probs, dropout_p, self.training)
+            context = torch.bmm(dropped.view(flat, seq_len, seq_len), v3)
+            context = context.view(batch, heads, seq_len, size)  # (B, A, S, D)
         else:
             # the scale given, not derived from q's shape: exported to ONNX it is then a constant
             # that ONNX Runtime folds into the score product, instead of Sqrt and Mul on q and k
@@ -286,6 +293,17 @@ def attention_mask_for(
         lower = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
         mask = lower[None, None] if mask is None else mask & lower  # (B|1, 1, S, S)
     return mask
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A Boolean mask (True = may attend) as scores to add: 0, or the dtype's minimum (exp of
+    it minus the row's maximum is 0, as for -inf, without a row of -inf ever making NaN). A mask
+    that is already additive comes back as it is."""
+    if mask.is_floating_point():
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+        ~mask, torch.finfo(dtype).min
+    )
 
 
 @torch.no_grad()
@@ -486,10 +504,7 @@ class BertModel(BertPreTrainedModel):
             # Where(mask, 0, -inf) before each layer's softmax and Where(IsNaN(p), 0, p) after
             # it; with the float mask those go, and real tokens' outputs are the same (exp of
             # the dtype's minimum minus the row's maximum is 0, as for -inf).
-            dtype = self.embeddings.word_embeddings.weight.dtype
-            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
-                ~mask, torch.finfo(dtype).min
-            )
+            mask = _additive(mask, self.embeddings.word_embeddings.weight.dtype)
 
         batch = input_ids.shape[0]
         # Left to right, [CLS] attends to itself alone, so a sentence representation read there

@@ -117,7 +117,7 @@ class TokenLayout:
         if not self.parity:
             if within is None:
                 return fast.dropout(rows, p, True)
-            mask = fast.dropout(rows.new_ones(self.rows, rows.shape[-1]), p, True)
+            mask = fast.dropout_mask((self.rows, rows.shape[-1]), p, rows.dtype)
             return rows * mask.index_select(0, within)
         index = None if self.index is None else self._sources()
         if within is not None:
