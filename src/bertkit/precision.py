@@ -141,6 +141,16 @@ def cast_for_inference(model: torch.nn.Module, precision: Precision) -> torch.nn
     return model
 
 
+def inference_compile(choice: str, backend: str) -> bool:
+    """Whether predict or serve compiles its model (`--compile off|on`): a clear error for any
+    other value, and for `on` with a backend other than torch, before anything is loaded."""
+    if choice not in ("off", "on"):
+        raise ValueError(f"compile must be off or on, not {choice!r}")
+    if choice == "on" and backend != "torch":
+        raise ValueError("--compile on compiles the torch backend; not with --backend onnx")
+    return choice == "on"
+
+
 def compile_for_inference(model: torch.nn.Module) -> torch.nn.Module:
     """`model` compiled for inference (`--compile on` of predict and serve): inductor with
     every size symbolic from the first call (`dynamic=True`: unpadded batches change their

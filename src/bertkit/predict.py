@@ -37,7 +37,12 @@ from bertkit._io import atomic_path
 from bertkit.checkpoint import read_config
 from bertkit.heads import MODEL_CLASSES
 from bertkit.hub import model_dir
-from bertkit.precision import cast_for_inference, compile_for_inference, resolve_precision
+from bertkit.precision import (
+    cast_for_inference,
+    compile_for_inference,
+    inference_compile,
+    resolve_precision,
+)
 from bertkit.settings import (
     Settings,
     backend_setting,
@@ -109,6 +114,7 @@ class Predictor:
         for training (bertkit.precision): `auto` is bf16 autocast where the device runs it
         natively, fp32 elsewhere; an ONNX export runs as it was exported."""
         self.config = config = replaced(config or PredictConfig(), **settings)
+        compiled = inference_compile(config.compile, config.backend)
         model = model_dir(model)  # a folder, or a Hub name
         self.task, info = task_of_checkpoint(model)
         self.max_seq_length = int(info.get("max_seq_length", self.task.default_max_seq_length))
@@ -130,10 +136,8 @@ class Predictor:
         self.precision = resolve_precision(config.precision, self.device, backend=config.backend)
         if isinstance(self.model, torch.nn.Module):
             cast_for_inference(self.model, self.precision)
-            if config.compile == "on":
+            if compiled:
                 self.model = compile_for_inference(self.model)
-        elif config.compile == "on":
-            raise ValueError("--compile on compiles the torch backend; not with --backend onnx")
         labels = model_config.id2label
         self.labels = [labels[i] for i in sorted(labels)] if labels else None
 

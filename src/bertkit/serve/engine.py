@@ -26,7 +26,12 @@ from typing import Any
 import torch
 
 from bertkit.embedding import POOLINGS, declared_length, pool, read_pooling
-from bertkit.precision import cast_for_inference, compile_for_inference, resolve_precision
+from bertkit.precision import (
+    cast_for_inference,
+    compile_for_inference,
+    inference_compile,
+    resolve_precision,
+)
 from bertkit.serve.config import ServeConfig
 from bertkit.settings import BACKENDS, QUANTIZATIONS
 from bertkit.tasks.base import TASK_FILE
@@ -86,10 +91,7 @@ class ServedModel:
             raise ValueError(f"quantize must be {', '.join(QUANTIZATIONS)}, not {quantize!r}")
         if quantize and backend != "onnx":
             raise ValueError("int8 serving runs on ONNX Runtime: add --backend onnx")
-        if compile not in ("off", "on"):
-            raise ValueError(f"compile must be off or on, not {compile!r}")
-        if compile == "on" and backend != "torch":
-            raise ValueError("--compile on compiles the torch backend; not with --backend onnx")
+        compiled = inference_compile(compile, backend)
         path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(f"{path}: no such model folder")
@@ -147,7 +149,7 @@ class ServedModel:
             else:
                 self._encoder = self._load_torch_encoder(path)
                 cast_for_inference(self.fill.model if self.fill else self._encoder, self.precision)
-                if compile == "on":
+                if compiled:
                     self._encoder = compile_for_inference(self._encoder)
             # a sentence-transformers folder's own length (all-MiniLM-L6-v2: 256), as
             # SentenceTransformer(path) cuts; else what the tokenizer and positions allow
