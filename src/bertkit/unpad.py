@@ -150,12 +150,13 @@ class TokenLayout:
     def to_grid(self, rows: torch.Tensor) -> torch.Tensor:  # rows -> (B, S, F), zeros at padding
         if self.index is not None:
             cells = self.batch * self.seq_len
-            empty = rows.new_zeros(cells + self.spare, rows.shape[-1])
-            rows = empty.index_copy(0, self.index, rows)
+            # in place into the fresh zeros: the out-of-place forms copied the whole grid once
+            # more each (three times a layer, for q, k and v); autograd saves neither's input
+            grid = rows.new_zeros(cells + self.spare, rows.shape[-1])
+            grid.index_copy_(0, self.index, rows)
             if self.added is not None:
-                rows = rows.index_fill(0, self.added, 0)
-            if self.spare:
-                rows = rows[:cells]
+                grid.index_fill_(0, self.added, 0)
+            rows = grid[:cells] if self.spare else grid
         return rows.view(self.batch, self.seq_len, rows.shape[-1])
 
 
