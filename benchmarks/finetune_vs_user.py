@@ -24,7 +24,9 @@ ratios are against the plain fp32 transformers loop; the sides' order rotates by
 `bertkit-bf16-random` is `bertkit-bf16` with random batches (`--bucket-batches 1`) instead of
 length-bucketed ones: what bucketing does to the dev scores. `bertkit-parity` is `bertkit
 finetune --parity`: dropout masks drawn as transformers draws them (slower on CPUs), against
-the default's parallel draws: what the default's other random numbers do to the dev scores. The dev score column is the mean ±
+the default's parallel draws: what the default's other random numbers do to the dev scores;
+`bertkit-parity-random` both: masks drawn as transformers draws them and random batches (bertkit's
+own batch order and head initialisation still, so not the user loop's numbers, run for run). The dev score column is the mean ±
 the standard deviation over seeds of the task's main score; Δ: Welch's 95% interval of the
 difference of the means to the fp32 transformers loop, or to `--baseline` (with two seeds or more
 on both sides).
@@ -54,7 +56,7 @@ NO_DECAY = ("bias", "LayerNorm.weight")
 
 
 SIDES = ("bertkit", "transformers", "bertkit-bf16", "transformers-bf16", "bertkit-bf16-random",
-         "bertkit-random", "bertkit-parity")  # fmt: skip
+         "bertkit-random", "bertkit-parity", "bertkit-parity-random")  # fmt: skip
 
 
 def transformers_user(
@@ -263,7 +265,7 @@ def main() -> None:
                         args.out / task_name / f"{side}_{seed}",
                         FinetuneConfig(
                             **{**vars(config), "seed": seed, "precision": precision,
-                               "bucket_batches": bucket, "parity": side.endswith("-parity")}
+                               "bucket_batches": bucket, "parity": "-parity" in side}
                         ),
                     )  # fmt: skip
                     figures = last_epoch(run)
