@@ -98,10 +98,15 @@ def transformers_user(
     )  # fmt: skip
 
 
-def user_training(model, collator, train_rows, sizes, seed: int, bf16: bool, evaluate) -> dict:
+def user_training(
+    model, collator, train_rows, sizes, seed: int, bf16: bool, evaluate, plan=None, reseed=None
+) -> dict:
     """The training loop transformers' documentation teaches: AdamW over the decay groups,
     linear warm-up over 10% of the steps then decay, random batches padded to their longest,
-    gradients clipped at 1; `evaluate()` after every epoch. Returns the last epoch's figures."""
+    gradients clipped at 1; `evaluate()` after every epoch. Returns the last epoch's figures.
+    `plan`: each step's row indices instead of a shuffling DataLoader (every epoch the same);
+    `reseed`: torch's generator seeded with reseed + step before each step's forward
+    (benchmarks/loops_run_for_run.py)."""
     import transformers
 
     autocast = partial(torch.autocast, "cpu", dtype=torch.bfloat16, enabled=bf16)
@@ -112,19 +117,26 @@ def user_training(model, collator, train_rows, sizes, seed: int, bf16: bool, eva
          "weight_decay": 0.0},
     ]  # fmt: skip
     optimizer = torch.optim.AdamW(groups, lr=sizes.learning_rate, eps=1e-6)
-    loader = torch.utils.data.DataLoader(
-        train_rows,
-        batch_size=sizes.batch_size,
-        shuffle=True,
-        collate_fn=collator,
-        generator=torch.Generator().manual_seed(seed),
-    )
+    if plan is None:
+        loader = torch.utils.data.DataLoader(
+            train_rows,
+            batch_size=sizes.batch_size,
+            shuffle=True,
+            collate_fn=collator,
+            generator=torch.Generator().manual_seed(seed),
+        )
+    else:
+        loader = [collator([train_rows[i] for i in indices]) for indices in plan]
     steps = len(loader) * sizes.epochs
     schedule = transformers.get_linear_schedule_with_warmup(optimizer, int(0.1 * steps), steps)
     figures: dict = {}
+    step = 0
     for _ in range(sizes.epochs):
         model.train()
         for batch in loader:
+            if reseed is not None:
+                torch.manual_seed(reseed + step)
+            step += 1
             with autocast():
                 loss = model(**batch).loss
             loss.backward()

