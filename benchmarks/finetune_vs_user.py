@@ -26,7 +26,12 @@ length-bucketed ones: what bucketing does to the dev scores. `bertkit-parity` is
 finetune --parity`: dropout masks drawn as transformers draws them (slower on CPUs), against
 the default's parallel draws: what the default's other random numbers do to the dev scores;
 `bertkit-parity-random` both: masks drawn as transformers draws them and random batches (bertkit's
-own batch order and head initialisation still, so not the user loop's numbers, run for run). The dev score column is the mean ±
+own batch order and head initialisation still, so not the user loop's numbers, run for run).
+`bertkit-random-normal-head` and `bertkit-random-google-head`: random batches, and the new head
+drawn as transformers draws it (a plain normal, std `initializer_range`: `--head-init normal`,
+the default since 2026-11-27) or as Google's run_classifier.py does (truncated at 2 std: `--head-init
+truncated-normal`, the default before); `transformers-google-head`: the user's loop with its new
+head drawn again from Google's truncated normal. The dev score column is the mean ±
 the standard deviation over seeds of the task's main score; Δ: Welch's 95% interval of the
 difference of the means to the fp32 transformers loop, or to `--baseline` (with two seeds or more
 on both sides).
@@ -48,6 +53,7 @@ from machine import line as machine_line
 from task_data import task_data
 
 from bertkit.finetune import FinetuneConfig, finetune, main_score
+from bertkit.model import truncated_normal_
 from bertkit.stats import compare_to_baseline, summary
 from bertkit.tasks import get_task
 from bertkit.tasks.ner import ConllTask, to_iob2
@@ -56,7 +62,9 @@ NO_DECAY = ("bias", "LayerNorm.weight")
 
 
 SIDES = ("bertkit", "transformers", "bertkit-bf16", "transformers-bf16", "bertkit-bf16-random",
-         "bertkit-random", "bertkit-parity", "bertkit-parity-random")  # fmt: skip
+         "bertkit-random", "bertkit-parity", "bertkit-parity-random",
+         "bertkit-random-normal-head", "bertkit-random-google-head",
+         "transformers-google-head")  # fmt: skip
 
 
 def transformers_user(
@@ -67,8 +75,10 @@ def transformers_user(
     seed: int,
     limit: int | None = None,
     bf16: bool = False,
+    google_head: bool = False,
 ) -> dict:
-    """The loop a transformers user writes; returns the last epoch's dev figures."""
+    """The loop a transformers user writes; returns the last epoch's dev figures. `google_head`:
+    the new head's weights drawn again as bertkit draws them (Google's truncated normal)."""
     import transformers
 
     task = get_task(task_name)
@@ -92,6 +102,8 @@ def transformers_user(
         collator = transformers.DataCollatorWithPadding(tokenizer)
         train_rows = _sentences(tokenizer, train, labels, regression, sizes.max_seq_length)
         dev_rows = _sentences(tokenizer, dev, labels, regression, sizes.max_seq_length)
+    if google_head:
+        truncated_normal_(model.classifier.weight, model.config.initializer_range)
     return user_training(
         model, collator, train_rows, sizes, seed, bf16,
         lambda: _score(task, model, collator, dev, dev_rows, labels, tagging),
@@ -269,7 +281,9 @@ def main() -> None:
                 bf16 = "-bf16" in side
                 if side.startswith("bertkit"):
                     precision = "bf16" if bf16 else "fp32"
-                    bucket = 1 if side.endswith("-random") else config.bucket_batches
+                    bucket = 1 if "-random" in side else config.bucket_batches
+                    head = {"-normal-head": "normal", "-google-head": "truncated-normal"}
+                    head_init = next((v for k, v in head.items() if k in side), config.head_init)
                     run = finetune(
                         task_name,
                         model,
@@ -277,14 +291,16 @@ def main() -> None:
                         args.out / task_name / f"{side}_{seed}",
                         FinetuneConfig(
                             **{**vars(config), "seed": seed, "precision": precision,
-                               "bucket_batches": bucket, "parity": "-parity" in side}
+                               "bucket_batches": bucket, "parity": "-parity" in side,
+                               "head_init": head_init}
                         ),
                     )  # fmt: skip
                     figures = last_epoch(run)
                 else:
                     figures = transformers_user(
-                        task_name, model, data, config.sizes(), seed, args.max_train_examples, bf16
-                    )
+                        task_name, model, data, config.sizes(), seed, args.max_train_examples,
+                        bf16, google_head="-google-head" in side,
+                    )  # fmt: skip
                 seconds = time.perf_counter() - started
                 entry["runs"].append(
                     {"seed": seed, "side": side, "seconds": round(seconds, 1),

@@ -6,7 +6,8 @@ forward, the user's batches padded to a multiple of 8 as bertkit's are. Prints e
 figures.
 
     BERTKIT_DATA=../shared/data python benchmarks/loops_run_for_run.py --task stsb --seed 45 \\
-        --dropout 0 [--max-train-examples N] [--sides bertkit user]
+        --dropout 0 [--head-init normal|truncated-normal] [--max-train-examples N] \\
+        [--sides bertkit user]
 
 What it separates: the loops' arithmetic (equal without dropout) from what their random draws
 do (dropout masks, the head's initialisation, the batch order). GLUE sentence tasks.
@@ -40,6 +41,7 @@ def main() -> None:
     parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA", "../shared/data"))
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--head-init", default="normal", choices=("normal", "truncated-normal"))
     parser.add_argument("--max-train-examples", type=int)
     parser.add_argument("--sides", nargs="+", default=["bertkit", "user"])
     parser.add_argument("--threads", type=int, default=2)
@@ -55,7 +57,7 @@ def main() -> None:
     reseed = args.dropout > 0
     config = FinetuneConfig(
         epochs=1, progress=False, overwrite=True, seed=args.seed, precision="fp32",
-        bucket_batches=1, dropout=args.dropout, parity=reseed,
+        bucket_batches=1, dropout=args.dropout, parity=reseed, head_init=args.head_init,
         max_train_examples=args.max_train_examples,
     ).resolved(task)  # fmt: skip
     sizes = config.sizes()
@@ -88,7 +90,9 @@ def main() -> None:
             hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
         )  # fmt: skip
         model.classifier.load_state_dict(
-            build_model(task, model_dir, args.seed).classifier.state_dict()
+            build_model(
+                task, model_dir, args.seed, head_init=args.head_init
+            ).classifier.state_dict()
         )
         collator = transformers.DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)
         rows = _sentences(tokenizer, train, labels, task.regression, sizes.max_seq_length)

@@ -351,23 +351,31 @@ def test_missing_files_are_named(tmp_path, tiny_config):
 
 def test_tensors_missing_from_the_checkpoint_get_a_real_initialisation(tiny_config, tmp_path):
     """from_pretrained allocates without initialising; whatever the checkpoint lacks must still
-    get Google's initialisation, never leftover memory."""
+    be drawn, never leftover memory: from N(0, 0.02) as transformers draws a new head, or with
+    `new_weights="truncated-normal"` cut at 2 std as Google's run_classifier.py draws it."""
     torch.manual_seed(0)
     BertModel(tiny_config, add_pooling_layer=False).save_pretrained(tmp_path)
-    model = BertForPreTraining.from_pretrained(tmp_path)
-    heads = model.cls
-    assert torch.all(heads.predictions.bias == 0)  # a bare Parameter of its module
-    assert torch.all(heads.predictions.transform.LayerNorm.weight == 1)
-    assert torch.all(heads.seq_relationship.bias == 0)
-    for weight in (heads.seq_relationship.weight, model.bert.pooler.dense.weight):
-        assert torch.isfinite(weight).all() and 0 < weight.abs().max() <= 0.04 + 1e-7
-    assert heads.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    std = tiny_config.initializer_range
+    for new_weights in ("normal", "truncated-normal"):
+        model = BertForPreTraining.from_pretrained(tmp_path, new_weights=new_weights)
+        heads = model.cls
+        assert torch.all(heads.predictions.bias == 0)  # a bare Parameter of its module
+        assert torch.all(heads.predictions.transform.LayerNorm.weight == 1)
+        assert torch.all(heads.seq_relationship.bias == 0)
+        # the pooler's 32 x 32 draws: a plain normal has ~4.6% of them beyond 2 std
+        weight = model.bert.pooler.dense.weight.detach()
+        assert torch.isfinite(weight).all() and 0.8 * std < float(weight.std()) < 1.2 * std
+        beyond = float((weight.abs() > 2 * std).float().mean())
+        assert 0.03 < beyond < 0.06 if new_weights == "normal" else beyond == 0.0
+        assert heads.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
     # a mismatched head keeps nothing of the checkpoint and is initialised too
     BertForSequenceClassification(tiny_config.with_labels(3)).save_pretrained(tmp_path / "c")
     clf = BertForSequenceClassification.from_pretrained(
-        tmp_path / "c", num_labels=5, ignore_mismatched_sizes=True
+        tmp_path / "c", num_labels=5, ignore_mismatched_sizes=True, new_weights="truncated-normal"
     )
-    assert torch.all(clf.classifier.bias == 0) and clf.classifier.weight.abs().max() <= 0.04 + 1e-7
+    assert torch.all(clf.classifier.bias == 0) and clf.classifier.weight.abs().max() <= 2 * std
+    with pytest.raises(ValueError, match="drawn truncated-normal or normal, not 'uniform'"):
+        BertForPreTraining.from_pretrained(tmp_path, new_weights="uniform")
 
 
 def test_written_files_honour_the_umask(tmp_path, tiny_config):

@@ -252,20 +252,23 @@ def test_finetune_resumes_after_a_kill(tiny_checkpoint, tmp_path, monkeypatch):
     results_file.write_text(json.dumps(saved))
     finetune("qnli", tiny_checkpoint, data, tmp_path / "run", FinetuneConfig(**QUICK, resume=True))
     changes = ({"learning_rate": 1e-4}, {"bucket_batches": 1}, {"warmup_steps": 1},
-               {"optimizer": "bertadam"})  # fmt: skip
+               {"optimizer": "bertadam"}, {"head_init": "truncated-normal"})  # fmt: skip
     for changed in changes:
         with pytest.raises(AssertionError, match="trained again"):
             other = FinetuneConfig(**{**QUICK, **changed}, resume=True)
             finetune("qnli", tiny_checkpoint, data, tmp_path / "run", other)
 
 
-def test_taggers_draw_random_batches_unless_told():
+def test_taggers_and_sts_b_draw_random_batches_unless_told():
     """Length-sorted batches cost token tagging 1.6 F1 against a transformers user's loop
-    (docs/results/own_data): taggers default to random batches, the rest to buckets."""
-    for name, expected in (("conll2003", 1), ("token-classification", 1), ("mrpc", 50),
-                           ("squad1", 50), ("text-classification", 50)):  # fmt: skip
+    (docs/results/own_data) and one epoch of STS-B 4.1 points (docs/results): taggers and
+    GLUE's regression default to random batches, the rest to buckets."""
+    for name, expected in (("conll2003", 1), ("token-classification", 1), ("stsb", 1),
+                           ("mrpc", 50), ("sst2", 50), ("squad1", 50),
+                           ("text-classification", 50)):  # fmt: skip
         assert FinetuneConfig().resolved(get_task(name)).bucket_batches == expected, name
-    assert FinetuneConfig(bucket_batches=50).resolved(get_task("conll2003")).bucket_batches == 50
+    for name in ("conll2003", "stsb"):
+        assert FinetuneConfig(bucket_batches=50).resolved(get_task(name)).bucket_batches == 50
 
 
 def test_bilstm_heads_of_table_5(tiny_checkpoint, tmp_path):
@@ -446,6 +449,38 @@ def test_fine_tuning_dropout_is_the_papers_not_the_checkpoints(tiny_checkpoint, 
         finetune("sst2", checkpoint, data, out, config)
         saved = json.loads((out / "config.json").read_text())
         assert saved["hidden_dropout_prob"] == saved["attention_probs_dropout_prob"] == expected
+
+
+def test_a_new_head_is_the_one_transformers_draws_for_the_seed(tiny_checkpoint, tmp_path):
+    """By default the head a checkpoint lacks is drawn as transformers draws it, value for value
+    for the same seed; `head_init="truncated-normal"` draws Google's (nothing beyond 2 std).
+    The run records the choice: a resumed run with the other one trains again."""
+    transformers = pytest.importorskip("transformers")
+    from bertkit.finetune import build_model
+
+    task = get_task("sst2")
+    ours = build_model(task, tiny_checkpoint, seed=7).classifier.weight
+    torch.manual_seed(7)
+    theirs = transformers.BertForSequenceClassification.from_pretrained(
+        tiny_checkpoint, num_labels=2
+    ).classifier.weight
+    assert torch.equal(ours, theirs)
+    std = 0.02
+    for seed in range(4):  # 4 x 64 draws: a plain normal's 4.6% beyond 2 std shows
+        google = build_model(task, tiny_checkpoint, seed, head_init="truncated-normal")
+        assert float(google.classifier.weight.abs().max()) <= 2 * std
+    drawn = torch.cat([build_model(task, tiny_checkpoint, s).classifier.weight for s in range(4)])
+    assert float(drawn.abs().max()) > 2 * std
+
+    data = _separable_sst2(tmp_path / "SST-2")
+    out = tmp_path / "run"
+    config = FinetuneConfig(**{**QUICK, "epochs": 1, "head_init": "truncated-normal"})
+    finetune("sst2", tiny_checkpoint, data, out, config)
+    assert json.loads((out / "results.json").read_text())["hyperparameters"]["head_init"] == (
+        "truncated-normal"
+    )
+    with pytest.raises(SystemExit):
+        cli.main(["finetune", "sst2", "--head-init", "uniform", "--out", str(tmp_path / "x")])
 
 
 def test_early_stopping_keeps_the_best_evaluation_and_stops(words_model, tmp_path, capsys):

@@ -34,7 +34,7 @@ class PreTrainedModule(Protocol):
     config: BertConfig
     base_model_prefix: str
 
-    def init_module(self, module: torch.nn.Module) -> None: ...
+    def init_module(self, module: torch.nn.Module, weights: str = ...) -> None: ...
     def tie_weights(self) -> None: ...
     def state_dict(self) -> dict[str, torch.Tensor]: ...
     def get_submodule(self, target: str) -> torch.nn.Module: ...
@@ -285,8 +285,10 @@ def load_state_dict_into(
     source: str = "checkpoint",
     strict: bool = False,
     ignore_mismatched_sizes: bool = False,
+    new_weights: str = "normal",
 ) -> dict[str, list[str]]:
-    """Copy `state` into `model`, reporting what did not match.
+    """Copy `state` into `model`, reporting what did not match; what `state` lacks (a new head)
+    is drawn as `new_weights` says (`bertkit.model.INITIALISATIONS`).
 
     - A tensor whose shape differs raises ValueError naming it and both shapes (unless
       `ignore_mismatched_sizes`: it then keeps its fresh initialisation, with a warning).
@@ -340,7 +342,7 @@ def load_state_dict_into(
     with torch.no_grad():
         for name, tensor in loadable.items():
             expected[name].copy_(tensor)
-    _initialize(model, missing + mismatched, loadable)
+    _initialize(model, missing + mismatched, loadable, new_weights)
     model.tie_weights()
     if missing:
         logger.warning(
@@ -364,7 +366,7 @@ def load_state_dict_into(
 
 @torch.no_grad()
 def _initialize(
-    model: PreTrainedModule, names: list[str], loadable: dict[str, torch.Tensor]
+    model: PreTrainedModule, names: list[str], loadable: dict[str, torch.Tensor], weights: str
 ) -> None:
     """Give the tensors a checkpoint lacked their fresh initialisation (`from_pretrained` builds
     the model without one), keeping what was loaded into the same modules."""
@@ -374,7 +376,7 @@ def _initialize(
         by_module.setdefault(module_name, []).append(attribute)
     for module_name, attributes in by_module.items():
         module = model.get_submodule(module_name)
-        model.init_module(module)
+        model.init_module(module, weights)
         if not isinstance(module, (torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm)):
             for attribute in attributes:  # a bare parameter, e.g. the MLM output bias
                 getattr(module, attribute).zero_()
@@ -415,11 +417,15 @@ def load_pretrained(
     verify: bool = True,
     dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
+    new_weights: str = "normal",
 ) -> PreTrainedModule:
     """Build `cls` from a checkpoint directory, Hugging Face or Google layout (auto-detected).
 
     `config` replaces the directory's; `num_labels` sets the classification head's size (e.g.
-    a fresh classifier on a pre-trained encoder). `verify` checks Google checkpoints' CRCs.
+    a fresh classifier on a pre-trained encoder). `new_weights`: how the tensors the checkpoint
+    lacks are drawn, "normal" (N(0, initializer_range), as transformers draws a new head) or
+    "truncated-normal" (Google's run_classifier.py: cut at 2 std; a model built from a config
+    is initialised so throughout). `verify` checks Google checkpoints' CRCs.
     `path` may be a Hub name (`bertkit.hub.model_dir`).
     """
     path = model_dir(path)
@@ -445,6 +451,7 @@ def load_pretrained(
         source=str(path),
         strict=strict,
         ignore_mismatched_sizes=ignore_mismatched_sizes,
+        new_weights=new_weights,
     )
     logger.info("loaded %s from %s (%s layout)", cls.__name__, path, fmt)
     model.source_dir = str(path)

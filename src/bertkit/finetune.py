@@ -197,11 +197,13 @@ def build_model(
     bilstm: bool = False,
     random_init: bool = False,
     dropout: float | None = None,
+    head_init: str = "normal",
 ):
-    """The task's head on the checkpoint's encoder; a fresh head (seeded) where the checkpoint
-    has none or one of another size. With `random_init`, no weight is read: the whole model is
-    initialised from `seed` as BERT initialises (the paper's "no pre-training" comparison).
-    `dropout` (if given) replaces the config's hidden and attention dropout."""
+    """The task's head on the checkpoint's encoder; a fresh head (seeded, drawn as `head_init`
+    says) where the checkpoint has none or one of another size. With `random_init`, no weight is
+    read: the whole model is initialised from `seed` as BERT initialises (the paper's "no
+    pre-training" comparison). `dropout` (if given) replaces the config's hidden and attention
+    dropout."""
     config = task.model_config(read_config(Path(model_dir)))
     if dropout is not None:
         config = dataclasses.replace(
@@ -211,7 +213,7 @@ def build_model(
     if random_init:
         return MODEL_CLASSES[task.head_class(bilstm)](config)
     return MODEL_CLASSES[task.head_class(bilstm)].from_pretrained(
-        model_dir, config=config, ignore_mismatched_sizes=True
+        model_dir, config=config, ignore_mismatched_sizes=True, new_weights=head_init
     )
 
 
@@ -333,8 +335,9 @@ def _network(task: Task, model: Path, tokenizer, config: FinetuneConfig, build) 
     task, checked against the vocabulary."""
     if build is None:
         net = build_model(
-            task, model, config.seed, config.bilstm, config.random_init, config.dropout
-        )
+            task, model, config.seed, config.bilstm, config.random_init, config.dropout,
+            config.head_init,
+        )  # fmt: skip
     else:
         net = build(task, model, config.seed)
     set_dropout_parity(net, config.parity)
@@ -467,7 +470,7 @@ def _write_run(out: Path, task: Task, model: Path, data, config: FinetuneConfig,
 HYPERPARAMETERS = ("epochs", "learning_rate", "batch_size", "max_seq_length", "seed",
                    "warmup_fraction", "warmup_steps", "weight_decay", "optimizer", "random_init",
                    "bucket_batches", "dropout", "validation_split", "parity", "metric", "patience",
-                   "eval_every")  # fmt: skip
+                   "eval_every", "head_init")  # fmt: skip
 
 
 def _hyperparameters(config: FinetuneConfig) -> dict[str, Any]:
@@ -516,7 +519,8 @@ def _results_of_finished_run(out: Path, task: Task, config: FinetuneConfig, trai
         # before `dropout` and `validation_split`, they kept the checkpoint's and carved none;
         # before `parity`, every run drew its dropout masks as transformers does; before early
         # stopping, the mean of the main metrics chose among epochs; before the optimiser's
-        # settings were nested, the warm-up was a fraction and the optimiser AdamW
+        # settings were nested, the warm-up was a fraction and the optimiser AdamW; before
+        # `head_init`, a new head was drawn from Google's truncated normal
         and {
             "bucket_batches": 50,
             "dropout": None,
@@ -527,6 +531,7 @@ def _results_of_finished_run(out: Path, task: Task, config: FinetuneConfig, trai
             "eval_every": None,
             "warmup_steps": None,
             "optimizer": "adamw",
+            "head_init": "truncated-normal",
         }
         | recorded
         == _hyperparameters(config)

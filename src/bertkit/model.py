@@ -322,6 +322,18 @@ def truncated_normal_(tensor: torch.Tensor, std: float) -> torch.Tensor:
     return tensor
 
 
+@torch.no_grad()
+def normal_(tensor: torch.Tensor, std: float) -> torch.Tensor:
+    """Fill with N(0, std), as transformers' `_init_weights` draws a Linear's or Embedding's
+    weight."""
+    return tensor if tensor.is_meta else tensor.normal_(0.0, std)
+
+
+# How new weights are drawn (`init_module`): Google's truncated normal (BERT's own code, for a
+# model from scratch), or a plain normal (transformers': a head on a checkpoint, by default)
+INITIALISATIONS = {"truncated-normal": truncated_normal_, "normal": normal_}
+
+
 class BertPreTrainedModel(nn.Module):
     """Shared by the encoder and every head: config, initialisation, checkpoint I/O."""
 
@@ -349,12 +361,17 @@ class BertPreTrainedModel(nn.Module):
                 child.apply(self.init_module)
         self.tie_weights()
 
-    def init_module(self, module: nn.Module) -> None:
-        """Google's initialisation of one module (what `init_weights` applies to every child,
-        and what a checkpoint load uses for tensors the checkpoint lacks)."""
+    def init_module(self, module: nn.Module, weights: str = "truncated-normal") -> None:
+        """Initialise one module as Google does (what `init_weights` applies to every child); a
+        checkpoint load gives the tensors the checkpoint lacks `weights`, a key of
+        INITIALISATIONS: how Linear and Embedding weights are drawn, std initializer_range."""
+        if weights not in INITIALISATIONS:
+            raise ValueError(
+                f"new weights are drawn {' or '.join(INITIALISATIONS)}, not {weights!r}"
+            )
         std = self.config.initializer_range
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            truncated_normal_(module.weight, std)
+            INITIALISATIONS[weights](module.weight, std)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.LayerNorm):
