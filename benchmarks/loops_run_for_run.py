@@ -27,6 +27,7 @@ from task_data import task_data
 
 import bertkit.heads as heads
 from bertkit.finetune import FinetuneConfig, build_model, finetune
+from bertkit.model import INITIALISATIONS
 from bertkit.tasks import get_task
 from bertkit.tasks.base import FinetuneData
 from bertkit.tokenizer import BertTokenizer
@@ -41,7 +42,7 @@ def main() -> None:
     parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA", "../shared/data"))
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--dropout", type=float, default=0.0)
-    parser.add_argument("--head-init", default="normal", choices=("normal", "truncated-normal"))
+    parser.add_argument("--head-init", default="normal", choices=list(INITIALISATIONS))
     parser.add_argument("--max-train-examples", type=int)
     parser.add_argument("--sides", nargs="+", default=["bertkit", "user"])
     parser.add_argument("--threads", type=int, default=2)
