@@ -6,8 +6,9 @@
 #      tokens/s and MFU (benchmarks/gpu_throughput.py states the FLOPs formula and the peaks);
 #      a profile of each (top kernels, the share of the step the card is busy).
 #   2. The same, compiled (unpadded and padded) against transformers eager.
-#   3. BERT-large phase 1 (128 x 256) and phase 2 (512 x 32) against transformers; SQuAD
-#      fine-tuning of BERT-large at 384 (batch 32): seq/s and MFU against transformers.
+#   3. BERT-large phase 1 (128 x 256) and phase 2 (512 x 32), eager and compiled, against
+#      transformers; SQuAD fine-tuning of BERT-large at 384 (batch 32): seq/s and MFU against
+#      transformers.
 #   4. The loop itself, `bertkit pretrain --config base` at the same batch, defaults (compile
 #      auto: on with CUDA; data workers): tokens/s from its log, compile seconds on their own
 #      line; what the throughput of steps 1-2 loses to the data path and the loop; then the
@@ -117,6 +118,9 @@ step loop_small "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" 
 # inference: padded, unpadded and compiled (predict/serve --compile on) against transformers
 step infer "$PY" benchmarks/forward_throughput.py "${infer[@]}" --compiled \
   --json "$work/logs/infer.json"
+# BERT-large compiled (the 2026-11-27 call measured it eager only)
+step large_compiled "${bench[@]}" --case "${large[@]}" --variants transformers bertkit-compiled \
+  --profile bertkit-compiled
 step base "${bench[@]}" --case "${base[@]}" --variants bertkit bertkit-padded transformers \
   --profile bertkit transformers
 step large "${bench[@]}" --case "${large[@]}" --variants bertkit transformers --profile bertkit

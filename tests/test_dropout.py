@@ -103,3 +103,23 @@ def test_the_draw_does_not_depend_on_how_the_words_are_chunked(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(whole, chunked, strict=True))
     assert set(whole[1].unique().tolist()) == {0.0, torch.tensor(65536 / 58982).bfloat16().item()}
     assert module.dropout_mask((4, 4), 1.0, torch.float32).abs().sum() == 0
+
+
+def test_a_last_layers_subset_mask_follows_the_rows_device_and_compiles_whole():
+    """The last layer of a pre-training forward computes only the rows read after it and takes
+    their dropout from a mask of all the layout's rows. That mask must be drawn where the rows
+    are (a CPU mask for rows on a GPU failed there; `meta` stands in for the GPU here) and, in
+    compiled code, by torch (the CPU draw's seed broke the graph at that dropout)."""
+    from bertkit.unpad import TokenLayout
+
+    layout = TokenLayout.unpadded(torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]))
+    within = torch.tensor([0, 4, 6])
+    rows = torch.ones(3, 8, device="meta")
+    assert layout.dropout(rows, 0.1, True, within.to("meta")).device.type == "meta"
+
+    def drop(rows: torch.Tensor) -> torch.Tensor:
+        return layout.dropout(rows, 0.5, True, within)
+
+    torch._dynamo.reset()
+    out = torch.compile(drop, backend="eager", fullgraph=True)(torch.ones(3, 8))
+    assert set(out.unique().tolist()) <= {0.0, 2.0}

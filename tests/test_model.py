@@ -302,6 +302,33 @@ def test_rows_rounded_for_few_shapes_change_nothing_at_real_tokens(
     close(rounded.pooler_output, exact.pooler_output)
 
 
+@pytest.mark.parametrize("gather", [False, True])
+def test_rows_gradient_is_index_selects_without_atomic_adds(gather):
+    """`to_rows`' gradient is index_select's, bit for bit, though written by a copy (the
+    atomic `index_add` was 5% of a compiled GPU step); with spare rows (`gather`), those that
+    read the grid's last cell, a real token here, leave its gradient alone."""
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]])  # 7 real: one row more for 4
+    layout = TokenLayout.unpadded(mask, multiple=4, gather=gather)
+    assert layout.spare == (3 if gather else 0) and layout.rows == 8
+    assert layout._sources()[-1] == 9 and (layout.index[-1] == 10) == gather
+    grid = torch.randn(2, 5, 6, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(layout.rows, 6, dtype=torch.float64)
+    (layout.to_rows(grid) * weights).sum().backward()
+    fast = grid.grad.clone()
+    grid.grad = None
+    reference = grid.reshape(10, 6).index_select(0, layout._sources())
+    if gather:  # the spare row's product is dropped: it is past the grid's end
+        reference = reference[: layout.rows - 1]
+        weights = weights[: layout.rows - 1]
+    (reference * weights).sum().backward()
+    assert torch.equal(fast, grid.grad) and fast[1, 4].ne(0).all()
+    with torch.no_grad():  # inference keeps the plain select (and what ONNX export traces)
+        assert torch.equal(layout.to_rows(grid), grid.reshape(10, 6)[layout._sources()])
+    torch._dynamo.reset()  # and compiled training traces it whole (no graph break there)
+    rows = torch.compile(layout.to_rows, backend="eager", fullgraph=True)(grid)
+    assert torch.equal(rows, grid.reshape(10, 6)[layout._sources()])
+
+
 @pytest.mark.parametrize("unpad", [False, True])
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_last_layer_runs_only_where_read(tiny_config, tiny_batch, unpad, checkpointing):

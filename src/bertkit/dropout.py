@@ -93,10 +93,22 @@ def dropout_mask(shape: tuple[int, ...], p: float, dtype: torch.dtype) -> torch.
     return _draw(shape, p, dtype, 65536 / (65536 - dropped))
 
 
+def _torch_draws(x: torch.Tensor) -> bool:
+    """Whether masks for `x` are torch's own: on a GPU, and in compiled code, which inductor
+    generates its own random numbers for (the seed `_draw` reads would break the graph)."""
+    return x.device.type != "cpu" or torch.compiler.is_compiling()
+
+
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """`F.dropout(x, p, training)` with `keep_mask`'s draws on the CPU (see the module doc).
-    Compiled code draws with `F.dropout`, which inductor generates its own random numbers for
-    (the seed `keep_mask` reads would break the graph at every dropout)."""
-    if not training or p == 0.0 or x.device.type != "cpu" or torch.compiler.is_compiling():
+    """`F.dropout(x, p, training)` with `keep_mask`'s draws on the CPU (see the module doc)."""
+    if not training or p == 0.0 or _torch_draws(x):
         return F.dropout(x, p, training)
     return x * dropout_mask(tuple(x.shape), p, x.dtype)
+
+
+def mask_like(x: torch.Tensor, shape: tuple[int, ...], p: float) -> torch.Tensor:
+    """A `dropout_mask` of `shape` on `x`'s device and in its dtype, drawn as `dropout` draws
+    for `x` (a mask of more rows than `x` has, for `x` to take some of: `TokenLayout.dropout`)."""
+    if _torch_draws(x):
+        return F.dropout(x.new_ones(shape), p, True)
+    return dropout_mask(shape, p, x.dtype)
