@@ -107,20 +107,20 @@ step squad "${bench[@]}" --case "${squad[@]}" --variants bertkit transformers \
   --profile bertkit transformers
 step loop "$PY" -m bertkit.cli pretrain --data "$data" "${loop[@]}" --warmup-steps 4 \
   --log-every 5 --save-every 100000 --out "$work/loop"
-# the same without data workers: the batches made between steps (what the loop did before)
-step loop_serial "$PY" -m bertkit.cli pretrain --data "$data" "${loop[@]}" --warmup-steps 4 \
-  --log-every 5 --save-every 100000 --data-workers 0 --out "$work/loop_serial"
+# BERT-large compiled (the 2026-11-27 call measured it eager only)
+step large_compiled "${bench[@]}" --case "${large[@]}" --variants transformers bertkit-compiled \
+  --profile bertkit-compiled
 # BERT-small in the loop: CUDA graphs (padded, one shape) against the default compiled path
 step loop_small_graphs "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
   --warmup-steps 4 --log-every 20 --save-every 100000 --compile graphs --out "$work/loop_small_graphs"
 step loop_small "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
   --warmup-steps 4 --log-every 20 --save-every 100000 --out "$work/loop_small"
+# the same without data workers: the batches made between steps (what the loop did before)
+step loop_serial "$PY" -m bertkit.cli pretrain --data "$data" "${loop[@]}" --warmup-steps 4 \
+  --log-every 5 --save-every 100000 --data-workers 0 --out "$work/loop_serial"
 # inference: padded, unpadded and compiled (predict/serve --compile on) against transformers
 step infer "$PY" benchmarks/forward_throughput.py "${infer[@]}" --compiled \
   --json "$work/logs/infer.json"
-# BERT-large compiled (the 2026-11-27 call measured it eager only)
-step large_compiled "${bench[@]}" --case "${large[@]}" --variants transformers bertkit-compiled \
-  --profile bertkit-compiled
 step base "${bench[@]}" --case "${base[@]}" --variants bertkit bertkit-padded transformers \
   --profile bertkit transformers
 step large "${bench[@]}" --case "${large[@]}" --variants bertkit transformers --profile bertkit
