@@ -516,10 +516,11 @@ def test_a_compiled_run_equals_the_eager_run_and_logs_its_compile_time(
     (dropout off: compiled code draws its own masks); the compile time on a line of its own,
     not in the training seconds. `compile="graphs"` (CUDA graphs on a GPU): the padded path,
     every batch padded to seq_len and 20 predictions, compiled in reduce-overhead mode: the
-    same run too."""
+    same run too, its held-out measure as well."""
     args = dict(
         config=str(setup / "nodrop.json"), max_steps=3, batch_size=4, seq_len=32,
         learning_rate=1e-3, warmup_steps=1, log_every=1, progress=False,
+        eval_data=str(setup / "shards"), eval_batches=2,
     )  # fmt: skip
     eager = run_pretraining(setup / "shards", tmp_path / "eager", **args, compile="off")
     from bertkit.model import BertModel
@@ -538,6 +539,14 @@ def test_a_compiled_run_equals_the_eager_run_and_logs_its_compile_time(
         assert any(unpad for _, unpad, _ in shapes)
     losses_of = [[e["loss"] for e in run if e["split"] == "train"] for run in (eager, compiled)]
     np.testing.assert_allclose(losses_of[0], losses_of[1], rtol=1e-5)
+    # the held-out measure too (with graphs, its batches are of one shape as well)
+    [held_out], [held_out_compiled] = ([e for e in run if e["split"] == "eval"]
+                                       for run in (eager, compiled))  # fmt: skip
+    assert held_out.keys() == held_out_compiled.keys()
+    measures = [key for key in held_out if key.startswith(("mlm_", "nsp_"))]
+    assert len(measures) >= 6
+    for key in measures:
+        assert held_out_compiled[key] == pytest.approx(held_out[key], rel=1e-5), key
     a = load_file(tmp_path / "eager" / "model.safetensors")
     b = load_file(tmp_path / "compiled" / "model.safetensors")
     for name in a:
@@ -546,6 +555,7 @@ def test_a_compiled_run_equals_the_eager_run_and_logs_its_compile_time(
         json.loads(line) for line in (tmp_path / "compiled" / "log.jsonl").read_text().splitlines()
     ]
     assert log[0]["split"] == "run" and log[0]["compiled"] is True
+    assert log[0]["graphs"] is (mode == "graphs")
     [spent] = [e["seconds"] for e in log if e["split"] == "compile"]
     trained = [e["seconds"] for e in log if e["split"] == "train"][-1]
     assert spent > 0 and trained < spent  # compiling a tiny model takes longer than 3 steps

@@ -534,7 +534,7 @@ class Trainer:
         if not self.finished():  # a finished run resumed writes nothing
             # what this session computes in, and why (a resumed run may be on another machine)
             run = {"step": self.step, "split": "run", **self.precision.as_dict()}
-            log.write(run | {"compiled": self.compiled})
+            log.write(run | {"compiled": self.compiled, "graphs": config.compile == "graphs"})
             if config.progress and self.dist.is_main:
                 print(f"precision: {self.precision.reason}", file=sys.stderr, flush=True)
         entries: list[dict[str, Any]] = []
