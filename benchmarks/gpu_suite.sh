@@ -5,7 +5,8 @@
 #      transformers' BertForPreTraining (SDPA, fused AdamW) on the same batches, alternated;
 #      tokens/s and MFU (benchmarks/gpu_throughput.py states the FLOPs formula and the peaks);
 #      a profile of each (top kernels, the share of the step the card is busy).
-#   2. The same, compiled (unpadded and padded) against transformers eager.
+#   2. The same, compiled (unpadded and padded) against transformers eager; compiled with
+#      inductor's searches (coordinate-descent tuning; max-autotune).
 #   3. BERT-large phase 1 (128 x 256) and phase 2 (512 x 32), eager and compiled, against
 #      transformers; SQuAD fine-tuning of BERT-large at 384 (batch 32): seq/s and MFU against
 #      transformers.
@@ -14,8 +15,9 @@
 #      line; what the throughput of steps 1-2 loses to the data path and the loop; then the
 #      same with --data-workers 0 (batches made between steps).
 #   5. Small models (tiny, small, mini; batch 256 x 128): launch-bound or not, eager, compiled
-#      and with CUDA graphs; BERT-small in the loop with `--compile graphs` and the default.
+#      and with CUDA graphs; BERT-small in the loop by default (CUDA graphs) and compiled.
 #   6. bf16 against fp32 loss curves: BERT-mini, 300 steps, the same data and seed.
+#   7. Inference: BERT-base padded, unpadded and compiled against transformers.
 #
 # On the CPU machine, once (Wikipedia AA wiki_00..09 with the bert-base-uncased vocabulary,
 # 5 MB of shards in runs/gpu_pack, which the call carries):
@@ -102,13 +104,24 @@ rows="$work/throughput.jsonl"
 bench=("$PY" benchmarks/gpu_throughput.py --data "$data" --out "$rows" "${device[@]}")
 # in the order of what is still unmeasured (the first 2026-11-27 H200 call measured base,
 # large, small and the curves; the second the compiled steps, SQuAD and the loops, and its
-# deadline cut inference and BERT-large at 512 compiled); ONLY="name ..." runs just those steps
+# deadline cut inference and BERT-large at 512 compiled; inductor's searches and `--compile
+# auto`'s CUDA graphs for small models came after it); ONLY="name ..." runs just those steps
 # inference: padded, unpadded and compiled (predict/serve --compile on) against transformers
 step infer "$PY" benchmarks/forward_throughput.py "${infer[@]}" --compiled \
   --json "$work/logs/infer.json"
 # BERT-large compiled, phase 2 first (the second call measured phase 1 and its deadline cut 512)
 step large_compiled "${bench[@]}" --case "${large_compiled[@]}" \
   --variants transformers bertkit-compiled --profile bertkit-compiled
+# inductor's searches (benchmarks/gpu_throughput.py's TUNED): the pointwise kernels' settings;
+# the matrix products autotuned too, last of all (minutes of compiling)
+step base_tuned "${bench[@]}" --case "${base[@]}" --variants bertkit-compiled bertkit-tuned \
+  --profile bertkit-tuned
+# BERT-small in the loop as `--compile auto` now runs it (CUDA graphs), then plain compiled
+step loop_small "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
+  --warmup-steps 4 --log-every 20 --save-every 100000 --out "$work/loop_small"
+step loop_small_compiled "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
+  --warmup-steps 4 --log-every 20 --save-every 100000 --compile on \
+  --out "$work/loop_small_compiled"
 step base_compiled "${bench[@]}" --case "${base[@]}" \
   --variants transformers bertkit-compiled bertkit-synced-compiled bertkit-padded-compiled \
   --profile bertkit-compiled
@@ -116,11 +129,6 @@ step squad "${bench[@]}" --case "${squad[@]}" --variants bertkit transformers \
   --profile bertkit transformers
 step loop "$PY" -m bertkit.cli pretrain --data "$data" "${loop[@]}" --warmup-steps 4 \
   --log-every 5 --save-every 100000 --out "$work/loop"
-# BERT-small in the loop: CUDA graphs (padded, one shape) against the default compiled path
-step loop_small_graphs "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
-  --warmup-steps 4 --log-every 20 --save-every 100000 --compile graphs --out "$work/loop_small_graphs"
-step loop_small "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
-  --warmup-steps 4 --log-every 20 --save-every 100000 --out "$work/loop_small"
 # the same without data workers: the batches made between steps (what the loop did before)
 step loop_serial "$PY" -m bertkit.cli pretrain --data "$data" "${loop[@]}" --warmup-steps 4 \
   --log-every 5 --save-every 100000 --data-workers 0 --out "$work/loop_serial"
@@ -129,6 +137,8 @@ step base "${bench[@]}" --case "${base[@]}" --variants bertkit bertkit-padded tr
 step large "${bench[@]}" --case "${large[@]}" --variants bertkit transformers --profile bertkit
 step small "${bench[@]}" --case "${small[@]}" \
   --variants bertkit bertkit-compiled "${graphs[@]}" transformers --profile bertkit
+step base_autotuned "${bench[@]}" --case "${base[@]}" --variants bertkit-compiled \
+  bertkit-autotuned --profile bertkit-autotuned
 for precision in fp32 "$bf16"; do
   step "curves_$precision" "$PY" -m bertkit.cli pretrain --data "$data" "${curves[@]}" \
     --lr 1e-4 --log-every 10 --save-every 100000 --seed 0 --compile off \
@@ -137,7 +147,7 @@ for precision in fp32 "$bf16"; do
 done
 
 # what comes back (8 files at most): the rows, the summary, every log in one archive
-for run in loop loop_serial loop_small_graphs loop_small curves_fp32 curves_bf16; do
+for run in loop loop_serial loop_small loop_small_compiled curves_fp32 curves_bf16; do
   [ -f "$work/$run/log.jsonl" ] && cp "$work/$run/log.jsonl" "$work/logs/$run.log.jsonl"
 done
 echo "done at ${SECONDS}s" | tee -a "$summary"
