@@ -18,6 +18,7 @@
 #      and with CUDA graphs; BERT-small in the loop by default (CUDA graphs) and compiled.
 #   6. bf16 against fp32 loss curves: BERT-mini, 300 steps, the same data and seed.
 #   7. Inference: BERT-base padded, unpadded and compiled against transformers.
+#   8. First of all, fine-tuning and predict end to end (benchmarks/gpu_smoke.sh).
 #
 # On the CPU machine, once (Wikipedia AA wiki_00..09 with the bert-base-uncased vocabulary,
 # 5 MB of shards in runs/gpu_pack, which the call carries):
@@ -50,6 +51,7 @@ esac
 out="${OUT:?set OUT}"
 deadline="${DEADLINE:-450}"
 PY="${PY:-python3}"
+export PY  # (gpu_smoke.sh runs it too)
 dry="${DRY:-}"
 export PYTHONPATH="$PWD/src:$PWD/benchmarks" PYTHONUNBUFFERED=1
 data="$pack/shards"
@@ -66,7 +68,7 @@ step() {
   echo "== $name (at ${SECONDS}s, $(left)s left)" | tee -a "$summary"
   timeout "$(left)" "$@" > "$work/logs/$name.log" 2>&1
   local rc=$?
-  grep -E "seq/s|first step|warm-up|tokens/s|FAILED|failed|attention|Error|^(tiny|base|minilm-l6) " "$work/logs/$name.log" | tee -a "$summary"
+  grep -E "seq/s|first step|warm-up|tokens/s|FAILED|failed|attention|Error|^smoke|^(tiny|base|minilm-l6) " "$work/logs/$name.log" | tee -a "$summary"
   echo "-- $name: exit $rc at ${SECONDS}s" | tee -a "$summary"
 }
 
@@ -79,7 +81,7 @@ if [ -n "$dry" ]; then  # toy sizes on the CPU: every command runs, nothing is m
   curves=(--config tiny --max-steps 6 --batch-size 8 --seq-len 32 --device cpu --warmup-steps 2)
   graphs=()  # (CUDA graphs need CUDA)
   infer=(--models tiny --vocab "$data" --batch 8 --seq-len 32 --dtype fp32 --device cpu --iters 2)
-  bf16=fp32
+  bf16=fp32 smoke=(--device cpu)
 else
   device=()
   base=(base:128:256) small=(tiny:128:256 small:128:256 mini:128:256)
@@ -91,7 +93,7 @@ else
   graphs=(bertkit-graphs)
   # (base only: all-MiniLM-L6-v2's package is not on the lent machine, which has no internet)
   infer=(--models base --vocab "$data" --batch 256 --seq-len 128 --dtype bf16 --iters 20)
-  bf16=bf16
+  bf16=bf16 smoke=()
 fi
 {
   date -u
@@ -106,6 +108,8 @@ bench=("$PY" benchmarks/gpu_throughput.py --data "$data" --out "$rows" "${device
 # large, small and the curves; the second the compiled steps, SQuAD and the loops, and its
 # deadline cut inference and BERT-large at 512 compiled; inductor's searches and `--compile
 # auto`'s CUDA graphs for small models came after it); ONLY="name ..." runs just those steps
+# fine-tuning and predict end to end on the card first (seconds): what no timed step runs
+step finetune_smoke bash benchmarks/gpu_smoke.sh "$data" "$work/smoke" "${smoke[@]}"
 # inference: padded, unpadded and compiled (predict/serve --compile on) against transformers
 step infer "$PY" benchmarks/forward_throughput.py "${infer[@]}" --compiled \
   --json "$work/logs/infer.json"
