@@ -217,6 +217,16 @@ def build_model(
     )
 
 
+def fitted_config(
+    given: FinetuneConfig | None, config: FinetuneConfig, task: Task
+) -> FinetuneConfig:
+    """`config` (`given`, resolved) with the defaults of `task` as fitted to its training file
+    where `given` chose none: your own scores draw random batches, as STS-B's do."""
+    if given is None or given.bucket_batches is None:
+        return dataclasses.replace(config, bucket_batches=task.default_bucket_batches)
+    return config
+
+
 def resolve_run(
     task: str | Task,
     config: FinetuneConfig | None,
@@ -250,6 +260,7 @@ def finetune(
     the results dict (also `out/results.json`). `loaded` reuses data read by an earlier run;
     `build(task, model, seed)` replaces `build_model` (another implementation, for
     benchmarks)."""
+    given = config
     task, config, out = resolve_run(task, config, out, data)
     model = model_dir(model)  # a folder, or a Hub name resolved once
     task.head_class(config.bilstm)  # a head this task cannot have fails before any work
@@ -267,6 +278,8 @@ def finetune(
         )
     loaded = loaded or load_task_data(task, source, tokenizer, config)
     task = loaded.task
+    config = fitted_config(given, config, task)
+    sizes = config.sizes()
     if (
         config.resume
         and (finished := _results_of_finished_run(out, task, config, len(loaded.train))) is not None

@@ -85,7 +85,8 @@ class FinetuneConfig(Settings):
     bucket_batches: int | None = setting(
         None,
         "batches' worth of training examples sorted by length together, so a batch pads little "
-        "(50; token tagging and STS-B: 1, random batches, as transformers' Trainer draws them)",
+        "(50; token tagging, STS-B and your own scores: 1, random batches, as transformers' "
+        "Trainer draws them)",
         check="positive",
     )
     precision: str = precision_setting()

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from bertkit.finetune import FinetuneConfig, finetune
+from bertkit.finetune_runs import finetune_seeds
 from bertkit.heads import BertForSequenceClassification
 from bertkit.predict import Predictor
 from bertkit.tasks import get_task
@@ -196,6 +197,14 @@ def test_regression(words_model, tmp_path):
                        FinetuneConfig(**OWN_QUICK | {"epochs": 8}))  # fmt: skip
     assert results["read"]["train"]["problem"] == "regression"
     assert results["dev"]["pearson"] > 0.8
+    # random batches, as STS-B's: a length that goes with the score must not sort the batches
+    assert results["hyperparameters"]["bucket_batches"] == 1
+    seeds = finetune_seeds("text-classification", words_model, data, tmp_path / "seeds",
+                           FinetuneConfig(**OWN_QUICK | {"epochs": 1}), seeds=1)  # fmt: skip
+    assert seeds["hyperparameters"]["bucket_batches"] == 1  # (a series too)
+    told = finetune("text-classification", words_model, data, tmp_path / "told",
+                    FinetuneConfig(**OWN_QUICK | {"epochs": 1, "bucket_batches": 50}))  # fmt: skip
+    assert told["hyperparameters"]["bucket_batches"] == 50  # (unless told)
     assert "report" not in results and not (tmp_path / "run" / "confusion.png").exists()
     assert set(Predictor(tmp_path / "run")(["goal goal chip"])[0]) == {"score"}
 
