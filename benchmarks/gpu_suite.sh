@@ -68,7 +68,7 @@ step() {
   echo "== $name (at ${SECONDS}s, $(left)s left)" | tee -a "$summary"
   timeout "$(left)" "$@" > "$work/logs/$name.log" 2>&1
   local rc=$?
-  grep -E "seq/s|first step|warm-up|tokens/s|FAILED|failed|attention|Error|^smoke|^(tiny|base|minilm-l6) " "$work/logs/$name.log" | tee -a "$summary"
+  grep -E "seq/s|first step|warm-up|tokens/s|FAILED|COMPILED|failed|attention|Error|^smoke|^(tiny|base|minilm-l6) " "$work/logs/$name.log" | tee -a "$summary"
   echo "-- $name: exit $rc at ${SECONDS}s" | tee -a "$summary"
 }
 

@@ -161,6 +161,15 @@ TUNED: dict[str, dict] = {
 }  # fmt: skip
 
 
+def compiled_graphs() -> tuple[int, int]:
+    """(graph breaks, graphs compiled) so far in this process, by dynamo's counters: a break or
+    a recompile in the timed rounds makes a compiled variant's figure a compiler's (a 2-step
+    dry run of a broken graph took 4.1 s a step against 40 ms)."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
+
+
 def profile(step, setup, steps: int, device: torch.device) -> dict:
     """Kernels of `steps` steps: the top 12 by device time (printed) and the busy share."""
     from torch.profiler import ProfilerActivity
@@ -225,9 +234,10 @@ def run_case(args, case: str, device: torch.device) -> list[dict]:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    setups, first = {}, {}
+    setups, first, breaks = {}, {}, {}
     for variant in args.variants:
         started = time.perf_counter()
+        before = compiled_graphs()
         try:
             model, optimizer = build(variant, config, squad, tokenizer, device)
             started = time.perf_counter()
@@ -242,18 +252,24 @@ def run_case(args, case: str, device: torch.device) -> list[dict]:
             continue
         first[variant] = time.perf_counter() - started
         setups[variant] = (model, optimizer)
-        print(
-            f"{case} {variant}: warm-up ({len(batches)} steps) {first[variant]:.1f} s", flush=True
-        )
+        breaks[variant] = compiled_graphs()[0] - before[0]
+        print(f"{case} {variant}: warm-up ({len(batches)} steps) {first[variant]:.1f} s"
+              + (f", {breaks[variant]} graph breaks" if breaks[variant] else ""), flush=True)  # fmt: skip
     times: dict[str, list[float]] = {v: [] for v in setups}
+    late = dict.fromkeys(setups, 0)  # graphs compiled during the timed rounds
     for _ in range(args.rounds):  # alternated: a card's clock drift hits every variant alike
         for variant, (model, optimizer) in setups.items():
             sync()
+            graphs = compiled_graphs()[1]
             started = time.perf_counter()
             for i in range(len(batches)):
                 step(model, optimizer, i)
             sync()
             times[variant].append((time.perf_counter() - started) / len(batches))
+            late[variant] += compiled_graphs()[1] - graphs
+    for variant in (v for v in late if late[v]):  # its time is not a step's
+        print(f"{case} {variant}: COMPILED {late[variant]} graphs during the timed rounds: "
+              "its time includes compiling", flush=True)  # fmt: skip
     peak = card_peak(device, args.peak)
     memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     rows = []
@@ -278,6 +294,7 @@ def run_case(args, case: str, device: torch.device) -> list[dict]:
             "speed_vs_first": round(reference / seconds, 3), "warmup_s": round(first[variant], 2),
             "data_ms": round(1000 * statistics.median(data_seconds), 2) if data_seconds else None,
             "max_memory_gib": round(memory, 2) if memory else None,
+            "graph_breaks": breaks[variant], "graphs_compiled_while_timed": late[variant],
             **profiles.get(variant, {}),
         }  # fmt: skip
         rows.append(row)
