@@ -11,7 +11,9 @@ loop's optimiser, `build_optimizer`), `single-adamw` (torch's AdamW one tensor a
 choice on CPU, what the loop ran before 2026-11-23), `foreach` (`AdamW(foreach=True)`), `parity`
 (the default's optimiser, dropout masks drawn as transformers draws them: `--parity`),
 `compiled` (the default, the model `torch.compile`d with every size symbolic and one token
-layout structure, `BertModel.one_layout_structure`; the first steps compile).
+layout structure, `BertModel.one_layout_structure`; the first steps compile), `index-add` (the
+default with the unpadded rows' gradient as `index_select` gives it, an `index_add`: what
+`TokenLayout.to_rows` did before 42ead9e).
 `--precision bf16` runs the step under bf16 autocast, as `finetune --precision bf16` does;
 `--implementation transformers` times transformers' class of the same name on the same batches
 (oneDNN left on, as in a user's loop); `--profile N` then runs one more round under
@@ -38,12 +40,21 @@ from bertkit.model import set_dropout_parity
 from bertkit.tasks import get_task
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training.optim import OptimConfig, build_optimizer, parameter_groups
+from bertkit.unpad import TokenLayout
 
 VARIANTS = {"single-adamw": {"foreach": False}, "foreach": {"foreach": True}}
+ROWS = TokenLayout.to_rows
+
+
+def index_add_rows(self: TokenLayout, grid: torch.Tensor) -> torch.Tensor:
+    """`TokenLayout.to_rows` before 42ead9e: index_select, whose gradient is an index_add."""
+    if self.index is None:
+        return ROWS(self, grid)
+    return grid.reshape(self.batch * self.seq_len, -1).index_select(0, self._sources())
 
 
 def optimizer_for(model, variant: str) -> torch.optim.Optimizer:
-    if variant in ("default", "parity", "compiled"):
+    if variant in ("default", "parity", "compiled", "index-add"):
         return build_optimizer(model, OptimConfig(learning_rate=2e-5))
     return torch.optim.AdamW(parameter_groups(model, 0.01), lr=2e-5, eps=1e-6, **VARIANTS[variant])
 
@@ -121,10 +132,13 @@ def main() -> None:
             optimizer.step()  # the update alone, on the last step's gradients
             updates[variant].append(time.perf_counter() - started)
             optimizer.zero_grad(set_to_none=True)
+            TokenLayout.to_rows = index_add_rows if variant == "index-add" else ROWS
             started = time.perf_counter()
             for batch in batches:
                 step(model, optimizer, batch)
-            return (time.perf_counter() - started) / len(batches)  # a step: what is timed
+            seconds = (time.perf_counter() - started) / len(batches)  # a step: what is timed
+            TokenLayout.to_rows = ROWS
+            return seconds
 
         return run
 
