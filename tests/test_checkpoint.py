@@ -374,8 +374,13 @@ def test_tensors_missing_from_the_checkpoint_get_a_real_initialisation(tiny_conf
         tmp_path / "c", num_labels=5, ignore_mismatched_sizes=True, new_weights="truncated-normal"
     )
     assert torch.all(clf.classifier.bias == 0) and clf.classifier.weight.abs().max() <= 2 * std
-    with pytest.raises(ValueError, match="drawn truncated-normal or normal, not 'uniform'"):
+    with pytest.raises(
+        ValueError, match="new_weights is normal or truncated-normal, not 'uniform'"
+    ):
         BertForPreTraining.from_pretrained(tmp_path, new_weights="uniform")
+    # a checkpoint that lacks nothing still refuses a misspelt choice (it took it silently)
+    with pytest.raises(ValueError, match="not 'nromal'"):
+        BertModel.from_pretrained(tmp_path / "c", new_weights="nromal")
 
 
 def test_written_files_honour_the_umask(tmp_path, tiny_config):

@@ -278,6 +278,11 @@ def _adapt_prefix(
     return state
 
 
+# How a tensor a checkpoint lacks is drawn (`load_state_dict_into`'s `new_weights`; the
+# functions are `bertkit.model.INITIALISATIONS`)
+NEW_WEIGHTS = ("normal", "truncated-normal")
+
+
 def load_state_dict_into(
     model: PreTrainedModule,
     state: dict[str, torch.Tensor],
@@ -298,6 +303,9 @@ def load_state_dict_into(
       anything else as a warning. `strict=True` makes every mismatch an error.
     Returns {"missing": [...], "unexpected": [...], "mismatched": [...]}.
     """
+    if new_weights not in NEW_WEIGHTS:  # (before any work: a checkpoint lacking nothing
+        # would otherwise take a misspelt choice without a word)
+        raise ValueError(f"new_weights is {' or '.join(NEW_WEIGHTS)}, not {new_weights!r}")
     state = _adapt_prefix(_normalize_hf_names(state), model)
     expected = model.state_dict()
     tied = {TIED_DECODER, "decoder.weight"} & set(expected)

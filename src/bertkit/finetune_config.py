@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from bertkit.checkpoint import NEW_WEIGHTS
 from bertkit.settings import (
     Settings,
     checkpointing_setting,
@@ -79,7 +80,7 @@ class FinetuneConfig(Settings):
         "config's initializer_range), as transformers draws them; truncated-normal, cut at 2 "
         "std, as Google's run_classifier.py does (one epoch of STS-B scored 2.2 points lower with "
         "it over 16 runs, docs/results)",
-        choices=("normal", "truncated-normal"),
+        choices=NEW_WEIGHTS,
     )
     eval_batch_size: int = setting(64, "sequences per evaluation batch", check="positive")
     bucket_batches: int | None = setting(

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
-from bertkit.checkpoint import load_pretrained, save_pretrained
+from bertkit.checkpoint import NEW_WEIGHTS, load_pretrained, save_pretrained
 from bertkit.config import BertConfig
 from bertkit.dropout import dropout as fast_dropout
 from bertkit.unpad import Layouts, TokenLayout, row_multiple
@@ -332,6 +332,7 @@ def normal_(tensor: torch.Tensor, std: float) -> torch.Tensor:
 # How new weights are drawn (`init_module`): Google's truncated normal (BERT's own code, for a
 # model from scratch), or a plain normal (transformers': a head on a checkpoint, by default)
 INITIALISATIONS = {"truncated-normal": truncated_normal_, "normal": normal_}
+assert set(INITIALISATIONS) == set(NEW_WEIGHTS)  # (the names checkpoint.py checks)
 
 
 class BertPreTrainedModel(nn.Module):
