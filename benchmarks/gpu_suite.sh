@@ -68,7 +68,7 @@ step() {
   echo "== $name (at ${SECONDS}s, $(left)s left)" | tee -a "$summary"
   timeout "$(left)" "$@" > "$work/logs/$name.log" 2>&1
   local rc=$?
-  grep -E "seq/s|first step|warm-up|tokens/s|FAILED|COMPILED|failed|attention|Error|^smoke|^(tiny|base|minilm-l6) " "$work/logs/$name.log" | tee -a "$summary"
+  grep -E "seq/s|first step|warm-up|tokens/s|FAILED|COMPILED|failed|attention|Error|by kind|^smoke|^(tiny|base|minilm-l6) " "$work/logs/$name.log" | tee -a "$summary"
   echo "-- $name: exit $rc at ${SECONDS}s" | tee -a "$summary"
 }
 
@@ -85,7 +85,7 @@ if [ -n "$dry" ]; then  # toy sizes on the CPU: every command runs, nothing is m
 else
   device=()
   base=(base:128:256) small=(tiny:128:256 small:128:256 mini:128:256)
-  large=(large:128:256 large:512:32) large_compiled=(large:512:32 large:128:256)
+  large=(large:128:256 large:512:32) large_compiled=(large:512:32)
   squad=(squad-large:384:32)
   loop=(--config base --max-steps 40 --batch-size 256 --seq-len 128)
   loop_small=(--config small --max-steps 120 --batch-size 256 --seq-len 128)
@@ -108,21 +108,23 @@ bench=("$PY" benchmarks/gpu_throughput.py --data "$data" --out "$rows" "${device
 # large, small and the curves; the second the compiled steps, SQuAD and the loops, and its
 # deadline cut inference and BERT-large at 512 compiled; inductor's searches and `--compile
 # auto`'s CUDA graphs for small models came after it); ONLY="name ..." runs just those steps
-# fine-tuning and predict end to end on the card first (seconds): what no timed step runs
+# fine-tuning and predict end to end on the card first (seconds): what no timed step runs;
+# then BERT-small's loop by default (seconds), inference, BERT-large at 512, inductor's searches
 step finetune_smoke bash benchmarks/gpu_smoke.sh "$data" "$work/smoke" "${smoke[@]}"
+# BERT-small in the loop as `--compile auto` now runs it (CUDA graphs), plain compiled
+# further down
+step loop_small "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
+  --warmup-steps 4 --log-every 20 --save-every 100000 --out "$work/loop_small"
 # inference: padded, unpadded and compiled (predict/serve --compile on) against transformers
 step infer "$PY" benchmarks/forward_throughput.py "${infer[@]}" --compiled \
   --json "$work/logs/infer.json"
-# BERT-large compiled, phase 2 first (the second call measured phase 1 and its deadline cut 512)
+# BERT-large compiled at 512 (the 2026-11-27 call measured 128 x 256 and its deadline cut 512)
 step large_compiled "${bench[@]}" --case "${large_compiled[@]}" \
-  --variants transformers bertkit-compiled --profile bertkit-compiled
+  --variants transformers bertkit-compiled --profile bertkit-compiled transformers
 # inductor's searches (benchmarks/gpu_throughput.py's TUNED): the pointwise kernels' settings;
 # the matrix products autotuned too, last of all (minutes of compiling)
 step base_tuned "${bench[@]}" --case "${base[@]}" --variants bertkit-compiled bertkit-tuned \
-  --profile bertkit-tuned
-# BERT-small in the loop as `--compile auto` now runs it (CUDA graphs), then plain compiled
-step loop_small "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
-  --warmup-steps 4 --log-every 20 --save-every 100000 --out "$work/loop_small"
+  --profile bertkit-compiled bertkit-tuned
 step loop_small_compiled "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
   --warmup-steps 4 --log-every 20 --save-every 100000 --compile on \
   --out "$work/loop_small_compiled"

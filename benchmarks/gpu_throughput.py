@@ -37,8 +37,10 @@ Padding counts for nothing: a padded implementation's extra work is not useful w
 
 A variant that fails to build or to run its warm-up prints its error and is left out; the
 others are still timed. `--profile VARIANT...` profiles 3 steps of each named variant after the
-timed rounds: the 12 kernels with the most device time, and `gpu_busy`, the kernels' summed time
-over the steps' wall time (well under 1: the card waits on the host, launches or syncs).
+timed rounds: the 12 operators and the 30 kernels with the most device time, the device ms a step
+of each kind of kernel (matrix products, attention, inductor's pointwise and reduction kernels,
+the optimiser, copies), and `gpu_busy`, the kernels' summed time over the steps' wall time (well
+under 1: the card waits on the host, launches or syncs).
 
 `data_ms`: the host time `PretrainingData.next_batch` takes a step (the loop makes batches
 between steps, so this is the time the card waits per step unless it is hidden).
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -170,8 +173,45 @@ def compiled_graphs() -> tuple[int, int]:
     return sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"]
 
 
+# a kernel's kind by its name (cuBLAS' nvjet/cutlass/gemm, cuDNN's and flash's attention,
+# inductor's Triton kernels by their template: pointwise, persistent and looped reductions)
+# (Triton's names first: a fused kernel's name lists the operators it fused, `addmm` among them)
+KERNEL_KINDS = (
+    ("matmul", re.compile(r"^triton_tem|nvjet|gemm|cutlass|xmma|cublas", re.I)),
+    ("triton_pointwise", re.compile(r"^triton_poi")),
+    ("triton_reduction", re.compile(r"^triton_(per|red)")),
+    ("attention", re.compile(r"sdpa|flash|fmha|attention|attn", re.I)),
+    ("optimizer", re.compile(r"multi_tensor|adam|foreach", re.I)),
+    ("copy_fill", re.compile(r"memcpy|memset|copy|fill", re.I)),
+)
+
+
+def kernel_kind(name: str) -> str:
+    return next((kind for kind, pattern in KERNEL_KINDS if pattern.search(name)), "other")
+
+
+def kernel_breakdown(kernels: list, steps: int, top: int = 30) -> dict[str, float]:
+    """Device ms a step by kernel kind (printed with the `top` kernels by time): where the step
+    goes beyond the matrix products."""
+    by_name: dict[str, list[float]] = {}
+    for event in kernels:
+        by_name.setdefault(event.name, []).append(event.time_range.elapsed_us() / 1000 / steps)
+    kinds: dict[str, float] = {}
+    for name, times in by_name.items():
+        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + sum(times)
+    ranked = sorted(by_name.items(), key=lambda item: -sum(item[1]))
+    print(f"{'kernel (device ms a step, launches a step, kind)':>60}", flush=True)
+    for name, times in ranked[:top]:
+        print(f"{name[:100]:100s} {sum(times):8.3f} {len(times) / steps:6.1f}  "
+              f"{kernel_kind(name)}", flush=True)  # fmt: skip
+    print("by kind (ms a step): " + ", ".join(f"{kind} {ms:.2f}" for kind, ms in
+                                               sorted(kinds.items(), key=lambda k: -k[1])))  # fmt: skip
+    return {kind: round(ms, 3) for kind, ms in kinds.items()}
+
+
 def profile(step, setup, steps: int, device: torch.device) -> dict:
-    """Kernels of `steps` steps: the top 12 by device time (printed) and the busy share."""
+    """Kernels of `steps` steps: the top 12 operators by device time and the top kernels by kind
+    (printed), the busy share and the device ms a step of each kind."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -190,8 +230,9 @@ def profile(step, setup, steps: int, device: torch.device) -> dict:
     busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e6
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     print(events.table(sort_by=key, row_limit=12), flush=True)
+    kinds = kernel_breakdown(kernels, steps) if kernels else None
     return {"gpu_busy": round(busy / wall, 3) if device.type == "cuda" else None,
-            "profiled_step_ms": round(1000 * wall / steps, 2)}  # fmt: skip
+            "profiled_step_ms": round(1000 * wall / steps, 2), "kernel_ms_by_kind": kinds}  # fmt: skip
 
 
 def run_case(args, case: str, device: torch.device) -> list[dict]:
