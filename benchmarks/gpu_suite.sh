@@ -105,29 +105,18 @@ fi
 rows="$work/throughput.jsonl"
 bench=("$PY" benchmarks/gpu_throughput.py --data "$data" --out "$rows" "${device[@]}")
 # in the order of what is still unmeasured (the first 2026-11-27 H200 call measured base,
-# large, small and the curves; the second the compiled steps, SQuAD and the loops, and its
-# deadline cut inference and BERT-large at 512 compiled; inductor's searches and `--compile
-# auto`'s CUDA graphs for small models came after it); ONLY="name ..." runs just those steps
-# fine-tuning and predict end to end on the card first (seconds): what no timed step runs;
-# then BERT-small's loop by default (seconds), inference, BERT-large at 512, inductor's searches
+# large, small and the curves; the second the compiled steps, SQuAD and the loops; the third
+# `--compile auto`'s CUDA graphs for BERT-small, inference and BERT-large at 512 compiled, and its
+# deadline cut inductor's searches); ONLY="name ..." runs just those steps
+# fine-tuning and predict end to end on the card first (a minute): what no timed step runs;
+# then inductor's searches, which the third session's deadline cut
 step finetune_smoke bash benchmarks/gpu_smoke.sh "$data" "$work/smoke" "${smoke[@]}"
-# BERT-small in the loop as `--compile auto` now runs it (CUDA graphs), plain compiled
-# further down
-step loop_small "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
-  --warmup-steps 4 --log-every 20 --save-every 100000 --out "$work/loop_small"
-# inference: padded, unpadded and compiled (predict/serve --compile on) against transformers
-step infer "$PY" benchmarks/forward_throughput.py "${infer[@]}" --compiled \
-  --json "$work/logs/infer.json"
-# BERT-large compiled at 512 (the 2026-11-27 call measured 128 x 256 and its deadline cut 512)
-step large_compiled "${bench[@]}" --case "${large_compiled[@]}" \
-  --variants transformers bertkit-compiled --profile bertkit-compiled transformers
 # inductor's searches (benchmarks/gpu_throughput.py's TUNED): the pointwise kernels' settings;
-# the matrix products autotuned too, last of all (minutes of compiling)
+# then the matrix products autotuned too (minutes of compiling)
 step base_tuned "${bench[@]}" --case "${base[@]}" --variants bertkit-compiled bertkit-tuned \
   --profile bertkit-compiled bertkit-tuned
-step loop_small_compiled "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
-  --warmup-steps 4 --log-every 20 --save-every 100000 --compile on \
-  --out "$work/loop_small_compiled"
+step base_autotuned "${bench[@]}" --case "${base[@]}" --variants bertkit-compiled \
+  bertkit-autotuned --profile bertkit-autotuned
 step base_compiled "${bench[@]}" --case "${base[@]}" \
   --variants transformers bertkit-compiled bertkit-synced-compiled bertkit-padded-compiled \
   --profile bertkit-compiled
@@ -143,8 +132,19 @@ step base "${bench[@]}" --case "${base[@]}" --variants bertkit bertkit-padded tr
 step large "${bench[@]}" --case "${large[@]}" --variants bertkit transformers --profile bertkit
 step small "${bench[@]}" --case "${small[@]}" \
   --variants bertkit bertkit-compiled "${graphs[@]}" transformers --profile bertkit
-step base_autotuned "${bench[@]}" --case "${base[@]}" --variants bertkit-compiled \
-  bertkit-autotuned --profile bertkit-autotuned
+# measured in the third session (2026-11-27 21:38), last
+# BERT-small in the loop as `--compile auto` runs it (CUDA graphs), then plain compiled
+step loop_small "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
+  --warmup-steps 4 --log-every 20 --save-every 100000 --out "$work/loop_small"
+step loop_small_compiled "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
+  --warmup-steps 4 --log-every 20 --save-every 100000 --compile on \
+  --out "$work/loop_small_compiled"
+# inference: padded, unpadded and compiled (predict/serve --compile on) against transformers
+step infer "$PY" benchmarks/forward_throughput.py "${infer[@]}" --compiled \
+  --json "$work/logs/infer.json"
+# BERT-large compiled at 512 (128 x 256 was measured in the second session)
+step large_compiled "${bench[@]}" --case "${large_compiled[@]}" \
+  --variants transformers bertkit-compiled --profile bertkit-compiled transformers
 for precision in fp32 "$bf16"; do
   step "curves_$precision" "$PY" -m bertkit.cli pretrain --data "$data" "${curves[@]}" \
     --lr 1e-4 --log-every 10 --save-every 100000 --seed 0 --compile off \

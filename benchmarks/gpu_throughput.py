@@ -226,7 +226,10 @@ def profile(step, setup, steps: int, device: torch.device) -> dict:
     events = prof.key_averages()
     # device time: the kernels' and copies' own events (an operator's device time repeats its
     # kernels'), on one stream: their sum over the wall time is the share the card is busy
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    # (not the ranges user annotations draw on the device's timeline, `Optimizer.step#AdamW.step`
+    # among them: they span kernels already counted; the 2026-11-27 21:38 profiles counted them)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not getattr(e, "is_user_annotation", False)]  # fmt: skip
     busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e6
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     print(events.table(sort_by=key, row_limit=12), flush=True)
