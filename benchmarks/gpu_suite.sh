@@ -6,7 +6,8 @@
 #      tokens/s and MFU (benchmarks/gpu_throughput.py states the FLOPs formula and the peaks);
 #      a profile of each (top kernels, the share of the step the card is busy).
 #   2. The same, compiled (unpadded and padded) against transformers eager; compiled with
-#      inductor's searches (coordinate-descent tuning; max-autotune).
+#      inductor's searches (coordinate-descent tuning; max-autotune); with CUDA graphs (the
+#      padded path; the unpadded one with its row counts rounded up).
 #   3. BERT-large phase 1 (128 x 256) and phase 2 (512 x 32), eager and compiled, against
 #      transformers; SQuAD fine-tuning of BERT-large at 384 (batch 32): seq/s and MFU against
 #      transformers.
@@ -115,6 +116,11 @@ step finetune_smoke bash benchmarks/gpu_smoke.sh "$data" "$work/smoke" "${smoke[
 # then the matrix products autotuned too (minutes of compiling)
 step base_tuned "${bench[@]}" --case "${base[@]}" --variants bertkit-compiled bertkit-tuned \
   --profile bertkit-compiled bertkit-tuned
+# CUDA graphs for BERT-base: the third session's host launched its kernels more slowly than the
+# card ran them (busy 75%); the padded path (one shape) and the unpadded one (row counts rounded
+# up to 512: a graph for each of a few counts)
+step base_graphs "${bench[@]}" --case "${base[@]}" \
+  --variants bertkit-compiled "${graphs[@]}" bertkit-graphs-unpadded --profile bertkit-graphs-unpadded
 step base_autotuned "${bench[@]}" --case "${base[@]}" --variants bertkit-compiled \
   bertkit-autotuned --profile bertkit-autotuned
 step base_compiled "${bench[@]}" --case "${base[@]}" \

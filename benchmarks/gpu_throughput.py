@@ -22,6 +22,10 @@ bf16 autocast (`--precision fp32` for none). Variants:
 - `bertkit-padded-compiled`: the padded path compiled (static row counts: one graph);
 - `bertkit-graphs`: the padded path compiled with `mode="reduce-overhead"` (CUDA graphs: one
   launch a step instead of hundreds, the lever for small models);
+- `bertkit-graphs-unpadded`: the unpadded path (host layouts) with CUDA graphs, its row counts
+  rounded up to `--graph-rows` (padding cells computed as rows; `BertModel.rows_rounded_to`):
+  a graph for each of the few row counts, for a step whose host cannot launch its kernels as
+  fast as the card runs them;
 - `bertkit-tuned`: `bertkit-compiled` with inductor's coordinate-descent tuning of its
   pointwise and reduction kernels; `bertkit-autotuned`: compiled in `max-autotune-no-cudagraphs`
   mode (the matrix products autotuned against Triton's templates too);
@@ -124,7 +128,7 @@ def step_flops(config: BertConfig, batches: list, squad: bool) -> float:
     return total / len(batches)
 
 
-def build(variant: str, config: BertConfig, squad: bool, tokenizer, device):
+def build(variant: str, config: BertConfig, squad: bool, tokenizer, device, graph_rows: int):
     """(the model the step calls, the optimiser) of a variant, from the same initial weights."""
     torch.manual_seed(0)
     ours = (BertForQuestionAnswering if squad else BertForPreTraining)(config).train()
@@ -143,10 +147,14 @@ def build(variant: str, config: BertConfig, squad: bool, tokenizer, device):
             model.bert.forward = lambda *a, **k: encode(*a, **{**k, "unpad": False})
         optimizer = build_optimizer(model, OptimConfig(learning_rate=1e-4))
     # the loop's unpadded variants take their layouts from the host (`step`)
-    model.host_planned = variant in ("bertkit", "bertkit-compiled", *TUNED)
+    model.host_planned = variant in ("bertkit", "bertkit-compiled", "bertkit-graphs-unpadded",
+                                     *TUNED)  # fmt: skip
     if variant.endswith("compiled"):
         model.compile()
     elif variant == "bertkit-graphs":
+        model.compile(mode="reduce-overhead")
+    elif variant == "bertkit-graphs-unpadded":
+        model.bert.rows_rounded_to = graph_rows
         model.compile(mode="reduce-overhead")
     elif variant in TUNED:
         model.compile(**TUNED[variant])
@@ -283,7 +291,7 @@ def run_case(args, case: str, device: torch.device) -> list[dict]:
         started = time.perf_counter()
         before = compiled_graphs()
         try:
-            model, optimizer = build(variant, config, squad, tokenizer, device)
+            model, optimizer = build(variant, config, squad, tokenizer, device, args.graph_rows)
             started = time.perf_counter()
             # every batch once: compilation of each shape (and the dynamic-shape graph that a
             # second shape brings), cuBLAS's and cuDNN's choices, the caching allocator's pools
@@ -365,6 +373,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--peak", type=float, help="dense bf16 TFLOP/s of the device")
     parser.add_argument("--profile", nargs="*", default=[], help="variants to profile")
+    parser.add_argument("--graph-rows", type=int, default=512,
+                        help="bertkit-graphs-unpadded: row counts rounded up to this")  # fmt: skip
     parser.add_argument("--out", help="append the rows to this JSON-lines file")
     args = parser.parse_args()
     device = torch.device(args.device)

@@ -302,6 +302,30 @@ def test_rows_rounded_for_few_shapes_change_nothing_at_real_tokens(
     close(rounded.pooler_output, exact.pooler_output)
 
 
+def test_rows_rounded_to_a_chosen_multiple(tiny_config, tiny_batch):
+    """`rows_rounded_to` rounds the unpadded rows up on any device (CUDA graphs of a few row
+    counts): the layers see the rounded count, real tokens' outputs and gradients unchanged."""
+    torch.manual_seed(0)
+    model = BertModel(tiny_config).eval()
+    real = tiny_batch["attention_mask"].bool()
+    rows = []
+    model.encoder.layer[0].intermediate.dense.register_forward_hook(
+        lambda module, args, output: rows.append(args[0].shape[:-1].numel())
+    )
+    outputs = []
+    for multiple in (None, 8):
+        model.rows_rounded_to = multiple
+        model.zero_grad()
+        out = model(**tiny_batch, unpad=True).last_hidden_state
+        out[real].square().sum().backward()
+        grad = model.encoder.layer[0].intermediate.dense.weight.grad.clone()
+        outputs.append((out.detach(), grad))
+    assert rows == [23, 24]  # 23 real tokens, one padding cell added
+    close(outputs[1][0][real], outputs[0][0][real])
+    assert torch.all(outputs[1][0][~real] == 0)
+    close(outputs[1][1], outputs[0][1])
+
+
 @pytest.mark.parametrize("gather", [False, True])
 def test_rows_gradient_is_index_selects_without_atomic_adds(gather):
     """`to_rows`' gradient is index_select's, bit for bit, though written by a copy (the

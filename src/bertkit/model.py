@@ -423,6 +423,10 @@ class BertModel(BertPreTrainedModel):
         # Compiled for inference (`precision.compile_for_inference`): every batch's layouts
         # of one structure (see `layouts`)
         self.one_layout_structure = False
+        # What the unpadded row count is rounded up to, when set (None: the device's
+        # `row_multiple`): a few hundred gives a batch stream a handful of shapes, each a CUDA
+        # graph on the unpadded path (gpu_throughput.py's `bertkit-graphs-unpadded`)
+        self.rows_rounded_to: int | None = None
         self.init_weights()
 
     def layouts(
@@ -447,7 +451,7 @@ class BertModel(BertPreTrainedModel):
         # `one_layout_structure`: rows gathered and the mask passed even without padding, so
         # that a compiled forward sees one structure (see TokenLayout.unpadded's `gather`)
         one = self.one_layout_structure
-        multiple = row_multiple(torch.device(device))
+        multiple = self.rows_rounded_to or row_multiple(torch.device(device))
         parity, masked = self.dropout_parity, True
         if unpad and attention_mask is not None:
             layout = TokenLayout.unpadded(attention_mask, multiple, parity, gather=one)
