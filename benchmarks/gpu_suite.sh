@@ -121,6 +121,9 @@ step base_tuned "${bench[@]}" --case "${base[@]}" --variants bertkit-compiled be
 # up to 512: a graph for each of a few counts)
 step base_graphs "${bench[@]}" --case "${base[@]}" \
   --variants bertkit-compiled "${graphs[@]}" bertkit-graphs-unpadded --profile bertkit-graphs-unpadded
+# the dropout masks drawn by torch's kernels inside the compiled graph (inductor's fallback_random)
+step base_rng "${bench[@]}" --case "${base[@]}" --variants bertkit-compiled bertkit-eager-rng \
+  --profile bertkit-eager-rng
 step base_autotuned "${bench[@]}" --case "${base[@]}" --variants bertkit-compiled \
   bertkit-autotuned --profile bertkit-autotuned
 step base_compiled "${bench[@]}" --case "${base[@]}" \
