@@ -13,7 +13,9 @@ choice on CPU, what the loop ran before 2026-11-23), `foreach` (`AdamW(foreach=T
 `compiled` (the default, the model `torch.compile`d with every size symbolic and one token
 layout structure, `BertModel.one_layout_structure`; the first steps compile), `index-add` (the
 default with the unpadded rows' gradient as `index_select` gives it, an `index_add`: what
-`TokenLayout.to_rows` did before 42ead9e).
+`TokenLayout.to_rows` did before 42ead9e), `heap-released` (the default with glibc's malloc
+settings, which give large freed blocks back to the OS: every variant else runs with the heap
+kept, as `Trainer.train` runs on CPUs, `bertkit.training.host_memory`).
 `--precision bf16` runs the step under bf16 autocast, as `finetune --precision bf16` does;
 `--implementation transformers` times transformers' class of the same name on the same batches
 (oneDNN left on, as in a user's loop); `--profile N` then runs one more round under
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -39,6 +42,7 @@ from bertkit.heads import BertForSequenceClassification
 from bertkit.model import set_dropout_parity
 from bertkit.tasks import get_task
 from bertkit.tokenizer import BertTokenizer
+from bertkit.training.host_memory import keep_heap
 from bertkit.training.optim import OptimConfig, build_optimizer, parameter_groups
 from bertkit.unpad import TokenLayout
 
@@ -54,7 +58,7 @@ def index_add_rows(self: TokenLayout, grid: torch.Tensor) -> torch.Tensor:
 
 
 def optimizer_for(model, variant: str) -> torch.optim.Optimizer:
-    if variant in ("default", "parity", "compiled", "index-add"):
+    if variant in ("default", "parity", "compiled", "index-add", "heap-released"):
         return build_optimizer(model, OptimConfig(learning_rate=2e-5))
     return torch.optim.AdamW(parameter_groups(model, 0.01), lr=2e-5, eps=1e-6, **VARIANTS[variant])
 
@@ -123,6 +127,7 @@ def main() -> None:
     for model, optimizer in setups.values():  # warm-up; leaves gradients for the update timing
         step(model, optimizer, batches[0])
     updates: dict[str, list[float]] = {v: [] for v in setups}
+    page_faults: dict[str, list[float]] = {v: [] for v in setups}
 
     def round_of(variant: str):
         model, optimizer = setups[variant]
@@ -133,10 +138,14 @@ def main() -> None:
             updates[variant].append(time.perf_counter() - started)
             optimizer.zero_grad(set_to_none=True)
             TokenLayout.to_rows = index_add_rows if variant == "index-add" else ROWS
+            keep_heap(variant != "heap-released")
             started = time.perf_counter()
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             for batch in batches:
                 step(model, optimizer, batch)
             seconds = (time.perf_counter() - started) / len(batches)  # a step: what is timed
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+            page_faults[variant].append(faults / len(batches))
             TokenLayout.to_rows = ROWS
             return seconds
 
@@ -153,7 +162,8 @@ def main() -> None:
         s, u = medians(steps)[variant], medians(updates)[variant]
         print(
             f"{variant:13s} step {1000 * s:7.1f} ms ({step_ratio[variant]:.3f}x "
-            f"{first}); update alone {1000 * u:6.1f} ms ({update_ratio[variant]:.2f}x)"
+            f"{first}); update alone {1000 * u:6.1f} ms ({update_ratio[variant]:.2f}x); "
+            f"{medians(page_faults)[variant]:,.0f} page faults a step"
         )
     if args.flops:
         # the encoder's dense layers (QKV, output, feed-forward: 12 H^2 multiply-adds a token a
