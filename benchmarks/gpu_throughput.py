@@ -212,7 +212,8 @@ def kernel_breakdown(kernels: list, steps: int, top: int = 30) -> dict[str, floa
         by_name.setdefault(event.name, []).append(event.time_range.elapsed_us() / 1000 / steps)
     kinds: dict[str, float] = {}
     for name, times in by_name.items():
-        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + sum(times)
+        kind = kernel_kind(name)
+        kinds[kind] = kinds.get(kind, 0.0) + sum(times)
     ranked = sorted(by_name.items(), key=lambda item: -sum(item[1]))
     print(f"{'kernel (device ms a step, launches a step, kind)':>60}", flush=True)
     for name, times in ranked[:top]:

@@ -126,11 +126,12 @@ def export_onnx(
 
         # One scale per output channel of each weight matrix, not one per matrix: on CoNLL-2003
         # NER (MiniLM) int8 then costs 0.08 F1 instead of 1.60, at the same speed (measured:
-        # docs/results, "What int8 costs in dev score"). Weights in 7 bits (`reduce_range`):
-        # without VNNI, ONNX Runtime's u8 x s8 products saturate their 16-bit pair sums with
-        # 8-bit weights; on an AMD EPYC Zen 3 (AVX2) a topic classifier's probabilities then
-        # moved 0.056 from PyTorch's, 0.0011 with 7 (tests/test_serve.py), and MiniLM's MRPC
-        # dev F1/acc moved -0.28/-0.25 with 8 bits, +0.51/+0.98 with 7.
+        # docs/results, "What int8 costs in dev score"). Weights in 7 bits (`reduce_range`,
+        # which ONNX Runtime's documentation advises for CPUs without VNNI, where its int8
+        # products can saturate): on an AMD EPYC Zen 3 (AVX2, no VNNI) a topic classifier's
+        # probabilities moved 0.056 from PyTorch's with 8 bits, 0.0011 with 7
+        # (tests/test_serve.py), and MiniLM's MRPC dev F1/acc -0.28/-0.25 with 8, +0.51/+0.98
+        # with 7.
         quantize_dynamic(
             str(fp32), str(target), weight_type=QuantType.QInt8, per_channel=True, reduce_range=True
         )

@@ -31,7 +31,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -274,6 +274,22 @@ class Data(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+@contextlib.contextmanager
+def _onednn_off(off: bool) -> Iterator[None]:
+    """oneDNN switched off within it (`off`). On CPU in fp32, oneDNN compiles and caches a
+    primitive for every new shape; with batches padded to their longest sequence and packed to
+    their real tokens, shapes change every step and that cache grew resident memory by ~13 MB a
+    step (2.9 GB after 300 steps of BERT-tiny) while buying no speed (measured: the same s/step
+    without it)."""
+    previous = torch.backends.mkldnn.enabled  # (mkldnn.flags() also warns about TF32)
+    if off:
+        torch.backends.mkldnn.enabled = False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = previous
+
+
 class Trainer:
     def __init__(
         self,
@@ -468,23 +484,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def train(self) -> list[dict[str, Any]]:
-        # On CPU in fp32, oneDNN compiles and caches a primitive for every new shape; with
-        # batches padded to their longest sequence and packed to their real tokens, shapes change
-        # every step and that cache grew resident memory by ~13 MB a step (2.9 GB after 300 steps
-        # of BERT-tiny) while buying no speed (measured: the same s/step without it).
-        # On CPU, freed buffers stay in the heap for the next step (`host_memory`: a step's
-        # large buffers page-faulted afresh every step, 8% of an MRPC step on an AVX2 EPYC).
         if self.dist.device.type != "cpu":
             return self._train()
-        with heap_kept():
-            if self.dtype is not None:
-                return self._train()
-            previous = torch.backends.mkldnn.enabled  # (mkldnn.flags() also warns about TF32)
-            torch.backends.mkldnn.enabled = False  # type: ignore[assignment]
-            try:
-                return self._train()
-            finally:
-                torch.backends.mkldnn.enabled = previous
+        # On CPU, freed buffers stay in the heap for the next step (`host_memory`: a step's
+        # large buffers page-faulted afresh every step, 8% of an MRPC step on an AVX2 EPYC);
+        # in fp32 without oneDNN (`_onednn_off`)
+        with heap_kept(), _onednn_off(self.dtype is None):
+            return self._train()
 
     def _train(self) -> list[dict[str, Any]]:
         lock = run_lock(self.out_dir) if self.dist.is_main else contextlib.nullcontext()
