@@ -12,7 +12,9 @@ of 32 pairs. All in one process, alternated round by round, medians; per request
 The same requests and cross-encoder as benchmarks/serve_embeddings.py (made there once, in
 --work). `--batch-sizes`: bertkit's inputs per forward inside the gathered call (the Predictor's
 `batch_size`; serve passes its --max-batch-size): smaller batches of length-sorted pairs pad the
-attention grid less.
+attention grid less. `--grid-attention`: bertkit once more with attention on the padded grid
+(SDPA's flash kernel), as before attention went sequence by sequence on the rows in CPU
+inference (`BertModel.attention_by_sequence`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--grid-attention", action="store_true", help="bertkit on the grid too")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from sentence_transformers import CrossEncoder
@@ -60,8 +63,17 @@ def main() -> None:
         for k in range(GATHERED):
             cross.predict(pairs(r * GATHERED + k, 1), apply_softmax=True)
 
+    encoder = served.predictor.model.bert
+
     def bertkit(r: int) -> None:
         served.run("rerank", [(p, None) for p in pairs(r * GATHERED, GATHERED)])
+
+    def bertkit_grid(r: int) -> None:
+        encoder.attention_by_sequence = False
+        try:
+            bertkit(r)
+        finally:
+            encoder.attention_by_sequence = True
 
     # the floor: the linear layers alone on each 32-pair batch's real tokens
     config = served.predictor.model.config
@@ -85,6 +97,8 @@ def main() -> None:
     sides = {"sentence-transformers": sentence_transformers, "linear floor": linear_floor}
     for size in args.batch_sizes:
         sides[f"bertkit, batches of {size}"] = bertkit
+        if args.grid_attention:
+            sides[f"bertkit, batches of {size}, grid"] = bertkit_grid
     print(f"{len(bodies)} requests (a SQuAD question, 8 paragraphs); {GATHERED} per bertkit call; "
           f"{rows / GATHERED / 8:.0f} real tokens a pair", flush=True)  # fmt: skip
     times: dict[str, list[float]] = {name: [] for name in sides}
@@ -92,7 +106,7 @@ def main() -> None:
     for r in range(args.rounds + 1):  # round 0 warms every side up, uncounted
         for name in names if r % 2 else names[::-1]:
             if name.startswith("bertkit, batches of "):
-                served.predictor.batch_size = int(name.rsplit(" ", 1)[1])
+                served.predictor.batch_size = int(name.split()[3].rstrip(","))
             started = time.perf_counter()
             sides[name](r)
             if r:

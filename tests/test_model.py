@@ -326,6 +326,104 @@ def test_rows_rounded_to_a_chosen_multiple(tiny_config, tiny_batch):
     close(outputs[1][1], outputs[0][1])
 
 
+def _wide_batch(lengths: list[int], width: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(5, 99, (len(lengths), width), generator=generator)
+    attention_mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
+    input_ids[attention_mask == 0] = 0
+    token_type_ids = (torch.arange(width)[None, :] >= torch.tensor(lengths)[:, None] // 2).long()
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids * attention_mask,
+            "attention_mask": attention_mask}  # fmt: skip
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_inference_attends_sequence_by_sequence_on_the_cpu(tiny_config, precision):
+    """Unpadded inference on a CPU, on a grid wide enough, attends over each sequence's own
+    rows (`TokenLayout.spans`): no grid, no padded keys; what comes out at real tokens is the
+    grid's, in fp32 and under bf16 autocast (rows rounded up to 64: added rows in the spans)."""
+    torch.manual_seed(0)
+    model = BertModel(dataclasses.replace(tiny_config, max_position_embeddings=128)).eval()
+    bf16 = precision == "bf16"
+    width = 100 if bf16 else 50  # at least by_sequence_from's width
+    batch = _wide_batch([width, 37, width - 3, 1], width)
+    real = batch["attention_mask"].bool()
+    mask = batch["attention_mask"]
+    outputs = {}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        assert unpad_module.by_sequence_from(torch.device("cpu")) <= width
+        layout = model.layouts(mask, tuple(mask.shape), "cpu", unpad=True, causal=False).rows
+        assert layout.spans is not None
+        firsts, counts, keys = zip(*layout.spans, strict=True)
+        assert list(keys) == mask.sum(1).tolist() and sum(counts) == layout.rows
+        assert list(firsts) == [0, *torch.tensor(counts).cumsum(0)[:-1].tolist()]
+        assert (layout.rows % 64 == 0 and counts[1] > keys[1]) == bf16  # rows added after 37
+        for by_sequence in (True, False):
+            model.attention_by_sequence = by_sequence
+            outputs[by_sequence] = model(**batch, unpad=True)
+            grid = model.layouts(mask, tuple(mask.shape), "cpu", unpad=True, causal=False)
+            assert (grid.rows.spans is not None) == by_sequence
+    tolerance = {"atol": 5e-2} if bf16 else {}
+    ours, theirs = outputs[True], outputs[False]
+    close(ours.last_hidden_state[real].float(), theirs.last_hidden_state[real].float(),
+          **tolerance)  # fmt: skip
+    assert torch.all(ours.last_hidden_state[~real] == 0)
+    close(ours.pooler_output.float(), theirs.pooler_output.float(), **tolerance)
+
+
+def test_attention_by_sequence_only_where_it_applies(tiny_config):
+    """The grid stays where attention by sequence is not measured faster or not the same
+    attention: training, narrow grids, left-to-right models, parity, exported models, other
+    devices, and masks with a token after padding (their spans would not be a prefix)."""
+    model = BertModel(tiny_config).eval()
+    mask = _wide_batch([60, 20], 60)["attention_mask"]
+
+    def spans(**overrides):
+        kwargs = {"unpad": True, "causal": False, **overrides}
+        return model.layouts(mask, tuple(mask.shape), "cpu", **kwargs).rows.spans
+
+    assert spans() == ((0, 60, 60), (60, 20, 20))
+    assert spans(causal=True) is None
+    narrow = mask[:, :40]
+    assert model.layouts(narrow, (2, 40), "cpu", unpad=True, causal=False).rows.spans is None
+    left = mask.flip(1)  # left padding: real tokens last
+    assert model.layouts(left, (2, 60), "cpu", unpad=True, causal=False).rows.index is not None
+    assert model.layouts(left, (2, 60), "cpu", unpad=True, causal=False).rows.spans is None
+    assert unpad_module.by_sequence_from(torch.device("meta")) is None
+    model.train()
+    assert spans() is None
+    model.eval()
+    set_dropout_parity(model)
+    assert spans() is None
+    set_dropout_parity(model, False)
+    model.padded_only = True
+    assert spans() is None
+
+
+def test_attention_by_sequence_passes_gradients_as_the_grid():
+    """With gradients (an eval-mode forward that is differentiated: saliency, adversarial
+    inputs) the rows' attention gives the grid's gradients."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = [50, 12, 31]
+    mask = (torch.arange(50)[None, :] < torch.tensor(lengths)[:, None]).long()
+    by_sequence = TokenLayout.unpadded(mask, by_sequence=True)
+    grid = TokenLayout.unpadded(mask)
+    layer = BertModel(BertConfig(vocab_size=10, hidden_size=32, num_hidden_layers=1,
+                                 num_attention_heads=4, intermediate_size=37)).encoder.layer[0]  # fmt: skip
+    gradients = []
+    for layout in (by_sequence, grid):
+        q, k, v = (torch.randn(sum(lengths), 32, generator=generator.manual_seed(i),
+                               requires_grad=True) for i in range(3))  # fmt: skip
+        if layout is by_sequence:
+            out = layout.attend(q, k, v, 4, 8**-0.5)
+        else:
+            out, _ = layer._grid_attention(q, k, v, mask.bool()[:, None, None, :], layout, 0.0,
+                                           False)  # fmt: skip
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        gradients.append((out.detach(), q.grad, k.grad, v.grad))
+    for ours, theirs in zip(*gradients, strict=True):
+        close(ours, theirs)
+
+
 @pytest.mark.parametrize("gather", [False, True])
 def test_rows_gradient_is_index_selects_without_atomic_adds(gather):
     """`to_rows`' gradient is index_select's, bit for bit, though written by a copy (the

@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint as activation_checkpoint
 from bertkit.checkpoint import NEW_WEIGHTS, load_pretrained, save_pretrained
 from bertkit.config import BertConfig
 from bertkit.dropout import dropout as fast_dropout
-from bertkit.unpad import Layouts, TokenLayout, row_multiple
+from bertkit.unpad import Layouts, TokenLayout, by_sequence_from, row_multiple
 
 
 class BertEmbeddings(nn.Module):
@@ -123,15 +123,48 @@ class BertLayer(nn.Module):
         """Rows in, rows out. With `read`, every row still attends as keys and values, but the
         output projection and the feed-forward (three quarters of a layer's FLOPs) run only on
         the rows read after this layer, and only those rows come out (in `read`'s layout)."""
-        batch, seq_len, heads, size = layout.batch, layout.seq_len, self.num_heads, self.head_size
         attn, out = self.attention.self, self.attention.output
-
-        def split_heads(rows: torch.Tensor) -> torch.Tensor:  # (N, H) -> (B, A, S, D)
-            return layout.to_grid(rows).view(batch, seq_len, heads, size).transpose(1, 2)
-
         normed = out.LayerNorm(x) if self.pre_ln else x
-        q, k, v = (split_heads(p(normed)) for p in (attn.query, attn.key, attn.value))
+        q, k, v = (p(normed) for p in (attn.query, attn.key, attn.value))  # (N, H) rows
         dropout_p = self.attention_dropout if self.training else 0.0
+        probs = None
+        if layout.spans is not None and not output_attentions:
+            # sequence by sequence on the rows (CPU, right padding: see TokenLayout.attend)
+            context = layout.attend(q, k, v, self.num_heads, self.head_size**-0.5, dropout_p)
+        else:
+            context, probs = self._grid_attention(q, k, v, mask, layout, dropout_p,
+                                                  output_attentions)  # fmt: skip
+        within = None  # the rows that come out of this layer, among the layout's: all
+        if read is not None:
+            within = read[0]
+            x = x.flatten(0, -2).index_select(0, within)  # padded rows come as the grid
+            context = context.flatten(0, -2).index_select(0, within)
+
+        def drop(rows: torch.Tensor) -> torch.Tensor:
+            return layout.dropout(rows, self.dropout.p, self.training, within)
+
+        if self.pre_ln:
+            x = x + drop(out.dense(context))
+            h = self.feed_forward(self.output.LayerNorm(x))
+            return x + drop(self.output.dense(h)), probs
+        x = out.LayerNorm(x + drop(out.dense(context)))
+        x = self.output.LayerNorm(x + drop(self.output.dense(self.feed_forward(x))))
+        return x, probs
+
+    def _grid_attention(
+        self,
+        q: torch.Tensor,  # (N, H) rows
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        layout: TokenLayout,
+        dropout_p: float,
+        output_attentions: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # context rows (N, H), probs (B, A, S, S)
+        """Attention on the (B, S) grid: the rows scattered into it, the context gathered back."""
+        batch, seq_len, heads, size = layout.batch, layout.seq_len, self.num_heads, self.head_size
+        q, k, v = (layout.to_grid(t).view(batch, seq_len, heads, size).transpose(1, 2)
+                   for t in (q, k, v))  # fmt: skip
         probs = None
         # SDPA draws its dropout with torch's CPU generator, one element at a time: on the CPU,
         # unless parity asks for those draws, attention is computed here with bertkit.dropout's
@@ -160,22 +193,7 @@ class BertLayer(nn.Module):
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1 / math.sqrt(size)
             )
         context = layout.to_rows(context.transpose(1, 2))  # (B, S, A, D) -> (N, H)
-        within = None  # the rows that come out of this layer, among the layout's: all
-        if read is not None:
-            within = read[0]
-            x = x.flatten(0, -2).index_select(0, within)  # padded rows come as the grid
-            context = context.flatten(0, -2).index_select(0, within)
-
-        def drop(rows: torch.Tensor) -> torch.Tensor:
-            return layout.dropout(rows, self.dropout.p, self.training, within)
-
-        if self.pre_ln:
-            x = x + drop(out.dense(context))
-            h = self.feed_forward(self.output.LayerNorm(x))
-            return x + drop(self.output.dense(h)), probs
-        x = out.LayerNorm(x + drop(out.dense(context)))
-        x = self.output.LayerNorm(x + drop(self.output.dense(self.feed_forward(x))))
-        return x, probs
+        return context, probs
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, H) -> (N, I)
         """The intermediate activation: act(x W + b), or act(x W + b) * (x V + c) with GLU."""
@@ -427,6 +445,9 @@ class BertModel(BertPreTrainedModel):
         # `row_multiple`): a few hundred gives a batch stream a handful of shapes, each a CUDA
         # graph on the unpadded path (gpu_throughput.py's `bertkit-graphs-unpadded`)
         self.rows_rounded_to: int | None = None
+        # Unpadded inference on the CPU: attention sequence by sequence on the rows where that
+        # is faster (`layouts`, TokenLayout.attend); False: on the grid (benchmarks' A/B)
+        self.attention_by_sequence = True
         self.init_weights()
 
     def layouts(
@@ -454,7 +475,16 @@ class BertModel(BertPreTrainedModel):
         multiple = self.rows_rounded_to or row_multiple(torch.device(device))
         parity, masked = self.dropout_parity, True
         if unpad and attention_mask is not None:
-            layout = TokenLayout.unpadded(attention_mask, multiple, parity, gather=one)
+            # attention sequence by sequence on the rows where it beats SDPA on the grid: in
+            # inference on the CPU, on grids wide enough (TokenLayout.attend, by_sequence_from);
+            # not where the mask is more than padding, nor for an exported (`padded_only`) model
+            # or in parity mode (SDPA's numbers, as transformers computes them)
+            width = by_sequence_from(torch.device(device))
+            by_sequence = (self.attention_by_sequence and not self.training and width is not None
+                           and seq_len >= width and not causal and not parity
+                           and not self.padded_only)  # fmt: skip
+            layout = TokenLayout.unpadded(attention_mask, multiple, parity, gather=one,
+                                          by_sequence=by_sequence)  # fmt: skip
             masked = one or layout.index is not None or causal or self.padded_only
         else:
             layout = TokenLayout(batch, seq_len, parity=parity)

@@ -44,6 +44,10 @@ class TokenLayout:
     # cells past the grid's end that rows rounding N up may sit in (`unpadded`'s `gather`):
     # `to_grid` drops them, and a gather reads the grid's last cell for them
     spare: int = 0
+    # per sequence with rows, (first row, rows, keys): its rows are consecutive, and its first
+    # `keys` rows are its real tokens (`unpadded`'s `by_sequence`); attention then runs on each
+    # sequence's rows alone (`attend`), without the grid. None: attention takes the grid
+    spans: tuple[tuple[int, int, int], ...] | None = None
 
     @classmethod
     def unpadded(
@@ -52,6 +56,7 @@ class TokenLayout:
         multiple: int = 1,
         parity: bool = False,
         gather: bool = False,
+        by_sequence: bool = False,
     ) -> TokenLayout:
         """The real tokens' rows; with `multiple` > 1, padding cells are added (first ones
         first) until the row count is a multiple of it or the grid is full, so that the dense
@@ -63,7 +68,11 @@ class TokenLayout:
         a graph of its own): the real tokens always gathered, and rows rounding N up to
         `multiple` (below it, to a power of two) sit past the grid's end (`spare`), where
         nothing reads them, instead of in its padding cells (some rows added or none, and a
-        grid without room for them)."""
+        grid without room for them).
+
+        `by_sequence`: the layout gets `spans`, so that attention runs sequence by sequence on
+        the rows (`attend`), where every sequence's real tokens come first (right padding);
+        ignored with `gather`, and where a sequence has a token after padding."""
         flat = attention_mask.reshape(-1)
         index = flat.nonzero().squeeze(1)
         if gather:
@@ -81,7 +90,9 @@ class TokenLayout:
         if extra:
             added = (flat == 0).nonzero().squeeze(1)[:extra]
             index = torch.cat([index, added]).sort().values
-        return cls(attention_mask.shape[0], attention_mask.shape[1], index, added, parity)
+        batch, seq_len = attention_mask.shape[:2]
+        spans = _spans(attention_mask, index, seq_len) if by_sequence else None
+        return cls(batch, seq_len, index, added, parity, spans=spans)
 
     def to(self, device: torch.device | str) -> TokenLayout:
         """This layout with its positions on `device` (to a GPU through pinned memory: a copy
@@ -150,6 +161,50 @@ class TokenLayout:
         index = rows if self.index is None else self.index.index_select(0, rows)
         return rows, TokenLayout(self.batch, self.seq_len, index, added, self.parity)
 
+    def attend(
+        self,
+        q: torch.Tensor,  # (N, H) rows, heads side by side
+        k: torch.Tensor,
+        v: torch.Tensor,
+        heads: int,
+        scale: float,
+        dropout_p: float = 0.0,
+    ) -> torch.Tensor:  # (N, H): softmax(q k^T scale) v over each sequence's real tokens
+        """Attention over each sequence's own rows, by `spans`: no grid to scatter the rows into
+        and gather them back from, no padded keys, no mask. On the CPU that takes half the time
+        of SDPA's flash kernel on the padded grid (docs/results/embeddings, serving): its cost
+        follows the grid's cells, it computes every padded key, and its small blocks (32 or 64
+        queries, head size 32 or 64) run far below the matrix-product rate. Scores and softmax
+        in fp32 whatever q's dtype (as SDPA's kernel keeps them), autocast off; the weighted
+        sum in v's dtype. `dropout_p` drops probabilities with `bertkit.dropout`'s masks."""
+        assert self.spans is not None, "a layout without spans attends on the grid"
+        rows, hidden = q.shape
+        size = hidden // heads
+        with torch.autocast(q.device.type, enabled=False):
+            q = q.float() * scale  # once for every row, instead of on every sequence's scores
+            k = k.float()
+            keep = torch.is_grad_enabled() and (q.requires_grad or v.requires_grad)
+            out = None if keep else v.new_empty(rows, hidden)
+            pieces = []
+            for first, count, keys in self.spans:
+                end = first + count
+
+                def heads_of(t: torch.Tensor, n: int) -> torch.Tensor:  # (n, H) -> (A, n, D)
+                    return t.view(n, heads, size).transpose(0, 1)
+
+                scores = torch.bmm(heads_of(q[first:end], count),
+                                   heads_of(k[first : first + keys], keys).transpose(1, 2))  # fmt: skip
+                probs = scores.softmax(dim=-1)
+                if dropout_p > 0.0:
+                    probs = fast.dropout(probs, dropout_p, True)
+                context = torch.bmm(probs.to(v.dtype), heads_of(v[first : first + keys], keys))
+                context = context.transpose(0, 1)  # (n, A, D)
+                if out is None:
+                    pieces.append(context.reshape(count, hidden))
+                else:
+                    out[first:end].view(count, heads, size).copy_(context)
+        return torch.cat(pieces) if out is None else out
+
     def to_grid(self, rows: torch.Tensor) -> torch.Tensor:  # rows -> (B, S, F), zeros at padding
         if self.index is not None:
             cells = self.batch * self.seq_len
@@ -189,6 +244,21 @@ class _Gather(torch.autograd.Function):
         return (cells[: ctx.cells] if ctx.spare else cells), None, None
 
 
+def _spans(
+    attention_mask: torch.Tensor, index: torch.Tensor, seq_len: int
+) -> tuple[tuple[int, int, int], ...] | None:
+    """`TokenLayout.spans` of rows at grid cells `index` (sorted), or None where a sequence's
+    real tokens are not its first cells (a token after padding)."""
+    mask = attention_mask.reshape(-1, seq_len).bool()
+    keys = mask.sum(1)
+    if not torch.equal(mask, torch.arange(seq_len, device=mask.device) < keys[:, None]):
+        return None
+    counts = torch.bincount(index // seq_len, minlength=mask.shape[0])
+    firsts = counts.cumsum(0) - counts
+    return tuple((f, c, k) for f, c, k in zip(firsts.tolist(), counts.tolist(), keys.tolist(),
+                                                strict=True) if c)  # fmt: skip
+
+
 @dataclass
 class Layouts:
     """The token layouts of one forward (`BertModel.layouts`): the layers' `rows`; `read`, the
@@ -219,3 +289,15 @@ def row_multiple(device: torch.device) -> int:
     64 row counts, for at most 63 extra rows of work a step."""
     autocast = device.type == "cpu" and torch.is_autocast_enabled("cpu")
     return 64 if autocast else 1
+
+
+def by_sequence_from(device: torch.device) -> int | None:
+    """The narrowest (B, S) grid, in S, from which inference attends sequence by sequence on the
+    rows (`TokenLayout.attend`) instead of with SDPA on the grid; None: never (not the CPU). The
+    loop over the rows costs some 40 us a sequence, which narrow grids do not win back. By
+    benchmarks/attention_by_sequence.py (32 sequences of S/2 to S tokens, 12 heads of 32, AMD
+    EPYC Zen 5, 2 threads, three runs): in bf16 (autocast) it won in every run from S = 96 on,
+    either way at 48 to 80; in fp32 from 48 on, either way at 32."""
+    if device.type != "cpu":
+        return None
+    return 96 if torch.is_autocast_enabled("cpu") else 48

@@ -1,0 +1,67 @@
+"""Inference attention on the CPU, two ways, by grid width: SDPA on the padded (B, S) grid (the
+rows scattered into it, the context gathered back: `BertLayer._grid_attention`), and sequence by
+sequence on the unpadded rows (`TokenLayout.attend`). One layer's attention alone; 32 sequences of
+S/2 to S tokens (one of S), 12 heads of 32 (all-MiniLM-L6-v2's); in bf16 (what autocast's linear
+layers give it) and fp32; alternated round by round, medians. What `unpad.by_sequence_from`'s
+widths come from.
+
+    python benchmarks/attention_by_sequence.py [--widths 16 32 64 128 256] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from _harness import add_timing_arguments, alternate, medians, start
+
+from bertkit.config import BertConfig
+from bertkit.model import BertLayer
+from bertkit.unpad import TokenLayout
+
+
+def timed(layer: BertLayer, lengths: torch.Tensor, dtype: torch.dtype, rounds: int,
+          generator: torch.Generator) -> tuple[float, float]:  # fmt: skip
+    """Median seconds of one attention on the grid and by sequence."""
+    width = int(lengths.max())
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    by_sequence = TokenLayout.unpadded(mask, by_sequence=True)
+    grid = TokenLayout.unpadded(mask)
+    q, k, v = (torch.randn(by_sequence.rows, 384, generator=generator).to(dtype)
+               for _ in range(3))  # fmt: skip
+    bool_mask = mask.bool()[:, None, None, :]
+    with torch.inference_mode():
+        times = alternate({
+            "grid": lambda: layer._grid_attention(q, k, v, bool_mask, grid, 0.0, False),
+            "by sequence": lambda: by_sequence.attend(q, k, v, 12, 32**-0.5),
+        }, rounds + 1)  # fmt: skip
+    middle = medians({name: t[1:] for name, t in times.items()})  # round 1 warms up
+    return middle["grid"], middle["by sequence"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--widths", type=int, nargs="+", default=[16, 32, 48, 64, 96, 128, 256])
+    parser.add_argument("--batch", type=int, default=32)
+    add_timing_arguments(parser, rounds=7, threads=2)
+    args = parser.parse_args()
+    machine = start(args)
+    config = BertConfig.from_preset("tiny", vocab_size=100)
+    config.hidden_size, config.num_attention_heads = 384, 12
+    layer = BertLayer(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    print(f"one layer's attention, {args.batch} sequences, 12 heads of 32, medians of "
+          f"{args.rounds} alternated rounds; {machine}")  # fmt: skip
+    print(f"{'dtype':9s} {'S':>4s} {'grid ms':>8s} {'by seq ms':>9s} {'grid / by seq':>13s}")
+    for dtype in (torch.bfloat16, torch.float32):
+        for width in args.widths:
+            lengths = torch.randint(max(1, width // 2), width + 1, (args.batch,),
+                                    generator=generator)  # fmt: skip
+            lengths[0] = width
+            a, b = timed(layer, lengths, dtype, args.rounds, generator)
+            name = str(dtype).removeprefix("torch.")
+            print(f"{name:9s} {width:4d} {a * 1e3:8.2f} {b * 1e3:9.2f} {a / b:13.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
