@@ -171,8 +171,8 @@ class TokenLayout:
         dropout_p: float = 0.0,
     ) -> torch.Tensor:  # (N, H): softmax(q k^T scale) v over each sequence's real tokens
         """Attention over each sequence's own rows, by `spans`: no grid to scatter the rows into
-        and gather them back from, no padded keys, no mask. On the CPU that takes half the time
-        of SDPA's flash kernel on the padded grid (docs/results/embeddings, serving): its cost
+        and gather them back from, no padded keys, no mask. On the CPU that takes 0.5-0.7 of the
+        time of SDPA's flash kernel on the padded grid (docs/results/embeddings): the kernel's cost
         follows the grid's cells, it computes every padded key, and its small blocks (32 or 64
         queries, head size 32 or 64) run far below the matrix-product rate. Scores and softmax
         in fp32 whatever q's dtype (as SDPA's kernel keeps them), autocast off; the weighted
@@ -180,29 +180,29 @@ class TokenLayout:
         assert self.spans is not None, "a layout without spans attends on the grid"
         rows, hidden = q.shape
         size = hidden // heads
+
+        def heads_of(t: torch.Tensor, first: int, n: int) -> torch.Tensor:  # -> (A, n, D)
+            return t[first : first + n].view(n, heads, size).transpose(0, 1)
+
+        differentiable = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         with torch.autocast(q.device.type, enabled=False):
             q = q.float() * scale  # once for every row, instead of on every sequence's scores
             k = k.float()
-            keep = torch.is_grad_enabled() and (q.requires_grad or v.requires_grad)
-            out = None if keep else v.new_empty(rows, hidden)
+            out = None if differentiable else v.new_empty(rows, hidden)
             pieces = []
             for first, count, keys in self.spans:
-                end = first + count
-
-                def heads_of(t: torch.Tensor, n: int) -> torch.Tensor:  # (n, H) -> (A, n, D)
-                    return t.view(n, heads, size).transpose(0, 1)
-
-                scores = torch.bmm(heads_of(q[first:end], count),
-                                   heads_of(k[first : first + keys], keys).transpose(1, 2))  # fmt: skip
+                scores = torch.bmm(
+                    heads_of(q, first, count), heads_of(k, first, keys).transpose(1, 2)
+                )
                 probs = scores.softmax(dim=-1)
                 if dropout_p > 0.0:
                     probs = fast.dropout(probs, dropout_p, True)
-                context = torch.bmm(probs.to(v.dtype), heads_of(v[first : first + keys], keys))
+                context = torch.bmm(probs.to(v.dtype), heads_of(v, first, keys))
                 context = context.transpose(0, 1)  # (n, A, D)
                 if out is None:
                     pieces.append(context.reshape(count, hidden))
                 else:
-                    out[first:end].view(count, heads, size).copy_(context)
+                    out[first : first + count].view(count, heads, size).copy_(context)
         return torch.cat(pieces) if out is None else out
 
     def to_grid(self, rows: torch.Tensor) -> torch.Tensor:  # rows -> (B, S, F), zeros at padding
@@ -296,7 +296,7 @@ def by_sequence_from(device: torch.device) -> int | None:
     rows (`TokenLayout.attend`) instead of with SDPA on the grid; None: never (not the CPU). The
     loop over the rows costs some 40 us a sequence, which narrow grids do not win back. By
     benchmarks/attention_by_sequence.py (32 sequences of S/2 to S tokens, 12 heads of 32, AMD
-    EPYC Zen 5, 2 threads, three runs): in bf16 (autocast) it won in every run from S = 96 on,
+    EPYC Zen 5, 2 threads, five runs): in bf16 (autocast) it won in every run from S = 96 on,
     either way at 48 to 80; in fp32 from 48 on, either way at 32."""
     if device.type != "cpu":
         return None
