@@ -372,31 +372,48 @@ def test_inference_attends_sequence_by_sequence_on_the_cpu(tiny_config, precisio
 
 def test_attention_by_sequence_only_where_it_applies(tiny_config):
     """The grid stays where attention by sequence is not measured faster or not the same
-    attention: training, narrow grids, left-to-right models, parity, exported models, other
-    devices, and masks with a token after padding (their spans would not be a prefix)."""
+    attention: training, narrow grids (wider under autocast), left-to-right models, parity,
+    exported models, other devices, and masks with a token after padding (their spans would not
+    be a prefix)."""
     model = BertModel(tiny_config).eval()
-    mask = _wide_batch([60, 20], 60)["attention_mask"]
 
-    def spans(**overrides):
+    def spans(width=60, **overrides):
+        mask = _wide_batch([width, 20], width)["attention_mask"]
         kwargs = {"unpad": True, "causal": False, **overrides}
         return model.layouts(mask, tuple(mask.shape), "cpu", **kwargs).rows.spans
 
     assert spans() == ((0, 60, 60), (60, 20, 20))
     assert spans(causal=True) is None
-    narrow = mask[:, :40]
-    assert model.layouts(narrow, (2, 40), "cpu", unpad=True, causal=False).rows.spans is None
-    left = mask.flip(1)  # left padding: real tokens last
+    assert spans(40) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert spans(90) is None and spans(100) is not None
+    left = _wide_batch([60, 20], 60)["attention_mask"].flip(1)  # real tokens last
     assert model.layouts(left, (2, 60), "cpu", unpad=True, causal=False).rows.index is not None
     assert model.layouts(left, (2, 60), "cpu", unpad=True, causal=False).rows.spans is None
     assert unpad_module.by_sequence_from(torch.device("meta")) is None
-    model.train()
-    assert spans() is None
+    model.train()  # the loop's backward lost to the grid in the fine-tuning loop
+    assert spans() is None and spans(300) is None
     model.eval()
     set_dropout_parity(model)
     assert spans() is None
     set_dropout_parity(model, False)
     model.padded_only = True
     assert spans() is None
+
+
+def test_attention_by_sequence_drops_probabilities_keeping_their_expectation():
+    """`attend`'s dropout (what benchmarks/attention_by_sequence.py --training times against
+    the grid): each sequence's probabilities dropped with bertkit.dropout's masks, the kept ones
+    scaled, so the expectation holds and the masks differ from row to row."""
+    lengths = [170, 90]
+    mask = (torch.arange(170)[None, :] < torch.tensor(lengths)[:, None]).long()
+    layout = TokenLayout.unpadded(mask, by_sequence=True)
+    q = k = torch.zeros(sum(lengths), 32)  # uniform probabilities: 1/keys each
+    v = torch.ones(sum(lengths), 32)
+    torch.manual_seed(0)
+    dropped = layout.attend(q, k, v, 4, 8**-0.5, dropout_p=0.3)
+    assert 0.97 < dropped.mean().item() < 1.03  # each row: kept probabilities / 0.7
+    assert dropped.std().item() > 0.02  # and the masks differ from row to row
 
 
 def test_attention_by_sequence_passes_gradients_as_the_grid():

@@ -297,7 +297,14 @@ def by_sequence_from(device: torch.device) -> int | None:
     loop over the rows costs some 40 us a sequence, which narrow grids do not win back. By
     benchmarks/attention_by_sequence.py (32 sequences of S/2 to S tokens, 12 heads of 32, AMD
     EPYC Zen 5, 2 threads, five runs): in bf16 (autocast) it won in every run from S = 96 on,
-    either way at 48 to 80; in fp32 from 48 on, either way at 32."""
+    either way at 48 to 80; in fp32 from 48 on, either way at 32. With lengths of 0.9 S to S
+    (length-sorted prediction batches) it still won, 1.11-1.51x from 48 to 384.
+
+    Training keeps the grid. With the backward (`--training`) the rows' loop won only on wide,
+    much padded grids (fp32 from 160, bf16 from 256), and in the fine-tuning loop, whose batches
+    are sorted by length in buckets, SQuAD under bf16 autocast trained slower by sequence
+    (123-131 s against 101-110 s for the same steps, 6.5 GB resident against 4.5;
+    docs/results/embeddings)."""
     if device.type != "cpu":
         return None
     return 96 if torch.is_autocast_enabled("cpu") else 48
