@@ -370,6 +370,37 @@ def test_inference_attends_sequence_by_sequence_on_the_cpu(tiny_config, precisio
     close(ours.pooler_output.float(), theirs.pooler_output.float(), **tolerance)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_last_layer_asks_only_where_read_when_attending_by_sequence(tiny_config, precision):
+    """By sequence, the last layer computes queries and attention only at the rows read after
+    it ([CLS], read positions; under autocast rounded up to 64 rows): what is read equals the
+    full forward's."""
+    torch.manual_seed(0)
+    config = dataclasses.replace(tiny_config, max_position_embeddings=128)
+    model = BertModel(config).eval()
+    bf16 = precision == "bf16"
+    batch = _wide_batch([100, 37, 97, 1], 100)
+    real = batch["attention_mask"].bool()
+    positions = torch.tensor([[3, 50], [7, 9], [2, 96], [0, 0]])
+    picked = torch.zeros_like(real)
+    picked[:, 0] = True
+    picked.scatter_(1, positions, True)
+    queries = []
+    model.encoder.layer[-1].attention.self.query.register_forward_hook(
+        lambda module, args, output: queries.append(args[0].shape[0])
+    )
+    tolerance = {"atol": 5e-2} if bf16 else {}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        full = model(**batch, unpad=True)
+        cls = model(**batch, unpad=True, read_cls_only=True)
+        read = model(**batch, unpad=True, read_positions=positions)
+    rows = int(real.sum())
+    assert queries == ([rows + (-rows % 64), 64, 64] if bf16 else [rows, 4, int(picked.sum())])
+    close(cls.pooler_output.float(), full.pooler_output.float(), **tolerance)
+    close(read.last_hidden_state[picked & real].float(),
+          full.last_hidden_state[picked & real].float(), **tolerance)  # fmt: skip
+
+
 def test_attention_by_sequence_only_where_it_applies(tiny_config):
     """The grid stays where attention by sequence is not measured faster or not the same
     attention: training, narrow grids (wider under autocast), left-to-right models, parity,

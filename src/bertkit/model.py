@@ -125,20 +125,23 @@ class BertLayer(nn.Module):
         the rows read after this layer, and only those rows come out (in `read`'s layout)."""
         attn, out = self.attention.self, self.attention.output
         normed = out.LayerNorm(x) if self.pre_ln else x
-        q, k, v = (p(normed) for p in (attn.query, attn.key, attn.value))  # (N, H) rows
+        within = None if read is None else read[0]  # the rows that come out (None: all)
         dropout_p = self.attention_dropout if self.training else 0.0
         probs = None
+        k, v = attn.key(normed), attn.value(normed)  # (N, H) rows
         if layout.spans is not None and not output_attentions:
-            # sequence by sequence on the rows (CPU, right padding: see TokenLayout.attend)
-            context = layout.attend(q, k, v, self.num_heads, self.head_size**-0.5, dropout_p)
+            # sequence by sequence on the rows (CPU, right padding: see TokenLayout.attend),
+            # queries only where the output is read
+            asked = normed if within is None else normed.index_select(0, within)
+            context = layout.attend(attn.query(asked), k, v, self.num_heads,
+                                    self.head_size**-0.5, dropout_p, within)  # fmt: skip
         else:
-            context, probs = self._grid_attention(q, k, v, mask, layout, dropout_p,
-                                                  output_attentions)  # fmt: skip
-        within = None  # the rows that come out of this layer, among the layout's: all
-        if read is not None:
-            within = read[0]
+            context, probs = self._grid_attention(attn.query(normed), k, v, mask, layout,
+                                                  dropout_p, output_attentions)  # fmt: skip
+            if within is not None:
+                context = context.flatten(0, -2).index_select(0, within)
+        if within is not None:
             x = x.flatten(0, -2).index_select(0, within)  # padded rows come as the grid
-            context = context.flatten(0, -2).index_select(0, within)
 
         def drop(rows: torch.Tensor) -> torch.Tensor:
             return layout.dropout(rows, self.dropout.p, self.training, within)

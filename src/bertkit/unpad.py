@@ -169,17 +169,27 @@ class TokenLayout:
         heads: int,
         scale: float,
         dropout_p: float = 0.0,
-    ) -> torch.Tensor:  # (N, H): softmax(q k^T scale) v over each sequence's real tokens
+        within: torch.Tensor | None = None,  # (R,) sorted rows: q holds only their queries
+    ) -> torch.Tensor:  # (N or R, H): softmax(q k^T scale) v over each sequence's real tokens
         """Attention over each sequence's own rows, by `spans`: no grid to scatter the rows into
         and gather them back from, no padded keys, no mask. On the CPU that takes 0.5-0.7 of the
         time of SDPA's flash kernel on the padded grid (docs/results/embeddings): the kernel's cost
         follows the grid's cells, it computes every padded key, and its small blocks (32 or 64
         queries, head size 32 or 64) run far below the matrix-product rate. Scores and softmax
         in fp32 whatever q's dtype (as SDPA's kernel keeps them), autocast off; the weighted
-        sum in v's dtype. `dropout_p` drops probabilities with `bertkit.dropout`'s masks."""
+        sum in v's dtype. `dropout_p` drops probabilities with `bertkit.dropout`'s masks.
+        `within`: q (R, H) holds the queries of these rows only (a last layer whose output is
+        read at a few rows: `BertModel.forward`'s `read_cls_only`, `read_positions`), and only
+        their context comes back; keys and values are every row's."""
         assert self.spans is not None, "a layout without spans attends on the grid"
         rows, hidden = q.shape
         size = hidden // heads
+        queries = [(first, count) for first, count, _ in self.spans]
+        if within is not None:  # each span's rows among `within`: consecutive, as it is sorted
+            firsts = torch.tensor([first for first, _ in queries])
+            starts = torch.searchsorted(within, firsts).tolist()
+            ends = torch.searchsorted(within, firsts + torch.tensor([c for _, c in queries]))
+            queries = [(a, b - a) for a, b in zip(starts, ends.tolist(), strict=True)]
 
         def heads_of(t: torch.Tensor, first: int, n: int) -> torch.Tensor:  # -> (A, n, D)
             return t[first : first + n].view(n, heads, size).transpose(0, 1)
@@ -190,10 +200,10 @@ class TokenLayout:
             k = k.float()
             out = None if differentiable else v.new_empty(rows, hidden)
             pieces = []
-            for first, count, keys in self.spans:
-                scores = torch.bmm(
-                    heads_of(q, first, count), heads_of(k, first, keys).transpose(1, 2)
-                )
+            for (first, _, keys), (at, count) in zip(self.spans, queries, strict=True):
+                if not count:
+                    continue
+                scores = torch.bmm(heads_of(q, at, count), heads_of(k, first, keys).transpose(1, 2))
                 probs = scores.softmax(dim=-1)
                 if dropout_p > 0.0:
                     probs = fast.dropout(probs, dropout_p, True)
@@ -202,7 +212,7 @@ class TokenLayout:
                 if out is None:
                     pieces.append(context.reshape(count, hidden))
                 else:
-                    out[first : first + count].view(count, heads, size).copy_(context)
+                    out[at : at + count].view(count, heads, size).copy_(context)
         return torch.cat(pieces) if out is None else out
 
     def to_grid(self, rows: torch.Tensor) -> torch.Tensor:  # rows -> (B, S, F), zeros at padding
