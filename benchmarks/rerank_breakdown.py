@@ -95,18 +95,21 @@ def main() -> None:
                 torch.nn.functional.linear(inputs[i], w, b)
 
     sides = {"sentence-transformers": sentence_transformers, "linear floor": linear_floor}
+    batch_size = {}  # a bertkit side's inputs per forward
     for size in args.batch_sizes:
         sides[f"bertkit, batches of {size}"] = bertkit
+        batch_size[f"bertkit, batches of {size}"] = size
         if args.grid_attention:
             sides[f"bertkit, batches of {size}, grid"] = bertkit_grid
+            batch_size[f"bertkit, batches of {size}, grid"] = size
     print(f"{len(bodies)} requests (a SQuAD question, 8 paragraphs); {GATHERED} per bertkit call; "
           f"{rows / GATHERED / 8:.0f} real tokens a pair", flush=True)  # fmt: skip
     times: dict[str, list[float]] = {name: [] for name in sides}
     names = list(sides)
     for r in range(args.rounds + 1):  # round 0 warms every side up, uncounted
         for name in names if r % 2 else names[::-1]:
-            if name.startswith("bertkit, batches of "):
-                served.predictor.batch_size = int(name.split()[3].rstrip(","))
+            if name in batch_size:
+                served.predictor.batch_size = batch_size[name]
             started = time.perf_counter()
             sides[name](r)
             if r:
