@@ -123,3 +123,21 @@ def test_a_last_layers_subset_mask_follows_the_rows_device_and_compiles_whole():
     torch._dynamo.reset()
     out = torch.compile(drop, backend="eager", fullgraph=True)(torch.ones(3, 8))
     assert set(out.unique().tolist()) <= {0.0, 2.0}
+
+
+def test_a_masks_elements_drawn_alone_are_the_whole_masks():
+    """`dropout_mask_at` draws only the elements asked for (a last layer's few query rows of
+    the attention probabilities), and they are the elements the whole mask has there, from
+    the same one draw of torch's generator, whatever the positions' order, shape and lanes."""
+    from bertkit import dropout as module
+
+    for shape, p in [((3, 4, 11, 11), 0.1), ((2, 3, 5, 7), 0.3), ((1001,), 0.5)]:
+        torch.manual_seed(1)
+        whole, after = module.dropout_mask(shape, p, torch.float32), torch.rand(1)
+        positions = torch.randperm(whole.numel(), generator=torch.Generator().manual_seed(2))
+        positions = positions[:15].view(5, 1, 3)
+        torch.manual_seed(1)
+        some = module.dropout_mask_at(shape, positions, p, torch.float32)
+        assert some.shape == positions.shape
+        assert torch.equal(some, whole.reshape(-1)[positions]) and torch.equal(torch.rand(1), after)
+    assert module.dropout_mask_at((4, 4), torch.arange(3), 1.0, torch.float32).abs().sum() == 0

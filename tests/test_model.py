@@ -501,11 +501,14 @@ def test_rows_gradient_is_index_selects_without_atomic_adds(gather):
 
 @pytest.mark.parametrize("unpad", [False, True])
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_last_layer_runs_only_where_read(tiny_config, tiny_batch, unpad, checkpointing):
+@pytest.mark.parametrize("training", [True, False])
+def test_last_layer_runs_only_where_read(tiny_config, tiny_batch, unpad, checkpointing, training):
     """`read_positions`: the same states and gradients at [CLS] and the read positions, zeros
-    elsewhere, and the last layer's feed-forward sees only those rows."""
+    elsewhere, and the last layer's queries and feed-forward see only those rows; in training
+    with the same dropout masks (attention's too) as the full forward."""
     torch.manual_seed(0)
-    model = BertModel(tiny_config).train()
+    model = BertModel(tiny_config).train(training)
+    assert tiny_config.attention_probs_dropout_prob > 0
     model.encoder.gradient_checkpointing = checkpointing
     positions = torch.tensor([[3, 5], [7, 9], [2, 1]])  # (2, 9) is padding in the unpadded path
     picked = torch.zeros(3, 11, dtype=torch.bool)
@@ -520,21 +523,29 @@ def test_last_layer_runs_only_where_read(tiny_config, tiny_batch, unpad, checkpo
         (seen.square().sum() + out.pooler_output.sum()).backward()
         return out, [p.grad.clone() for p in model.parameters()]
 
-    rows = []
-    handle = model.encoder.layer[-1].intermediate.dense.register_forward_hook(
-        lambda module, args, output: rows.append(args[0].shape[:-1].numel())
-    )
+    rows, asked = [], []
+    last = model.encoder.layer[-1]
+    hooks = [
+        last.intermediate.dense.register_forward_hook(
+            lambda module, args, output: rows.append(args[0].shape[:-1].numel())
+        ),
+        last.attention.self.query.register_forward_hook(
+            lambda module, args, output: asked.append(args[0].shape[:-1].numel())
+        ),
+    ]
     full, full_grads = run()
     part, part_grads = run(read_positions=positions)
-    handle.remove()
+    for hook in hooks:
+        hook.remove()
     real = tiny_batch["attention_mask"].bool()
     close(part.last_hidden_state[picked & real], full.last_hidden_state[picked & real])
     assert torch.all(part.last_hidden_state[~picked] == 0)
     close(part.pooler_output, full.pooler_output)
     for a, b in zip(part_grads, full_grads, strict=True):
         close(a, b)
-    assert rows[-1] == int((picked & real).sum()) if unpad else int(picked.sum())
-    assert rows[0] == (int(real.sum()) if unpad else real.numel())
+    read = int((picked & real).sum()) if unpad else int(picked.sum())
+    assert rows[-1] == asked[-1] == read
+    assert rows[0] == asked[0] == (int(real.sum()) if unpad else real.numel())
 
 
 @pytest.mark.parametrize("cls", ["BertForSequenceClassification", "BertForTokenClassification"])

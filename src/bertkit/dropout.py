@@ -49,6 +49,16 @@ def _xor_shift(z: torch.Tensor, bits: int) -> None:  # z ^= z >>> bits (a logica
     z ^= (z >> bits) & ((1 << (64 - bits)) - 1)
 
 
+def _splitmix(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser, in place, over counters already scaled and seeded."""
+    _xor_shift(z, 30)
+    z *= _MIX1
+    _xor_shift(z, 27)
+    z *= _MIX2
+    _xor_shift(z, 31)
+    return z
+
+
 def _draw(shape: tuple[int, ...], p: float, dtype: torch.dtype, kept: float) -> torch.Tensor:
     """The mask of `shape` in `dtype`: `kept` where an element is kept, 0 where it is dropped."""
     size = 1
@@ -60,12 +70,7 @@ def _draw(shape: tuple[int, ...], p: float, dtype: torch.dtype, kept: float) -> 
     out = torch.empty(4 * words, dtype=dtype)
     scaled = _scaled_counters(words)
     for start in range(0, words, _CHUNK):
-        z = scaled[start : start + _CHUNK] + seed  # splitmix64 over the counters
-        _xor_shift(z, 30)
-        z *= _MIX1
-        _xor_shift(z, 27)
-        z *= _MIX2
-        _xor_shift(z, 31)
+        z = _splitmix(scaled[start : start + _CHUNK] + seed)
         cells = out[4 * start : 4 * (start + len(z))]
         torch.ge(z.view(torch.int16), threshold, out=cells)
         if kept != 1.0:
@@ -93,6 +98,25 @@ def dropout_mask(shape: tuple[int, ...], p: float, dtype: torch.dtype) -> torch.
     return _draw(shape, p, dtype, 65536 / (65536 - dropped))
 
 
+def dropout_mask_at(
+    shape: tuple[int, ...], index: torch.Tensor, p: float, dtype: torch.dtype
+) -> torch.Tensor:
+    """The elements at flat positions `index` (any shape, int64) of the `dropout_mask(shape, p,
+    dtype)` the same generator state would draw, shaped as `index`, without drawing the rest:
+    each element's bits are a hash of its own counter (the module doc). What a layer that
+    computes a few rows of a (B, A, S, S) probability grid multiplies them by, so that its
+    masks do not depend on what it computes (`BertLayer`'s queries where read)."""
+    dropped = round(p * 65536)
+    if dropped >= 65536:
+        return torch.zeros(index.shape, dtype=dtype)
+    seed = int(torch.randint(-(1 << 62), 1 << 62, (1,)))
+    words = _splitmix(torch.div(index, 4, rounding_mode="floor") * _GOLDEN + seed)
+    lanes = words.view(torch.int16).view(*index.shape, 4)
+    bits = lanes.gather(-1, (index % 4).unsqueeze(-1)).squeeze(-1)
+    out = torch.ge(bits, round(p * 65536) - 32768).to(dtype)
+    return out.mul_(65536 / (65536 - dropped))
+
+
 def _torch_draws(x: torch.Tensor) -> bool:
     """Whether masks for `x` are torch's own: on a GPU, and in compiled code, which inductor
     generates its own random numbers for (the seed `_draw` reads would break the graph)."""
@@ -112,3 +136,11 @@ def mask_like(x: torch.Tensor, shape: tuple[int, ...], p: float) -> torch.Tensor
     if _torch_draws(x):
         return F.dropout(x.new_ones(shape), p, True)
     return dropout_mask(shape, p, x.dtype)
+
+
+def mask_at(x: torch.Tensor, shape: tuple[int, ...], index: torch.Tensor, p: float) -> torch.Tensor:
+    """`mask_like`'s mask of `shape` at flat positions `index`, shaped as `index`: on the CPU
+    drawn there alone (`dropout_mask_at`); where torch draws, a mask of its own."""
+    if _torch_draws(x):
+        return F.dropout(x.new_ones(index.shape), p, True)
+    return dropout_mask_at(shape, index, p, x.dtype).to(x.device)

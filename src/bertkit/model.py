@@ -135,6 +135,13 @@ class BertLayer(nn.Module):
             asked = normed if within is None else normed.index_select(0, within)
             context = layout.attend(attn.query(asked), k, v, self.num_heads,
                                     self.head_size**-0.5, dropout_p, within)  # fmt: skip
+        elif (within is not None and read is not None and read[1].queries is not None
+              and not output_attentions and (mask is None or mask.shape[-2] == 1)):  # fmt: skip
+            # on the grid, queries only where the output is read, in their own narrow grid
+            # (`TokenLayout.to_queries`), against every key
+            asked = normed.flatten(0, -2).index_select(0, within)
+            context, probs = self._grid_attention(attn.query(asked), k, v, mask, layout,
+                                                  dropout_p, False, read[1])  # fmt: skip
         else:
             context, probs = self._grid_attention(attn.query(normed), k, v, mask, layout,
                                                   dropout_p, output_attentions)  # fmt: skip
@@ -163,11 +170,17 @@ class BertLayer(nn.Module):
         layout: TokenLayout,
         dropout_p: float,
         output_attentions: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # context rows (N, H), probs (B, A, S, S)
-        """Attention on the (B, S) grid: the rows scattered into it, the context gathered back."""
+        asked: TokenLayout | None = None,  # q holds these rows' queries alone (its `queries`)
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # context rows (N or R, H), probs (B, A, S, S)
+        """Attention on the (B, S) grid: the rows scattered into it, the context gathered back.
+        With `asked`, the queries are in their own (B, width) grid (`TokenLayout.to_queries`):
+        a mask must then be one for every query (key padding)."""
         batch, seq_len, heads, size = layout.batch, layout.seq_len, self.num_heads, self.head_size
-        q, k, v = (layout.to_grid(t).view(batch, seq_len, heads, size).transpose(1, 2)
-                   for t in (q, k, v))  # fmt: skip
+        k, v = (layout.to_grid(t).view(batch, seq_len, heads, size).transpose(1, 2)
+                for t in (k, v))  # fmt: skip
+        q = layout.to_grid(q) if asked is None else asked.to_queries(q)
+        asks = q.shape[1]  # S, or the queries' grid width
+        q = q.view(batch, asks, heads, size).transpose(1, 2)
         probs = None
         # SDPA draws its dropout with torch's CPU generator, one element at a time: on the CPU,
         # unless parity asks for those draws, attention is computed here with bertkit.dropout's
@@ -177,26 +190,30 @@ class BertLayer(nn.Module):
             # batched product with the scale and the additive mask folded in (baddbmm's alpha and
             # input): no separate passes, forward and backward, over the (B, A, S, S) scores.
             flat = batch * heads
-            q3, k3, v3 = (t.reshape(flat, seq_len, size) for t in (q, k, v))
+            q3 = q.reshape(flat, asks, size)
+            k3, v3 = (t.reshape(flat, seq_len, size) for t in (k, v))
             if mask is None:
-                bias, beta = q3.new_zeros(()).expand(flat, seq_len, seq_len), 0.0
+                bias, beta = q3.new_zeros(()).expand(flat, asks, seq_len), 0.0
             else:
                 bias, beta = _additive(mask, q3.dtype), 1.0  # (B, 1, 1|S, S)
                 bias = bias.expand(batch, heads, *bias.shape[2:]).reshape(flat, -1, seq_len)
             scores = torch.baddbmm(bias, q3, k3.transpose(1, 2), beta=beta, alpha=size**-0.5)
-            probs = scores.softmax(dim=-1).view(batch, heads, seq_len, seq_len)
-            attention_dropout = F.dropout if layout.parity else fast_dropout
-            dropped = attention_dropout(probs, dropout_p, self.training)
-            context = torch.bmm(dropped.view(flat, seq_len, seq_len), v3)
-            context = context.view(batch, heads, seq_len, size)  # (B, A, S, D)
+            probs = scores.softmax(dim=-1).view(batch, heads, asks, seq_len)
+            if asked is not None and self.training and dropout_p > 0.0:
+                dropped = asked.drop_queries(probs, dropout_p)  # the grid's masks at its rows
+            else:
+                attention_dropout = F.dropout if layout.parity else fast_dropout
+                dropped = attention_dropout(probs, dropout_p, self.training)
+            context = torch.bmm(dropped.view(flat, asks, seq_len), v3)
+            context = context.view(batch, heads, asks, size)  # (B, A, S or width, D)
         else:
             # the scale given, not derived from q's shape: exported to ONNX it is then a constant
             # that ONNX Runtime folds into the score product, instead of Sqrt and Mul on q and k
             context = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1 / math.sqrt(size)
             )
-        context = layout.to_rows(context.transpose(1, 2))  # (B, S, A, D) -> (N, H)
-        return context, probs
+        context = context.transpose(1, 2)  # (B, S or width, A, D)
+        return (layout.to_rows(context) if asked is None else asked.from_queries(context)), probs
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, H) -> (N, I)
         """The intermediate activation: act(x W + b), or act(x W + b) * (x V + c) with GLU."""
@@ -502,7 +519,11 @@ class BertModel(BertPreTrainedModel):
                 keep[rows, _last_tokens(attention_mask, batch, seq_len, where)] = True
             if read_positions is not None:
                 keep.scatter_(1, read_positions.long().to(where), True)
-            read = layout.subset(keep, 1 if one else multiple)
+            # where attention takes the grid, the last layer asks only the read rows' queries
+            # (`TokenLayout.queries`): not for one layout structure (the queries' grid changes
+            # width), a left-to-right mask (one per query) or parity (transformers' draws)
+            grid_queries = not (one or causal or parity or layout.spans is not None)
+            read = layout.subset(keep, 1 if one else multiple, queries=grid_queries)
         return Layouts(layout, read, masked)
 
     def forward(

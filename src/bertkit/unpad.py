@@ -48,6 +48,10 @@ class TokenLayout:
     # `keys` rows are its real tokens (`unpadded`'s `by_sequence`); attention then runs on each
     # sequence's rows alone (`attend`), without the grid. None: attention takes the grid
     spans: tuple[tuple[int, int, int], ...] | None = None
+    # a read layout's (`subset`'s `queries`) rows as cells of a (B, width) grid of queries:
+    # each read row in its own sequence's line, so attention on the grid can ask its queries
+    # alone (`to_queries`) against every key; None: the queries take the (B, S) grid
+    queries: tuple[torch.Tensor, int] | None = None
 
     @classmethod
     def unpadded(
@@ -97,8 +101,10 @@ class TokenLayout:
     def to(self, device: torch.device | str) -> TokenLayout:
         """This layout with its positions on `device` (to a GPU through pinned memory: a copy
         the host does not wait for)."""
+        queries = None if self.queries is None else (_moved(self.queries[0], device),
+                                                     self.queries[1])  # fmt: skip
         return dataclasses.replace(self, index=_moved(self.index, device),
-                                   added=_moved(self.added, device))  # fmt: skip
+                                   added=_moved(self.added, device), queries=queries)  # fmt: skip
 
     def to_rows(self, grid: torch.Tensor) -> torch.Tensor:  # (B, S, ...) -> (N, F) or (B, S, F)
         if self.index is None:
@@ -141,10 +147,13 @@ class TokenLayout:
         grid = rows.new_ones(self.batch * self.seq_len, rows.shape[-1])
         return rows * F.dropout(grid, p, True).index_select(0, index)
 
-    def subset(self, keep: torch.Tensor, multiple: int = 1) -> tuple[torch.Tensor, TokenLayout]:
+    def subset(
+        self, keep: torch.Tensor, multiple: int = 1, queries: bool = False
+    ) -> tuple[torch.Tensor, TokenLayout]:
         """The rows of this layout at the grid cells where `keep` (B, S) is true, and the layout
         of just those rows (with `multiple`: and more of this layout's rows, as `unpadded`,
-        which `to_grid` leaves zero)."""
+        which `to_grid` leaves zero; with `queries`: and where they sit in a grid of queries,
+        `to_queries`)."""
         flat = keep.reshape(-1)
         sources = None if self.index is None else self._sources()
         chosen = flat if sources is None else flat.index_select(0, sources)
@@ -159,7 +168,42 @@ class TokenLayout:
             rows = torch.cat([rows, more]).sort().values
             added = more if self.index is None else self.index.index_select(0, more)
         index = rows if self.index is None else self.index.index_select(0, rows)
-        return rows, TokenLayout(self.batch, self.seq_len, index, added, self.parity)
+        cells = None
+        if queries:
+            extras = None if added is None else torch.isin(index, added)
+            cells = _query_cells(index, extras, self.batch, self.seq_len)
+        return rows, TokenLayout(self.batch, self.seq_len, index, added, self.parity,
+                                 queries=cells)  # fmt: skip
+
+    def to_queries(self, rows: torch.Tensor) -> torch.Tensor:  # (R, F) -> (B, width, F)
+        """A read layout's rows (`queries`) in their grid of queries, zeros in its free cells."""
+        assert self.queries is not None, "a layout without `queries`"
+        cells, width = self.queries
+        grid = rows.new_zeros(self.batch * width, rows.shape[-1])
+        grid.index_copy_(0, cells, rows)
+        return grid.view(self.batch, width, -1)
+
+    def drop_queries(self, probs: torch.Tensor, p: float) -> torch.Tensor:
+        """Dropout on attention probabilities (B, A, width, S) of the queries in `to_queries`'s
+        grid: by default the elements the (B, A, S, S) grid's mask has at those queries' rows
+        (`bertkit.dropout.mask_at`), so that the masks do not depend on what is read."""
+        assert self.queries is not None and self.index is not None, "a layout of read rows"
+        batch, heads, width, keys = probs.shape
+        cells, seq_len = self.queries[0], self.seq_len
+        at = torch.zeros(batch * width, dtype=torch.long, device=cells.device)
+        at[cells] = self.index % seq_len  # each query's position in its sequence
+        lines = torch.arange(batch * heads, device=cells.device).view(batch, heads, 1, 1)
+        rows = lines * seq_len + at.view(batch, 1, width, 1)
+        index = rows * keys + torch.arange(keys, device=cells.device)
+        return probs * fast.mask_at(probs, (batch, heads, seq_len, keys), index, p)
+
+    def from_queries(self, grid: torch.Tensor) -> torch.Tensor:  # (B, width, ...) -> (R, F)
+        assert self.queries is not None, "a layout without `queries`"
+        cells, width = self.queries
+        flat = grid.reshape(self.batch * width, -1)
+        if torch.is_grad_enabled() and grid.requires_grad:
+            return _Gather.apply(flat, cells, 0)  # distinct cells: a gradient without adding
+        return flat.index_select(0, cells)
 
     def attend(
         self,
@@ -267,6 +311,29 @@ def _spans(
     firsts = counts.cumsum(0) - counts
     return tuple((f, c, k) for f, c, k in zip(firsts.tolist(), counts.tolist(), keys.tolist(),
                                                 strict=True) if c)  # fmt: skip
+
+
+def _query_cells(
+    index: torch.Tensor, extras: torch.Tensor | None, batch: int, seq_len: int
+) -> tuple[torch.Tensor, int]:
+    """`TokenLayout.queries` of rows at grid cells `index` (sorted): a read row at its
+    sequence's line of a (batch, width) grid, in order; rows that only round the count up
+    (`extras`, a mask over the rows: nothing reads them) in the cells left over, so that they
+    do not widen the grid."""
+    real = index if extras is None else index[~extras]
+    lines = real // seq_len
+    counts = torch.bincount(lines, minlength=batch)
+    width = max(int(counts.max()) if len(real) else 0, -(-len(index) // batch), 1)
+    slots = torch.arange(len(real), device=index.device) - (counts.cumsum(0) - counts)[lines]
+    placed = lines * width + slots
+    if extras is None:
+        return placed, width
+    cells = torch.empty_like(index)
+    cells[~extras] = placed
+    free = torch.ones(batch * width, dtype=torch.bool, device=index.device)
+    free[placed] = False
+    cells[extras] = free.nonzero().squeeze(1)[: int(extras.sum())]
+    return cells, width
 
 
 @dataclass
