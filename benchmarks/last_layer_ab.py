@@ -1,5 +1,6 @@
-"""Training steps with and without `read_positions` (the last layer's feed-forward only where the
-head reads), in one process, alternated so that drift of the machine hits both alike.
+"""Training steps with and without `read_positions` and `read_cls_only` (the last layer's queries,
+attention, output projection and feed-forward only where the head reads), in one process,
+alternated so that drift of the machine hits both alike.
 
     python benchmarks/last_layer_ab.py [--rounds 6 --steps 4 --threads 2]
 
@@ -54,7 +55,7 @@ def measure(name: str, build, rounds: int, steps: int) -> None:
     encode = model.bert.forward
 
     def everywhere(*args, **kwargs):
-        return encode(*args, **{**kwargs, "read_positions": None})
+        return encode(*args, **{**kwargs, "read_positions": None, "read_cls_only": False})
 
     def step() -> None:
         model(**inputs).loss.backward()
