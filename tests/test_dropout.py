@@ -141,3 +141,5 @@ def test_a_masks_elements_drawn_alone_are_the_whole_masks():
         assert some.shape == positions.shape
         assert torch.equal(some, whole.reshape(-1)[positions]) and torch.equal(torch.rand(1), after)
     assert module.dropout_mask_at((4, 4), torch.arange(3), 1.0, torch.float32).abs().sum() == 0
+    on_card = torch.ones(2, device="meta")  # where torch draws (`meta` stands in for a GPU)
+    assert module.mask_at(on_card, (4, 4), torch.arange(3), 0.1).device.type == "meta"

@@ -606,3 +606,27 @@ def test_left_to_right_model_pools_its_last_real_token(tiny_config, tiny_batch):
     with torch.no_grad():
         padded = classifier(**tiny_batch, output_hidden_states=True).logits  # the padded path
         close(classifier(**tiny_batch).logits, padded)
+
+
+def test_read_rows_take_a_narrow_grid_of_queries():
+    """A read layout's `queries`: every read row in its own sequence's line of a (B, width) grid
+    (so it attends over its own keys), rows that only round the count up in cells left over
+    without widening it, all cells distinct; the grid round-trips the rows and moves with the
+    layout (as `host_layouts` moves it to a GPU)."""
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]])
+    layout = TokenLayout.unpadded(mask)
+    keep = torch.zeros(3, 6, dtype=torch.bool)
+    keep[:, 0] = True
+    keep[2, [2, 5]] = True  # sequence 2 is read at three rows: the width is 3
+    rows, read = layout.subset(keep, multiple=8, queries=True)  # 5 read rows + 3 added
+    cells, width = read.queries
+    assert len(rows) == 8 and width == 3 and len(set(cells.tolist())) == 8
+    lines = cells // width
+    added = torch.isin(read.index, read.added)
+    assert torch.equal(lines[~added], read.index[~added] // 6)  # each read row in its line
+    values = torch.randn(8, 4)
+    grid = read.to_queries(values)
+    assert grid.shape == (3, 3, 4) and torch.equal(read.from_queries(grid), values)
+    moved = read.to("meta")
+    assert moved.queries[0].device.type == "meta" and moved.queries[1] == width
+    assert layout.subset(keep)[1].queries is None  # asked for only where the grid attends
