@@ -120,9 +120,10 @@ class BertLayer(nn.Module):
         output_attentions: bool = False,
         read: tuple[torch.Tensor, TokenLayout] | None = None,  # (rows, their layout): see below
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Rows in, rows out. With `read`, every row still attends as keys and values, but the
-        output projection and the feed-forward (three quarters of a layer's FLOPs) run only on
-        the rows read after this layer, and only those rows come out (in `read`'s layout)."""
+        """Rows in, rows out. With `read`, every row is still a key and a value, but the query
+        projection, attention, output projection and feed-forward (five sixths of a layer's
+        dense FLOPs) run only on the rows read after this layer, and only those rows come out
+        (in `read`'s layout)."""
         attn, out = self.attention.self, self.attention.output
         normed = out.LayerNorm(x) if self.pre_ln else x
         within = None if read is None else read[0]  # the rows that come out (None: all)
