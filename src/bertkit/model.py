@@ -123,7 +123,8 @@ class BertLayer(nn.Module):
         """Rows in, rows out. With `read`, every row is still a key and a value, but the query
         projection, attention, output projection and feed-forward (five sixths of a layer's
         dense FLOPs) run only on the rows read after this layer, and only those rows come out
-        (in `read`'s layout)."""
+        (in `read`'s layout); queries and attention at every row where `read` has no
+        `queries` (parity, a left-to-right mask, one layout structure: `BertModel.layouts`)."""
         attn, out = self.attention.self, self.attention.output
         normed = out.LayerNorm(x) if self.pre_ln else x
         within = None if read is None else read[0]  # the rows that come out (None: all)
