@@ -59,6 +59,19 @@ def _splitmix(z: torch.Tensor) -> torch.Tensor:
     return z
 
 
+def _threshold(p: float) -> int:
+    """An element is kept where its signed 16-bit draw is at least this: probability 1 - p,
+    with p rounded to a multiple of 1/65536."""
+    return round(p * 65536) - 32768
+
+
+def _kept_value(p: float) -> float | None:
+    """What a kept element is multiplied by: the inverse of the rounded keep probability;
+    None where p rounds to 1 (everything dropped)."""
+    dropped = round(p * 65536)
+    return None if dropped >= 65536 else 65536 / (65536 - dropped)
+
+
 def _draw(shape: tuple[int, ...], p: float, dtype: torch.dtype, kept: float) -> torch.Tensor:
     """The mask of `shape` in `dtype`: `kept` where an element is kept, 0 where it is dropped."""
     size = 1
@@ -66,7 +79,7 @@ def _draw(shape: tuple[int, ...], p: float, dtype: torch.dtype, kept: float) -> 
         size *= n
     words = -(-size // 4)
     seed = int(torch.randint(-(1 << 62), 1 << 62, (1,)))
-    threshold = round(p * 65536) - 32768
+    threshold = _threshold(p)
     out = torch.empty(4 * words, dtype=dtype)
     scaled = _scaled_counters(words)
     for start in range(0, words, _CHUNK):
@@ -92,10 +105,8 @@ def keep_mask(shape: tuple[int, ...], p: float) -> torch.Tensor:
 def dropout_mask(shape: tuple[int, ...], p: float, dtype: torch.dtype) -> torch.Tensor:
     """What `dropout` multiplies by: 0 where an element is dropped, the inverse of the (rounded)
     keep probability where it is kept (all 0 where `p` rounds to 1)."""
-    dropped = round(p * 65536)
-    if dropped >= 65536:
-        return torch.zeros(shape, dtype=dtype)
-    return _draw(shape, p, dtype, 65536 / (65536 - dropped))
+    kept = _kept_value(p)
+    return torch.zeros(shape, dtype=dtype) if kept is None else _draw(shape, p, dtype, kept)
 
 
 def dropout_mask_at(
@@ -106,15 +117,14 @@ def dropout_mask_at(
     each element's bits are a hash of its own counter (the module doc). What a layer that
     computes a few rows of a (B, A, S, S) probability grid multiplies them by, so that its
     masks do not depend on what it computes (`BertLayer`'s queries where read)."""
-    dropped = round(p * 65536)
-    if dropped >= 65536:
+    kept = _kept_value(p)
+    if kept is None:
         return torch.zeros(index.shape, dtype=dtype)
     seed = int(torch.randint(-(1 << 62), 1 << 62, (1,)))
     words = _splitmix(torch.div(index, 4, rounding_mode="floor") * _GOLDEN + seed)
     lanes = words.view(torch.int16).view(*index.shape, 4)
     bits = lanes.gather(-1, (index % 4).unsqueeze(-1)).squeeze(-1)
-    out = torch.ge(bits, round(p * 65536) - 32768).to(dtype)
-    return out.mul_(65536 / (65536 - dropped))
+    return torch.ge(bits, _threshold(p)).to(dtype).mul_(kept)
 
 
 def _torch_draws(x: torch.Tensor) -> bool:

@@ -137,11 +137,11 @@ class BertLayer(nn.Module):
             asked = normed if within is None else normed.index_select(0, within)
             context = layout.attend(attn.query(asked), k, v, self.num_heads,
                                     self.head_size**-0.5, dropout_p, within)  # fmt: skip
-        elif (within is not None and read is not None and read[1].queries is not None
-              and not output_attentions and (mask is None or mask.shape[-2] == 1)):  # fmt: skip
+        elif (read is not None and read[1].queries is not None and not output_attentions
+              and (mask is None or mask.shape[-2] == 1)):  # fmt: skip
             # on the grid, queries only where the output is read, in their own narrow grid
             # (`TokenLayout.to_queries`), against every key
-            asked = normed.flatten(0, -2).index_select(0, within)
+            asked = normed.flatten(0, -2).index_select(0, read[0])
             context, probs = self._grid_attention(attn.query(asked), k, v, mask, layout,
                                                   dropout_p, False, read[1])  # fmt: skip
         else:

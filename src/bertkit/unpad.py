@@ -109,10 +109,7 @@ class TokenLayout:
     def to_rows(self, grid: torch.Tensor) -> torch.Tensor:  # (B, S, ...) -> (N, F) or (B, S, F)
         if self.index is None:
             return grid.reshape(self.batch, self.seq_len, -1)
-        flat = grid.reshape(self.batch * self.seq_len, -1)
-        if torch.is_grad_enabled() and grid.requires_grad:
-            return _Gather.apply(flat, self.index, self.spare)
-        return flat.index_select(0, self._sources())
+        return _gather(grid.reshape(self.batch * self.seq_len, -1), self.index, self.spare)
 
     def _sources(self) -> torch.Tensor:
         """The grid cells the rows are read from: `index`, a spare row reading the last."""
@@ -200,10 +197,7 @@ class TokenLayout:
     def from_queries(self, grid: torch.Tensor) -> torch.Tensor:  # (B, width, ...) -> (R, F)
         assert self.queries is not None, "a layout without `queries`"
         cells, width = self.queries
-        flat = grid.reshape(self.batch * width, -1)
-        if torch.is_grad_enabled() and grid.requires_grad:
-            return _Gather.apply(flat, cells, 0)  # distinct cells: a gradient without adding
-        return flat.index_select(0, cells)
+        return _gather(grid.reshape(self.batch * width, -1), cells)
 
     def attend(
         self,
@@ -270,6 +264,14 @@ class TokenLayout:
                 grid.index_fill_(0, self.added, 0)
             rows = grid[:cells] if self.spare else grid
         return rows.view(self.batch, self.seq_len, rows.shape[-1])
+
+
+def _gather(flat: torch.Tensor, index: torch.Tensor, spare: int = 0) -> torch.Tensor:
+    """The rows of `flat` at distinct cells `index` (spare ones past its end reading its last):
+    `_Gather` where a gradient flows, a plain select in inference (what ONNX export traces)."""
+    if torch.is_grad_enabled() and flat.requires_grad:
+        return _Gather.apply(flat, index, spare)
+    return flat.index_select(0, index.clamp(max=flat.shape[0] - 1) if spare else index)
 
 
 class _Gather(torch.autograd.Function):
