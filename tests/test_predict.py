@@ -15,6 +15,7 @@ from bertkit.cli import main
 from bertkit.finetune import FinetuneConfig, finetune
 from bertkit.predict import Predictor, predict_file
 from bertkit.tasks.base import DataError
+from bertkit.tasks.files import read_conll_columns
 from bertkit.tasks.own import DataConfig
 
 from helpers import FIXTURES, OWN_QUICK, grow_copies, tagged_sentences, topic_rows
@@ -92,18 +93,28 @@ def test_a_bad_row_names_its_line_and_leaves_no_file(topics_model, tmp_path, cap
     assert "in.jsonl:1: no column 'title'" in capsys.readouterr().err
 
 
-def test_entities_with_offsets_from_a_file(words_model, tmp_path):
-    lines = []
-    for words, tags in tagged_sentences(200):
-        lines += [f"{w} {t}" for w, t in zip(words, tags, strict=True)] + [""]
-    (tmp_path / "train.txt").write_text("\n".join(lines))
-    data = DataConfig(train=str(tmp_path / "train.txt"), validation=str(tmp_path / "train.txt"))
-    finetune(
-        "token-classification", words_model, data, tmp_path / "run", FinetuneConfig(**OWN_QUICK)
+def _conll(sentences) -> str:
+    """CoNLL columns: a word and its tag a line, a blank line after each sentence."""
+    return "".join(
+        "".join(f"{w} {t}\n" for w, t in zip(words, tags, strict=True)) + "\n"
+        for words, tags in sentences
     )
+
+
+@pytest.fixture(scope="module")
+def tagger(words_model, tmp_path_factory):
+    """A tagger of the toy entities (city, food) fine-tuned on a CoNLL-style train.txt."""
+    root = tmp_path_factory.mktemp("tagger")
+    (root / "train.txt").write_text(_conll(tagged_sentences(200)))
+    data = DataConfig(train=str(root / "train.txt"), validation=str(root / "train.txt"))
+    finetune("token-classification", words_model, data, root / "run", FinetuneConfig(**OWN_QUICK))
+    return root / "run"
+
+
+def test_entities_with_offsets_from_a_file(tagger, tmp_path):
     source = tmp_path / "tweets.csv"
     source.write_text('id,text\n1,"ann visits paris, eats sushi"\n2,nothing here\n')
-    predict_file(Predictor(tmp_path / "run"), source, tmp_path / "out.jsonl", progress=False)
+    predict_file(Predictor(tagger), source, tmp_path / "out.jsonl", progress=False)
     written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     text = "ann visits paris, eats sushi"
     assert written[0]["words"] == ["ann", "visits", "paris", ",", "eats", "sushi"]
@@ -111,9 +122,49 @@ def test_entities_with_offsets_from_a_file(words_model, tmp_path):
         assert entity["text"] == text[entity["start"] : entity["end"]]
         assert set(entity) == {"type", "text", "words", "score", "start", "end"}
     with pytest.raises(DataError, match=r"tweets.csv:2: no column 'tokens'"):
-        predict_file(
-            Predictor(tmp_path / "run"), source, None, text_column="tokens", progress=False
-        )
+        predict_file(Predictor(tagger), source, None, text_column="tokens", progress=False)
+
+
+def test_a_tagger_predicts_conll_files(tagger, topics_model, tmp_path, capsys):
+    """A tagger trained on CoNLL columns tags a file of them (.txt read as it trained), each
+    sentence a row with the file's own tags beside the predicted ones, to JSON Lines or to
+    CoNLL columns again (word, the file's tag, the predicted: conlleval's input)."""
+    sentences = tagged_sentences(12, seed=5)
+    source = tmp_path / "test.txt"
+    source.write_text("-DOCSTART- O\n\n" + _conll(sentences))
+    predictor = Predictor(tagger)
+    expected = [a["tags"] for a in predictor([words for words, _ in sentences])]
+    assert predict_file(predictor, source, tmp_path / "out.jsonl", progress=False) == 12
+    written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [w["words"] for w in written] == [words for words, _ in sentences]
+    assert [w["tags"] for w in written] == [tags for _, tags in sentences]
+    assert [w["predicted_tags"] for w in written] == expected
+    assert all("predicted_words" not in w for w in written)  # the same words: not again
+    assert main(["predict", "--model", str(tagger), "--input", str(source), "--output",
+                 str(tmp_path / "out.conll"), "--quiet"]) == 0  # fmt: skip
+    found, width = read_conll_columns(tmp_path / "out.conll", min_fields=3)
+    assert width == 3 and len(found) == 12
+    for sentence, (words, tags), predicted in zip(found, sentences, expected, strict=True):
+        assert [r[0] for r in sentence.rows] == words
+        assert [r[1] for r in sentence.rows] == tags
+        assert [r[2] for r in sentence.rows] == predicted
+    # words alone (a word a line): tagged, two columns out
+    bare = tmp_path / "bare.conll"
+    bare.write_text("".join("\n".join(words) + "\n\n" for words, _ in sentences))
+    predict_file(predictor, bare, tmp_path / "bare_out.conll", progress=False)
+    found, width = read_conll_columns(tmp_path / "bare_out.conll")
+    assert width == 2 and [[r[1] for r in s.rows] for s in found] == expected
+    # raw text, a sentence a line, is not read as words and tags
+    raw = tmp_path / "raw.txt"
+    raw.write_text("ann visits paris\nbob eats sushi\n")
+    with pytest.raises(DataError, match=r"raw.txt:1: tag 'paris' is not O or B-/I-TYPE"):
+        predict_file(predictor, raw, tmp_path / "raw.jsonl", progress=False)
+    assert not (tmp_path / "raw.jsonl").exists()
+    # a classifier neither reads nor writes CoNLL columns
+    assert main(["predict", "--model", str(topics_model), "--input", str(bare), "--quiet"]) == 2
+    assert "bare.conll: CoNLL columns hold words to tag" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="answers no tags"):
+        predict_file(Predictor(topics_model), raw, tmp_path / "labels.conll", progress=False)
 
 
 def _topic_of_other(rows, seed):

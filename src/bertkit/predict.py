@@ -15,8 +15,9 @@ offsets and score; SQuAD the answer span. The task, its label names, `max_seq_le
 what was tuned on validation (SQuAD 2.0's null threshold, multi-label thresholds) come from
 the checkpoint (`bertkit_task.json`, config.json).
 
-`predict_file` streams a whole file (CSV, TSV, JSON Lines, JSON, Parquet, or stdin one text a
-line) to JSON Lines or CSV, a chunk at a time, with a progress bar.
+`predict_file` streams a whole file (CSV, TSV, JSON Lines, JSON, Parquet, CoNLL columns for a
+tagger, or stdin one text a line) to JSON Lines, CSV or (a tagger's) CoNLL columns, a chunk at
+a time, with a progress bar.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from bertkit.settings import (
 from bertkit.tasks.base import DataError, run_outputs, task_of_checkpoint
 from bertkit.tasks.files import FileConfig, file_format, json_lines, read_jsonl, read_rows
 from bertkit.tasks.own import OwnTask
+from bertkit.tasks.tagging import WordTagger
 from bertkit.tokenizer import BertTokenizer
 
 # the label of a cross-encoder's classes that means "relevant" (`Predictor.rerank` scores it)
@@ -228,11 +230,14 @@ def predict_file(
     **settings: Any,
 ) -> int:
     """Predict every row of `source` (CSV, TSV, JSON Lines, JSON, Parquet, a `datasets` folder;
-    "-": stdin, one text a line) into `output` (.jsonl or .csv/.tsv; None or "-": JSON Lines on
-    stdout), streaming `chunk` rows at a time, as the predictor's `PredictConfig` says (its
-    fields by name in `settings` replace it here). Each output row is the input row's columns
-    followed by the answer's fields (an answer field named like an input column is written as
-    `predicted_<name>`); in CSV, lists and objects are JSON. `text_column` (and
+    "-": stdin, one text a line; a tagger also a CoNLL-style file, each sentence a row of its
+    "words" and, where the file has them, "tags") into `output` (.jsonl or .csv/.tsv; a
+    tagger's also .conll, a word a line with the file's tag, if any, and the predicted one:
+    conlleval's input; None or "-": JSON Lines on stdout), streaming `chunk` rows at a time, as
+    the predictor's `PredictConfig` says (its fields by name in `settings` replace it here).
+    Each output row is the input row's columns followed by the answer's fields (an answer
+    field named like an input column is written as `predicted_<name>`; a tagger's `words`, given
+    as a list, are not written twice); in CSV, lists and objects are JSON. `text_column` (and
     `text_pair_column`) name the input of the model; by default the model reads the columns it
     was trained on (`text`, `text_pair` for the paper's tasks), and a row of other columns
     without them is an error (a row of `text` alone, or `text` and `text_pair`, is the generic
@@ -247,9 +252,15 @@ def predict_file(
     if rerank and predictor.rerank_label is None:
         raise ValueError(f"{predictor.task.name}: --rerank takes a cross-encoder (a model "
                          "fine-tuned on text pairs)")  # fmt: skip
-    rows = _input_rows(source, predictor.reading(config.reading))
+    rows = _input_rows(source, predictor.reading(config.reading), predictor.task)
     target = None if output is None or str(output) == "-" else Path(output)
     kind = "jsonl" if target is None else file_format(target, "auto", default="jsonl")
+    if kind == "conll" and (rerank or not isinstance(predictor.task, WordTagger)):
+        raise ValueError(f"{target}: CoNLL columns hold tagged words, and {predictor.task.name} "
+                         "answers no tags: write .jsonl, .csv or .tsv")  # fmt: skip
+    if kind not in ("jsonl", "csv", "tsv", "conll"):
+        raise ValueError(f"{target}: predictions are written as .jsonl, .csv, .tsv or (a "
+                         "tagger's) .conll")  # fmt: skip
     bar = None
     if progress:
         from tqdm import tqdm
@@ -308,7 +319,7 @@ def _query_and_texts(source, line: int, values: dict[str, Any]) -> tuple[str, li
     return query, texts
 
 
-def _input_rows(source, options: FileConfig) -> Iterator[tuple[int, dict[str, Any]]]:
+def _input_rows(source, options: FileConfig, task) -> Iterator[tuple[int, dict[str, Any]]]:
     if str(source) == "-":
         for number, line in enumerate(sys.stdin, start=1):
             text = line.rstrip("\r\n")
@@ -316,7 +327,15 @@ def _input_rows(source, options: FileConfig) -> Iterator[tuple[int, dict[str, An
                 yield number, {"text": text}
         return
     path = Path(source)
-    kind = file_format(path, options.format, default="csv")
+    kind = file_format(path, options.format, task.default_file_format)
+    if kind == "conll":
+        if not isinstance(task, WordTagger):
+            raise DataError(path, None, f"CoNLL columns hold words to tag; {task.name} reads "
+                            "texts: give a CSV, TSV, JSON Lines or Parquet file, or --format")  # fmt: skip
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such file")
+        yield from task.conll_rows(path, options)
+        return
     if kind == "jsonl":  # a line may be a bare text or a list of words, as `predict --input`
         for number, value in json_lines(path, options.encoding):
             yield number, value if isinstance(value, dict) else {"input": value}
@@ -354,7 +373,10 @@ def _predict_chunk(predictor, source, batch, writer, text_column, pair_column) -
     for (_, values), answer in zip(batch, task.answer(examples, features, outputs), strict=True):
         row = dict(values) if "input" not in values or len(values) > 1 else {}
         for key, value in answer.items():
-            row[f"predicted_{key}" if key in values else key] = value
+            if key not in values:
+                row[key] = value
+            elif key != "words" or values[key] != value:  # (a tagger's words, given as a list,
+                row[f"predicted_{key}"] = value  # are not written twice)
         writer.write(row)
     return len(batch)
 
@@ -379,6 +401,14 @@ class _Writer:
         return self
 
     def write(self, row: dict[str, Any]) -> None:
+        if self.kind == "conll":  # a word a line: the file's tag (if any), then the predicted
+            gold = row["tags"] if "predicted_tags" in row else None
+            predicted = row["predicted_tags"] if gold is not None else row["tags"]
+            for i, word in enumerate(row["words"]):
+                fields = [word, *([gold[i]] if gold is not None else []), predicted[i]]
+                self.handle.write(" ".join(fields) + "\n")
+            self.handle.write("\n")
+            return
         if self.kind not in ("csv", "tsv"):
             self.handle.write(json.dumps(row, ensure_ascii=False) + "\n")
             return

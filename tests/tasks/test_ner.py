@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bertkit.tasks import DataError, get_task
+from bertkit.tasks.files import FileConfig
 
 from helpers import FIXTURES, data_path
 
@@ -59,3 +60,18 @@ def test_conll_pos_and_chunk_columns_and_their_metrics_against_seqeval():
 
     with pytest.raises(ValueError, match="columns are ner, pos and chunk"):
         ConllTask("lemma")
+
+
+def test_a_conll_file_to_predict_gives_each_task_its_column():
+    """`predict --input` on CoNLL-2003's layout: the words and the task's own gold column
+    (NER last, POS second, chunks third), as the task's `read` takes them."""
+    path = FIXTURES / "conll2003_iob1" / "valid.txt"
+    for name in ("conll2003", "conll2003-pos", "conll2003-chunk"):
+        task = get_task(name)
+        rows = list(task.conll_rows(path, FileConfig()))
+        read = task.read(FIXTURES / "conll2003_iob1", "dev")
+        assert [v["words"] for _, v in rows] == [list(s.words) for s in read]
+        assert [v["tags"] for _, v in rows] == [list(s.tags) for s in read]
+    # a word and one tag a line: NER's; the other columns are not in such a file
+    assert get_task("conll2003").conll_columns(path, [], 2, FileConfig()) == (0, 1)
+    assert get_task("conll2003-pos").conll_columns(path, [], 2, FileConfig()) == (0, None)

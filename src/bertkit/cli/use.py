@@ -39,14 +39,16 @@ def add_predict(commands) -> None:
     predict.add_argument(
         "--input",
         help="a file to predict row by row, streaming: CSV, TSV, JSON Lines, JSON, Parquet, a "
-        "datasets folder; - reads stdin, one text a line. JSON lines may be "
+        "datasets folder; a tagger also CoNLL columns; - reads stdin, one text a line. JSON "
+        "lines may be "
         '{"text": ..., "text_pair": ...}, {"question": ..., "context": ...}, a list of words '
         '(tagging) or {"context": ..., "choices": [...]}',
     )
     predict.add_argument(
         "--output",
-        help="with --input: .jsonl or .csv/.tsv to write (input columns, then the answer); "
-        "default: JSON lines on stdout",
+        help="with --input: .jsonl or .csv/.tsv to write (input columns, then the answer), or a "
+        "tagger's .conll (a word a line, the file's tag, the predicted one); default: JSON "
+        "lines on stdout",
     )
     predict.add_argument("--quiet", action="store_true", help="no progress bar")
     add_flags(predict, PredictConfig, skip=("progress",))

@@ -108,6 +108,8 @@ class Task:
     default_batch_size: int = 32
     # batches' worth of training features sorted by length together (FinetuneConfig's)
     default_bucket_batches: int = 50
+    # how a file of an extension no format claims (.txt, .dat) is read, in training and predict
+    default_file_format: str = "csv"
     # per-example model inputs that collate pads (with the value given) to the batch's longest
     padded_inputs: ClassVar[dict[str, int]] = {
         "input_ids": 0,

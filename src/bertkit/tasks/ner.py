@@ -132,6 +132,13 @@ class ConllTask(WordTagger):
             self.tagset,
         )
 
+    def conll_columns(self, path, found, width, options) -> tuple[int, int | None]:
+        """CoNLL-2003's layout (word POS chunk NER): this task's column; a file of a word and
+        one tag a line: that tag, for NER; else no tags."""
+        if width >= 4 or (self.column == -1 and width > 1):
+            return 0, self.column % width
+        return 0, None
+
     def score(self, examples, predictions) -> dict[str, float]:
         return self.tag_figures(examples, predictions)
 

@@ -25,6 +25,7 @@ class QuestionAnsweringTask(OwnTask, SquadTask):
     name = "question-answering"
     reading_fields = ("format", "encoding")
     default_epochs, default_batch_size = 3, 32  # SQuAD 1.1's, whatever the version
+    default_file_format = "json"
 
     def __init__(self, data=None) -> None:
         OwnTask.__init__(self, data)
@@ -34,7 +35,7 @@ class QuestionAnsweringTask(OwnTask, SquadTask):
     def read(self, data, split: str) -> list[SquadExample]:
         path = self.split_path(data, split)
         labelled = split in ("train", "dev")
-        kind = file_format(path, self.data.reading.format, default="json")
+        kind = file_format(path, self.data.reading.format, self.default_file_format)
         if kind == "json" and _squad_layout(path, self.data.reading.encoding):
             return read_squad(path, require_answers=labelled)
         examples = []

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,6 +26,7 @@ from tokenizers.pre_tokenizers import BertPreTokenizer
 from bertkit.losses import IGNORE_INDEX, token_loss
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, head_logits
+from bertkit.tasks.files import ColumnSentence, FileConfig, read_conll_columns
 from bertkit.tasks.labels import softmax
 
 _BASIC_SPLIT = BertPreTokenizer()  # whitespace, then punctuation: BERT's basic split
@@ -216,6 +217,7 @@ class WordTagger(Task):
     # recovered 0.4 of it): batches of one length are of one kind (CoNLL's short lines are
     # headlines and score lines). docs/results/own_data
     default_bucket_batches: int = 1
+    default_file_format = "conll"  # CoNLL-2003's files are .txt
     scheme: str = "iob2"
     stride: int | None = None
     weights: list[float] | None = None
@@ -232,6 +234,41 @@ class WordTagger(Task):
 
     def check_labels(self, sentence: TaggedSentence, tags: list[str], index: dict) -> None:
         """Called on every labelled sentence featurised; DataError where it cannot be learnt."""
+
+    def conll_columns(
+        self, path: Path, found: Sequence[ColumnSentence], width: int, options: FileConfig
+    ) -> tuple[int, int | None]:
+        """Where the lines of a CoNLL-style file of `width` fields hold the word and this
+        task's tag (None: the file has no tag column): the first field and the last."""
+        return 0, (width - 1 if width > 1 else None)
+
+    def conll_rows(self, path: Path, options: FileConfig) -> Iterator[tuple[int, dict[str, Any]]]:
+        """A CoNLL-style file's sentences as rows to tag (`predict --input`): (the first
+        word's line, {"words": [...]}, with the file's own "tags" where it has a tag column).
+        Each of those is checked to be a tag, for a file of raw text, a sentence a line, reads
+        as a sentence of words whose tags are other words."""
+        found, width = read_conll_columns(path, options, min_fields=1)
+        word_at, tag_at = self.conll_columns(path, found, width, options)
+        known = set(self.labels() or ())
+        for sentence in found:
+            values: dict[str, Any] = {"words": [fields[word_at] for fields in sentence.rows]}
+            if tag_at is not None:
+                tags = [fields[tag_at] for fields in sentence.rows]
+                for tag, line in zip(tags, sentence.lines, strict=True):
+                    if self.scheme == "plain" and tag not in known:
+                        what = f"not one of this model's tags ({', '.join(sorted(known))})"
+                    elif self.scheme != "plain" and tag != "O" and not _PREFIXED.match(tag):
+                        what = "not O or B-/I-TYPE"
+                    else:
+                        continue
+                    raise DataError(
+                        path, line,
+                        f"tag {tag!r} is {what}: a CoNLL file holds a word a line, its tag "
+                        "last, a blank line between sentences. Raw text, a sentence a line, "
+                        "reads from stdin (--input -), JSON Lines or a CSV column",
+                    )  # fmt: skip
+                values["tags"] = tags
+            yield sentence.line, values
 
     def featurize(self, examples, tokenizer, max_seq_length: int) -> list[Feature]:
         all_words = [w for e in examples for w in e.words]

@@ -21,7 +21,13 @@ from typing import Any
 import numpy as np
 
 from bertkit.tasks.base import DataError
-from bertkit.tasks.files import file_format, read_conll_columns, read_rows
+from bertkit.tasks.files import (
+    ColumnSentence,
+    FileConfig,
+    file_format,
+    read_conll_columns,
+    read_rows,
+)
 from bertkit.tasks.labels import per_class, sorted_names
 from bertkit.tasks.own import OwnTask, write_jsonl
 from bertkit.tasks.tagging import (
@@ -63,7 +69,7 @@ class TokenClassificationTask(OwnTask, WordTagger):
         path = self.split_path(data, split)
         labelled = split in ("train", "dev")
         options = self.data.reading
-        kind = file_format(path, options.format, default="conll")
+        kind = file_format(path, options.format, self.default_file_format)
         if kind == "conll":
             return self._read_columns(path, labelled)
         d = self.data
@@ -100,6 +106,22 @@ class TokenClassificationTask(OwnTask, WordTagger):
     def _read_columns(self, path: Path, labelled: bool) -> list[TaggedSentence]:
         options = self.data.reading
         found, width = read_conll_columns(path, options, min_fields=2 if labelled else 1)
+        token_at, tag_at = self.conll_columns(path, found, width, options)
+        return [
+            TaggedSentence(
+                f"{path}:{s.line}",
+                tuple(r[token_at] for r in s.rows),
+                tuple(r[tag_at] for r in s.rows) if tag_at is not None else (),
+                lines=tuple(s.lines),
+            )
+            for s in found
+        ]
+
+    def conll_columns(
+        self, path: Path, found: Sequence[ColumnSentence], width: int, options: FileConfig
+    ) -> tuple[int, int | None]:
+        """The first field and the last, or the fields `--columns` names as the tokens and
+        tags columns."""
         names = options.columns
         token_at, tag_at = 0, width - 1
         if names is not None:
@@ -112,16 +134,7 @@ class TokenClassificationTask(OwnTask, WordTagger):
             tag_at = (
                 names.index(self.data.tags_column) if self.data.tags_column in names else width - 1
             )
-        has_tags = width > 1 and tag_at != token_at
-        return [
-            TaggedSentence(
-                f"{path}:{s.line}",
-                tuple(r[token_at] for r in s.rows),
-                tuple(r[tag_at] for r in s.rows) if has_tags else (),
-                lines=tuple(s.lines),
-            )
-            for s in found
-        ]
+        return token_at, (tag_at if width > 1 and tag_at != token_at else None)
 
     def labelled(self, examples, split: str) -> bool:
         return bool(examples) and all(e.tags for e in examples)
