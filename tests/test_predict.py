@@ -39,6 +39,22 @@ def test_predict_command_line(tiny_checkpoint, tmp_path, capsys):
     assert cli.main(["predict", "--model", str(out), "--input", str(bad)]) == 2
     assert "in.jsonl:2: not JSON" in capsys.readouterr().err
     assert cli.main(["evaluate", "--model", str(out), "--data", str(data), "--split", "dev"]) == 0
+    # the task's own files, as they come (GLUE's TSV): dev with its gold labels, test with its
+    # index, each answered as the same pairs given one by one
+    predictor = Predictor(out)
+    for split, name in (("dev", "dev.tsv"), ("test", "test.tsv")):
+        examples = predictor.task.read(data, split)
+        expected = predictor([(e.text_a, e.text_b) for e in examples])
+        assert cli.main(["predict", "--model", str(out), "--input", str(data / name),
+                         "--output", str(tmp_path / f"{split}.jsonl"), "--quiet"]) == 0  # fmt: skip
+        rows = [json.loads(x) for x in (tmp_path / f"{split}.jsonl").read_text().splitlines()]
+        assert [r["text_pair"] for r in rows] == [e.text_b for e in examples]
+        if split == "dev":
+            assert [r["label"] for r in rows] == [e.label for e in examples]
+            assert [r["predicted_label"] for r in rows] == [a["label"] for a in expected]
+        else:
+            assert [r["index"] for r in rows] == [e.index for e in examples]
+            assert [r["label"] for r in rows] == [a["label"] for a in expected]
 
 
 def test_a_csv_streams_to_jsonl_and_csv(topics_model, tmp_path):

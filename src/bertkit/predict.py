@@ -15,9 +15,9 @@ offsets and score; SQuAD the answer span. The task, its label names, `max_seq_le
 what was tuned on validation (SQuAD 2.0's null threshold, multi-label thresholds) come from
 the checkpoint (`bertkit_task.json`, config.json).
 
-`predict_file` streams a whole file (CSV, TSV, JSON Lines, JSON, Parquet, CoNLL columns for a
-tagger, or stdin one text a line) to JSON Lines, CSV or (a tagger's) CoNLL columns, a chunk at
-a time, with a progress bar.
+`predict_file` streams a whole file (CSV, TSV, JSON Lines, JSON, Parquet, a paper task's own
+files, CoNLL columns for a tagger, or stdin one text a line) to JSON Lines, CSV or (a tagger's)
+CoNLL columns, a chunk at a time, with a progress bar.
 """
 
 from __future__ import annotations
@@ -230,7 +230,8 @@ def predict_file(
     **settings: Any,
 ) -> int:
     """Predict every row of `source` (CSV, TSV, JSON Lines, JSON, Parquet, a `datasets` folder;
-    "-": stdin, one text a line; a tagger also a CoNLL-style file, each sentence a row of its
+    "-": stdin, one text a line; a file in the task's own layout, `Task.file_rows`: GLUE's
+    TSV, SQuAD's JSON, SWAG's CSV, a tagger's CoNLL columns, each sentence a row of its
     "words" and, where the file has them, "tags") into `output` (.jsonl or .csv/.tsv; a
     tagger's also .conll, a word a line with the file's tag, if any, and the predicted one:
     conlleval's input; None or "-": JSON Lines on stdout), streaming `chunk` rows at a time, as
@@ -328,14 +329,15 @@ def _input_rows(source, options: FileConfig, task) -> Iterator[tuple[int, dict[s
         return
     path = Path(source)
     kind = file_format(path, options.format, task.default_file_format)
-    if kind == "conll":
-        if not isinstance(task, WordTagger):
-            raise DataError(path, None, f"CoNLL columns hold words to tag; {task.name} reads "
-                            "texts: give a CSV, TSV, JSON Lines or Parquet file, or --format")  # fmt: skip
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no such file")
-        yield from task.conll_rows(path, options)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    own = task.file_rows(path, kind, options)  # the task's own layout: GLUE TSV, SQuAD, CoNLL
+    if own is not None:
+        yield from own
         return
+    if kind == "conll":
+        raise DataError(path, None, f"CoNLL columns hold words to tag; {task.name} reads "
+                        "texts: give a CSV, TSV, JSON Lines or Parquet file, or --format")  # fmt: skip
     if kind == "jsonl":  # a line may be a bare text or a list of words, as `predict --input`
         for number, value in json_lines(path, options.encoding):
             yield number, value if isinstance(value, dict) else {"input": value}

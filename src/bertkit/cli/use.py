@@ -39,8 +39,8 @@ def add_predict(commands) -> None:
     predict.add_argument(
         "--input",
         help="a file to predict row by row, streaming: CSV, TSV, JSON Lines, JSON, Parquet, a "
-        "datasets folder; a tagger also CoNLL columns; - reads stdin, one text a line. JSON "
-        "lines may be "
+        "datasets folder; the task's own files (GLUE's TSV, SQuAD's JSON, SWAG's CSV, a "
+        "tagger's CoNLL columns); - reads stdin, one text a line. JSON lines may be "
         '{"text": ..., "text_pair": ...}, {"question": ..., "context": ...}, a list of words '
         '(tagging) or {"context": ..., "choices": [...]}',
     )

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -119,6 +119,15 @@ class Task:
 
     def labels(self) -> list[str] | None:
         """The label names, in the order of the classifier's outputs; None: not a classifier."""
+        return None
+
+    def file_rows(
+        self, path: Path, kind: str, options: Any
+    ) -> Iterator[tuple[int, dict[str, Any]]] | None:
+        """A file of format `kind` in this task's own layout (a tagger's CoNLL columns, GLUE's
+        TSV, SQuAD's JSON) as the rows `predict --input` answers: (line, values the task reads,
+        with the file's gold answers where it has them); None where it is not (`options`, a
+        FileConfig: how the model's training files were read)."""
         return None
 
     def head_class(self, bilstm: bool = False) -> str:

@@ -25,9 +25,10 @@ from __future__ import annotations
 import io
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -345,6 +346,40 @@ class GlueTask(Task):
         )
 
     # ----------------------------------------------------------------- raw inputs
+    def file_rows(self, path, kind, options) -> Iterator[tuple[int, dict[str, Any]]] | None:
+        """A TSV file in this task's GLUE layout (its train/dev or its test header; CoLA's
+        header-less rows by their label column) as rows: the test file's `index`, `text` (and
+        `text_pair`), the gold `label` where the file has one."""
+        if kind != "tsv":
+            return None
+        with open(path, encoding="utf-8-sig", errors="replace") as handle:
+            first = handle.readline().rstrip("\r\n").split("\t")
+        layout = next(
+            (lay for lay in (self.spec.train, self.spec.test)  # (QNLI's share a header)
+             if lay.header is not None and tuple(first[: len(lay.header)]) == lay.header
+             and len(first) >= lay.min_columns),
+            None,
+        )  # fmt: skip
+        train = self.spec.train
+        if layout is None and train.header is None and len(first) == train.min_columns:
+            assert train.label is not None
+            if first[train.label].strip() in self.labels():
+                layout = train
+        if layout is None:
+            return None
+        return self._tsv_rows(path, layout)
+
+    def _tsv_rows(self, path: Path, layout: Layout) -> Iterator[tuple[int, dict[str, Any]]]:
+        regression = self.regression
+        for example in read_tsv(path, layout, self.spec.labels, regression=regression):
+            values: dict[str, Any] = {} if example.index is None else {"index": example.index}
+            values["text"] = example.text_a
+            if example.text_b is not None:
+                values["text_pair"] = example.text_b
+            if example.label is not None:
+                values["label"] = example.label
+            yield int(example.guid.rsplit(":", 1)[1]), values
+
     def example_of(self, item, n: int) -> SentenceExample:
         pair = self.spec.train.text_b is not None
         if isinstance(item, dict):

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from bertkit.tasks.base import DataError
-from bertkit.tasks.files import file_format, json_records, read_rows
+from bertkit.tasks.files import file_format, read_rows
 from bertkit.tasks.own import OwnTask, text_cell, write_jsonl
-from bertkit.tasks.squad import SquadExample, SquadTask, read_squad
+from bertkit.tasks.squad import SquadExample, SquadTask, read_squad, squad_layout
 
 COLUMNS = ("id", "question", "context", "answers")
 
@@ -36,7 +36,7 @@ class QuestionAnsweringTask(OwnTask, SquadTask):
         path = self.split_path(data, split)
         labelled = split in ("train", "dev")
         kind = file_format(path, self.data.reading.format, self.default_file_format)
-        if kind == "json" and _squad_layout(path, self.data.reading.encoding):
+        if kind == "json" and squad_layout(path, self.data.reading.encoding):
             return read_squad(path, require_answers=labelled)
         examples = []
         options = self.data.reading
@@ -100,13 +100,6 @@ class QuestionAnsweringTask(OwnTask, SquadTask):
                 row["null_odds"] = predictions["null_odds"][e.qid]
             rows.append(row)
         return write_jsonl(path, rows)
-
-
-def _squad_layout(path: Path, encoding: str) -> bool:
-    """Whether a JSON file is SQuAD's `{"data": [articles with "paragraphs"]}`."""
-    for _, item in json_records(path, encoding):
-        return isinstance(item, dict) and "paragraphs" in item
-    return False
 
 
 def _answers(path: Path, line: int, value: Any, context: str) -> tuple | None:

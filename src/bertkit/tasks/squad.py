@@ -24,7 +24,7 @@ import logging
 import math
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from bertkit._io import atomic_path
 from bertkit.losses import PAD_LOGIT, span_loss
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, read_text, require_file, run_model
+from bertkit.tasks.files import json_records
 
 logger = logging.getLogger("bertkit")
 
@@ -48,6 +49,13 @@ class SquadExample:
     answers: tuple[tuple[str, int], ...]  # (text, character start); () when unanswerable
     is_impossible: bool = False
     title: str = ""
+
+
+def squad_layout(path: Path, encoding: str) -> bool:
+    """Whether a JSON file is SQuAD's `{"data": [articles with "paragraphs"]}`."""
+    for _, item in json_records(path, encoding):
+        return isinstance(item, dict) and "paragraphs" in item
+    return False
 
 
 def read_squad(path: str | os.PathLike, require_answers: bool = True) -> list[SquadExample]:
@@ -431,6 +439,17 @@ class SquadTask(Task):
         return "predictions.json" if split == "dev" else f"predictions_{split}.json"
 
     # ----------------------------------------------------------------- raw inputs
+    def file_rows(self, path, kind, options) -> Iterator[tuple[int, dict[str, Any]]] | None:
+        """A SQuAD JSON file's questions in order (numbered from 1: the file has no line of
+        each), with their gold `answers` (texts; [] where unanswerable) where it has them."""
+        if kind != "json" or not squad_layout(path, options.encoding):
+            return None
+        return (
+            (n, {"id": e.qid, "question": e.question, "context": e.context}
+             | ({"answers": [t for t, _ in e.answers]} if e.answers or e.is_impossible else {}))
+            for n, e in enumerate(read_squad(path, require_answers=False), start=1)
+        )  # fmt: skip
+
     def example_of(self, item: Any, n: int) -> SquadExample:
         """{"question": ..., "context": ...} or (question, context)."""
         if isinstance(item, dict):

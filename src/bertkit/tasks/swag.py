@@ -12,7 +12,9 @@ from __future__ import annotations
 import csv
 import io
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from bertkit.tasks.base import DataError, read_text, require_file
 from bertkit.tasks.multiple_choice import ChoiceExample, ChoiceTask
@@ -74,6 +76,22 @@ class SwagTask(ChoiceTask):
         if split not in SPLIT_FILES:
             raise ValueError(f"swag has no split {split!r}; it has {sorted(SPLIT_FILES)}")
         return read_swag(require_file(Path(data_dir) / SPLIT_FILES[split], "SWAG"))
+
+    def file_rows(self, path, kind, options) -> Iterator[tuple[int, dict[str, Any]]] | None:
+        """A CSV with SWAG's columns as rows: `context` (sent1), `start` (sent2), the four
+        `endings`, the gold `label` where the file has one."""
+        if kind != "csv":
+            return None
+        with open(path, encoding="utf-8-sig", errors="replace", newline="") as handle:
+            header = next(csv.reader(handle), [])
+        if not all(column in header for column in REQUIRED):
+            return None
+        return (
+            (int(e.guid.rsplit(":", 1)[1]),
+             {"context": e.context, "start": e.start, "endings": list(e.endings)}
+             | ({} if e.label is None else {"label": e.label}))
+            for e in read_swag(path)
+        )  # fmt: skip
 
     def prediction_file(self, split: str) -> str:
         return f"predictions_{split}.csv"

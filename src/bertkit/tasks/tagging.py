@@ -242,6 +242,9 @@ class WordTagger(Task):
         task's tag (None: the file has no tag column): the first field and the last."""
         return 0, (width - 1 if width > 1 else None)
 
+    def file_rows(self, path, kind, options) -> Iterator[tuple[int, dict[str, Any]]] | None:
+        return self.conll_rows(path, options) if kind == "conll" else None
+
     def conll_rows(self, path: Path, options: FileConfig) -> Iterator[tuple[int, dict[str, Any]]]:
         """A CoNLL-style file's sentences as rows to tag (`predict --input`): (the first
         word's line, {"words": [...]}, with the file's own "tags" where it has a tag column).
