@@ -12,6 +12,7 @@ import matplotlib.image
 import matplotlib.pyplot as plt
 import pytest
 
+from bertkit import viz
 from bertkit.cli import main
 from bertkit.viz import _zoom, plot_log, read_log
 
@@ -71,6 +72,18 @@ def test_each_loss_gets_its_own_panel_then_evaluation_then_learning_rate(tmp_pat
     ] + [{"step": 30 * e, "split": "eval", "epoch": e, "accuracy": 0.6 + e / 10} for e in (1, 2)]
     png = plot_log(_write(tmp_path / "ft.jsonl", finetune), tmp_path / "ft.png")
     assert matplotlib.image.imread(png).shape[1] == round(4.3 * 3 * 100)  # loss, dev, lr
+
+
+def test_fine_tuning_figures_are_by_whole_epochs(tmp_path, monkeypatch):
+    figures = []
+    monkeypatch.setattr(viz, "save_png", lambda fig, png: figures.append(fig) or png)
+    log = [{"step": s, "split": "train", "loss": 0.7, "lr": 2e-5} for s in range(1, 60)]
+    log += [{"step": 30 * e, "split": "eval", "epoch": e, "accuracy": 0.6} for e in (1, 2)]
+    plot_log(_write(tmp_path / "ft.jsonl", log), tmp_path / "ft.png")
+    evaluation = figures[0].axes[1]
+    assert evaluation.get_xlabel() == "epoch"
+    ticks = [t for t in evaluation.get_xticks() if 1 <= t <= 2]
+    assert ticks == [1, 2]  # not 1.0, 1.2, ..., 2.0
 
 
 def test_nothing_is_drawn_without_training_entries(tmp_path):

@@ -124,6 +124,10 @@ def plot_log(log: str | os.PathLike, png: str | os.PathLike, title: str = "") ->
         if "nsp_accuracy" in figures:
             ax.axhline(0.5, color="grey", linestyle=":", linewidth=1)
         ax.set(title="evaluation", xlabel=axis)
+        if axis == "epoch":  # whole epochs, not 1.2, 1.4, ... between two of them
+            from matplotlib.ticker import MaxNLocator
+
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=8)
     if has_lr:
         ax = next(panels)
