@@ -13,6 +13,14 @@ def test_vocab_command(tmp_path, capsys):
     assert "vocab.txt" in capsys.readouterr().out
     assert main(["vocab", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "v")]) == 2
     assert "corpus file not found" in capsys.readouterr().err
+    # a line that is not UTF-8: named, and skipped when asked as the error says (as `prepare`)
+    (tmp_path / "bad.txt").write_bytes(b"alpha beta\n\xff\xfe gamma\n")
+    argv = ["vocab", str(corpus), str(tmp_path / "bad.txt"), "--out", str(tmp_path / "w")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "bad.txt:2: not UTF-8 at byte offset 11" in err and "--on-error skip" in err
+    assert main([*argv, "--on-error", "skip"]) == 0
+    assert "skipped 0 empty documents, 1 bad lines" in capsys.readouterr().out
 
 
 def test_every_subcommand_has_help():

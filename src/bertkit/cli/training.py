@@ -13,12 +13,14 @@ from bertkit.settings import add_flags, command, field_names, from_flags
 
 # --------------------------------------------------------------------------- vocab, convert
 def _vocab(args: argparse.Namespace) -> None:
-    from bertkit.pretraining.corpus import raw_documents
+    from bertkit.pretraining.corpus import CorpusStats, raw_documents
     from bertkit.tokenizer import train_vocab
 
     # read as `prepare` reads: WikiExtractor's <doc ...> lines, JSONL keys and Google's blank
     # lines are markup, not text to learn pieces from
-    texts = (unit for units, _ in raw_documents(args.corpus, format=args.format) for unit in units)
+    stats = CorpusStats()
+    documents = raw_documents(args.corpus, format=args.format, on_error=args.on_error, stats=stats)
+    texts = (unit for units, _ in documents for unit in units)
     tokenizer = train_vocab(
         texts=texts,
         vocab_size=args.size,
@@ -27,7 +29,20 @@ def _vocab(args: argparse.Namespace) -> None:
         num_unused=args.num_unused,
         out_dir=args.out,
     )
-    print(f"wrote {args.out}/vocab.txt ({tokenizer.vocab_size} tokens)")
+    print(
+        f"wrote {Path(args.out) / 'vocab.txt'} ({tokenizer.vocab_size} tokens) from {stats.documents:,} "
+        f"documents; skipped {stats.empty_documents} empty documents, {stats.bad_lines} bad lines"
+    )
+
+
+def _add_on_error(parser) -> None:
+    parser.add_argument(
+        "--on-error",
+        choices=("fail", "skip"),
+        default="fail",
+        help="undecodable or malformed lines: stop there (naming file, line and byte), or skip "
+        "them with a warning (default: fail)",
+    )
 
 
 def add_vocab(commands) -> None:
@@ -48,6 +63,7 @@ def add_vocab(commands) -> None:
         "--min-frequency", type=int, default=2, help="rarest pair merged (default 2)"
     )
     vocab.add_argument("--num-unused", type=int, default=100, help="[unusedN] slots (default 100)")
+    _add_on_error(vocab)
     vocab.set_defaults(func=_vocab)
 
 
@@ -106,12 +122,7 @@ def add_prepare(commands) -> None:
     prepare.add_argument("--out", required=True, help="output shards directory")
     prepare.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
     prepare.add_argument("--format", default="auto", choices=FORMATS)
-    prepare.add_argument(
-        "--on-error",
-        choices=("fail", "skip"),
-        default="fail",
-        help="undecodable or malformed lines",
-    )
+    _add_on_error(prepare)
     prepare.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     prepare.set_defaults(func=_prepare)
 
