@@ -259,7 +259,9 @@ class WordTagger(Task):
                 tags = [fields[tag_at] for fields in sentence.rows]
                 for tag, line in zip(tags, sentence.lines, strict=True):
                     if self.scheme == "plain" and tag not in known:
-                        what = f"not one of this model's tags ({', '.join(sorted(known))})"
+                        names = sorted(known)
+                        listed = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
+                        what = f"not one of this model's tags ({listed})"
                     elif self.scheme != "plain" and tag != "O" and not _PREFIXED.match(tag):
                         what = "not O or B-/I-TYPE"
                     else:
