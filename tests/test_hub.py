@@ -64,3 +64,16 @@ def test_a_name_that_cannot_be_had_is_one_line(hub, capsys):
     err = capsys.readouterr().err
     assert "acme/nothing@v2: no such folder" in err and "Traceback" not in err
     assert model_dir("runs/a/b").parts == ("runs", "a", "b")  # a path, never looked up
+
+
+def test_org_slash_name_under_a_folder_here_is_a_path(hub, tmp_path, monkeypatch, capsys):
+    """`runs/mrpc` reads as a Hub id, but where `runs/` is a folder here it is a path (one not
+    written yet, or mistyped): said so, not looked up on the Hub with a download hint."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    assert model_dir("runs/mrpc") == tmp_path.joinpath("runs", "mrpc").relative_to(tmp_path)
+    assert cli.main(["predict", "--model", "runs/mrpc", "a text"]) == 2
+    err = capsys.readouterr().err
+    assert "runs/mrpc: no such folder" in err and "huggingface" not in err.lower()
+    with pytest.raises(FileNotFoundError, match="acme/nothing: no such folder, and not in"):
+        model_dir("acme/nothing")  # no acme/ here: still a Hub id

@@ -1,6 +1,7 @@
 """Models by their Hugging Face Hub name: `--model bert-base-uncased`, `ORG/NAME@REVISION`.
 
-A name that is a folder here is that folder. Anything else that reads as a Hub id is resolved
+A name that is a folder here is that folder, and so is ORG/NAME where ORG is one (runs/mrpc,
+even before it exists). Anything else that reads as a Hub id is resolved
 with `huggingface_hub` (an optional dependency; transformers users have it) to its snapshot in
 the Hub's cache — `HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`, as the
 Hub client lays it out — downloading the files a BERT needs when the network is there.
@@ -27,8 +28,11 @@ _ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(@[\w./-]+)?$")
 def model_dir(name: str | os.PathLike) -> Path:
     """The local folder of a model given as a folder or as a Hub id `ORG/NAME[@REVISION]`."""
     path = Path(name)
-    if path.exists() or not looks_like_hub_id(str(name)):
-        return path  # (a missing folder is reported by whoever reads it, naming the file)
+    local_org = path.parent.name != "" and path.parent.is_dir()
+    if path.exists() or not looks_like_hub_id(str(name)) or local_org:
+        # (a missing folder is reported by whoever reads it, naming the file; ORG/NAME whose
+        # ORG is a folder here, runs/mrpc, is a path mistyped or not written yet, not a Hub id)
+        return path
     repo, _, revision = str(name).partition("@")
     try:
         from huggingface_hub import snapshot_download

@@ -446,7 +446,10 @@ def read_task_info(model: str | os.PathLike) -> dict:
     """The `bertkit_task.json` of a fine-tuned checkpoint directory."""
     from bertkit.hub import model_dir
 
-    path = model_dir(model) / TASK_FILE
+    folder = model_dir(model)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder (a model `bertkit finetune` wrote)")
+    path = folder / TASK_FILE
     if not path.exists():
         raise FileNotFoundError(
             f"{path}: not a fine-tuned bertkit checkpoint (no {TASK_FILE}); pass the task"
