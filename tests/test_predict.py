@@ -219,6 +219,12 @@ def test_the_trained_column_wins_over_a_column_named_text(topics_model, tmp_path
     assert "partial.csv:2: no column 'headline'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="no column 'headline'"):
         predictor([{"id": 1, "text": "goal match team"}])
+    # a header alone: nothing to answer, and said so rather than a silent empty stdout
+    (tmp_path / "header.csv").write_text("id,text\n")
+    assert main(["predict", "--model", str(topics_model), "--input",
+                 str(tmp_path / "header.csv"), "--quiet"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    assert captured.out == "" and "header.csv: no rows to predict" in captured.err
     assert [a["label"] for a in predictor([{"text": "goal match team"}])] == ["sports"]
 
 

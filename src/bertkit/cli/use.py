@@ -20,6 +20,8 @@ def _predict(args: argparse.Namespace) -> None:
         if args.text or args.question or args.context:
             raise ValueError("give texts on the command line or --input FILE, not both")
         count = predict_file(predictor, args.input, args.output)
+        if count == 0:  # (a header alone: its columns were never checked against the model's)
+            print(f"warning: {args.input}: no rows to predict", file=sys.stderr)
         if args.output not in (None, "-"):
             print(f"wrote {args.output} ({count:,} rows)", file=sys.stderr)
         return
