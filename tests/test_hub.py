@@ -3,6 +3,7 @@ client lays it out (refs/REVISION naming a snapshot folder), offline; a name tha
 is one line naming it and how to get it."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -71,7 +72,7 @@ def test_org_slash_name_under_a_folder_here_is_a_path(hub, tmp_path, monkeypatch
     written yet, or mistyped): said so, not looked up on the Hub with a download hint."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()
-    assert model_dir("runs/mrpc") == tmp_path.joinpath("runs", "mrpc").relative_to(tmp_path)
+    assert model_dir("runs/mrpc") == Path("runs/mrpc")
     assert cli.main(["predict", "--model", "runs/mrpc", "a text"]) == 2
     err = capsys.readouterr().err
     assert "runs/mrpc: no such folder" in err and "huggingface" not in err.lower()

@@ -55,7 +55,7 @@ from bertkit.settings import (
     replaced,
     setting,
 )
-from bertkit.tasks.base import DataError, run_outputs, task_of_checkpoint
+from bertkit.tasks.base import DataError, Task, run_outputs, task_of_checkpoint
 from bertkit.tasks.files import FileConfig, file_format, json_lines, read_jsonl, read_rows
 from bertkit.tasks.own import OwnTask
 from bertkit.tasks.tagging import WordTagger
@@ -320,7 +320,7 @@ def _query_and_texts(source, line: int, values: dict[str, Any]) -> tuple[str, li
     return query, texts
 
 
-def _input_rows(source, options: FileConfig, task) -> Iterator[tuple[int, dict[str, Any]]]:
+def _input_rows(source, options: FileConfig, task: Task) -> Iterator[tuple[int, dict[str, Any]]]:
     if str(source) == "-":
         for number, line in enumerate(sys.stdin, start=1):
             text = line.rstrip("\r\n")
