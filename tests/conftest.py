@@ -140,3 +140,18 @@ def topics_model(words_model, tmp_path_factory) -> Path:
     data = topic_files(root)
     finetune("text-classification", words_model, data, root / "run", FinetuneConfig(**OWN_QUICK))
     return root / "run"
+
+
+@pytest.fixture(scope="session")
+def tagger(words_model, tmp_path_factory) -> Path:
+    """A tagger of the toy entities (city, food) fine-tuned on a CoNLL-style train.txt."""
+    from bertkit.finetune import FinetuneConfig, finetune
+    from bertkit.tasks.own import DataConfig
+
+    from helpers import OWN_QUICK, conll_text, tagged_sentences
+
+    root = tmp_path_factory.mktemp("tagger")
+    (root / "train.txt").write_text(conll_text(tagged_sentences(200)))
+    data = DataConfig(train=str(root / "train.txt"), validation=str(root / "train.txt"))
+    finetune("token-classification", words_model, data, root / "run", FinetuneConfig(**OWN_QUICK))
+    return root / "run"

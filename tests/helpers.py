@@ -237,6 +237,14 @@ def tagged_sentences(count: int, seed: int = 0):
     return sentences
 
 
+def conll_text(sentences) -> str:
+    """CoNLL columns: a word and its tag a line, a blank line after each sentence."""
+    return "".join(
+        "".join(f"{w} {t}\n" for w, t in zip(words, tags, strict=True)) + "\n"
+        for words, tags in sentences
+    )
+
+
 def word_checkpoint(directory: Path, head=None) -> Path:
     """A random tiny BERT whose vocabulary holds every word of the toy data whole."""
     from bertkit import BertModel

@@ -18,7 +18,7 @@ from bertkit.tasks.base import DataError
 from bertkit.tasks.files import read_conll_columns
 from bertkit.tasks.own import DataConfig
 
-from helpers import FIXTURES, OWN_QUICK, grow_copies, tagged_sentences, topic_rows
+from helpers import FIXTURES, OWN_QUICK, conll_text, grow_copies, tagged_sentences, topic_rows
 
 
 def test_predict_command_line(tiny_checkpoint, tmp_path, capsys):
@@ -109,24 +109,6 @@ def test_a_bad_row_names_its_line_and_leaves_no_file(topics_model, tmp_path, cap
     assert "in.jsonl:1: no column 'title'" in capsys.readouterr().err
 
 
-def _conll(sentences) -> str:
-    """CoNLL columns: a word and its tag a line, a blank line after each sentence."""
-    return "".join(
-        "".join(f"{w} {t}\n" for w, t in zip(words, tags, strict=True)) + "\n"
-        for words, tags in sentences
-    )
-
-
-@pytest.fixture(scope="module")
-def tagger(words_model, tmp_path_factory):
-    """A tagger of the toy entities (city, food) fine-tuned on a CoNLL-style train.txt."""
-    root = tmp_path_factory.mktemp("tagger")
-    (root / "train.txt").write_text(_conll(tagged_sentences(200)))
-    data = DataConfig(train=str(root / "train.txt"), validation=str(root / "train.txt"))
-    finetune("token-classification", words_model, data, root / "run", FinetuneConfig(**OWN_QUICK))
-    return root / "run"
-
-
 def test_entities_with_offsets_from_a_file(tagger, tmp_path):
     source = tmp_path / "tweets.csv"
     source.write_text('id,text\n1,"ann visits paris, eats sushi"\n2,nothing here\n')
@@ -147,7 +129,7 @@ def test_a_tagger_predicts_conll_files(tagger, topics_model, tmp_path, capsys):
     CoNLL columns again (word, the file's tag, the predicted: conlleval's input)."""
     sentences = tagged_sentences(12, seed=5)
     source = tmp_path / "test.txt"
-    source.write_text("-DOCSTART- O\n\n" + _conll(sentences))
+    source.write_text("-DOCSTART- O\n\n" + conll_text(sentences))
     predictor = Predictor(tagger)
     expected = [a["tags"] for a in predictor([words for words, _ in sentences])]
     assert predict_file(predictor, source, tmp_path / "out.jsonl", progress=False) == 12

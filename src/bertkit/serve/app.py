@@ -5,11 +5,14 @@
          -d '{"inputs": ["a gripping film", "a dull one"]}'
 
 Routes: POST /predict, /embed, /v1/embeddings (OpenAI's shape), /rerank (a cross-encoder,
-text-embeddings-inference's shape), /fill-mask (what the model answers; others 404 with the
-reason); GET /health (200 when loaded and warm, 503 while shutting down), /info, /metrics
-(Prometheus text), /docs and /openapi.json. With `--api-key` (or BERTKIT_API_KEY) every route
-but /health wants `Authorization: Bearer KEY` (401 without). Bad requests get a JSON `{"error",
-"error_type"}`: 400 for a body that is not JSON, 413 for more inputs or longer texts than the
+text-embeddings-inference's shape), /v1/rerank (Cohere's and Jina's), /similarity, /fill-mask
+(what the model answers; others 404 with the reason), and / and /invocations (the model's own
+route, in the shapes Hugging Face's InferenceClient parses: `clients`); GET /v1/models, /health
+(200 when loaded and warm, 503 while shutting down), /info, /metrics (Prometheus text), /docs
+and /openapi.json. With `--api-key` (or BERTKIT_API_KEY) every route but /health wants
+`Authorization: Bearer KEY` (401 without). Bad requests get a JSON `{"error", "error_type"}`
+(on the /v1/ routes OpenAI's `{"error": {"message", "type", "code"}}`, which its client
+raises as its own exceptions): 400 for a body that is not JSON, 413 for more inputs or longer texts than the
 limits (over the model's length on the embedding routes, unless `"truncate": true`), 422 for
 JSON that is not what the endpoint takes, 503 with `Retry-After` when the queue is full or the
 server is shutting down. SIGTERM: stop accepting, answer what is queued, exit.
@@ -35,6 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from bertkit.serve.batcher import BatchStats, DynamicBatcher, QueueFull, Stopped
+from bertkit.serve.clients import openai_error
 from bertkit.serve.config import ServeConfig
 from bertkit.serve.connections import GuardedHTTP, descriptors_for
 from bertkit.serve.engine import ENDPOINTS, InputError, ServedModel
@@ -75,6 +79,7 @@ class Service:
             precision=self.config.precision,
             compile=self.config.compile,
             on_forward=self.metrics.forward,
+            served_name=self.config.served_model_name,
         )
         model.warm()
         return model
@@ -129,15 +134,12 @@ def create_app(service: Service) -> FastAPI:
     key = service.config.api_key or os.environ.get(API_KEY_ENV) or None
 
     def error(status: int, message: str, headers: dict[str, str] | None = None,
-              read: bool = True) -> Response:  # fmt: skip
-        kind = {400: "malformed", 401: "unauthorized", 404: "unavailable", 408: "timeout",
-                413: "too_large", 422: "validation", 499: "cancelled",
-                503: "overloaded"}.get(status, "internal")  # fmt: skip
+              read: bool = True, endpoint: str = "") -> Response:  # fmt: skip
         if status == 503:
             headers = {"Retry-After": "1", **(headers or {})}
         if not read:  # the rest of the body is not read: the connection must close
             headers = {**(headers or {}), "Connection": "close"}
-        return JSONResponse({"error": message, "error_type": kind}, status, headers=headers)
+        return JSONResponse(_error_body(endpoint, status, message), status, headers=headers)
 
     async def read_json(request: Request) -> Any:
         declared = request.headers.get("content-length")
@@ -172,39 +174,49 @@ def create_app(service: Service) -> FastAPI:
         except RecursionError:
             raise _Malformed("the body is not JSON this server reads: nested too deeply") from None
 
-    async def answer(endpoint: str, request: Request) -> Response:
+    async def answer(route: str, request: Request) -> Response:
+        """`route`'s answer to `request`; route "" (POST / and /invocations) runs the model's
+        own route for the body (`ServedModel.route`)."""
         started = time.perf_counter()
-        inputs, read = 0, False
+        inputs, read, endpoint = 0, False, route
+
+        fail = functools.partial(error, endpoint=route)  # in the route's own error shape
+
         try:
             if service.draining:
-                response = error(503, "the server is shutting down", {"Retry-After": "5"})
-            elif endpoint not in service.batchers:
-                response = error(404, service.model.missing(endpoint))
+                response = fail(503, "the server is shutting down", {"Retry-After": "5"})
+            elif route and route not in service.batchers:
+                response = fail(404, service.model.missing(route))
             else:
                 body = await read_json(request)
                 read = True
+                style = None
+                if not route:
+                    endpoint, body, style = service.model.route(body)
+                    if endpoint not in service.batchers:
+                        raise InputError(service.model.missing(endpoint), 404)
                 items = service.model.parse(endpoint, body, service.config)
                 inputs = len(items)
                 results = await _unless_gone(request, service.batchers[endpoint].submit(items))
                 if results is _GONE:  # nobody reads this answer; the code says why in /metrics
-                    response = error(499, "the client went away before its answer")
+                    response = fail(499, "the client went away before its answer")
                 else:
-                    response = JSONResponse(service.model.shape(endpoint, items, results))
+                    response = JSONResponse(service.model.shape(endpoint, items, results, style))
         except _Malformed as err:
-            response = error(400, str(err))
+            response = fail(400, str(err))
         except InputError as err:
-            response = error(err.status, str(err), read=read)
+            response = fail(err.status, str(err), read=read)
         except QueueFull as err:
-            response = error(503, str(err), {"Retry-After": str(err.retry_after)})
+            response = fail(503, str(err), {"Retry-After": str(err.retry_after)})
         except Stopped as err:
-            response = error(503, str(err), {"Retry-After": "5"})
+            response = fail(503, str(err), {"Retry-After": "5"})
         except ValueError as err:  # what the model refused (e.g. a text over its length)
-            response = error(422, str(err))
+            response = fail(422, str(err))
         except RecursionError:
-            response = error(422, '"inputs" nested too deeply')
+            response = fail(422, '"inputs" nested too deeply')
         except Exception as err:  # never a traceback to the client, never a dead server
             log.exception("/%s failed", endpoint)
-            response = error(500, f"internal error ({type(err).__name__}); see the server log")
+            response = fail(500, f"internal error ({type(err).__name__}); see the server log")
         service.metrics.request(
             f"/{endpoint}", response.status_code, time.perf_counter() - started, inputs
         )
@@ -219,6 +231,27 @@ def create_app(service: Service) -> FastAPI:
             openapi_extra={"requestBody": _request_schema(endpoint)},
             responses=_RESPONSES,
         )
+    for path in ("/", "/invocations"):  # as text-embeddings-inference answers them
+        app.add_api_route(path, _route(answer, ""), methods=["POST"], responses=_RESPONSES,
+                          summary="the model's own route, in Hugging Face's shapes "
+                          "(InferenceClient(model=URL))")  # fmt: skip
+
+    created = int(time.time())
+
+    def listed() -> dict[str, Any]:
+        return {"id": service.model.name, "object": "model", "created": created,
+                "owned_by": "bertkit"}  # fmt: skip
+
+    @app.get("/v1/models", summary="OpenAI's model list: the served model")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [listed()]}
+
+    @app.get("/v1/models/{name:path}", summary="OpenAI's model: the served model by its name")
+    async def model(name: str) -> Response:
+        if name != service.model.name:
+            return error(404, f"no model {name!r}: this server serves {service.model.name!r}",
+                         endpoint="v1/models")  # fmt: skip
+        return JSONResponse(listed())
 
     @app.get("/health", summary="200 when the model is loaded and warm, 503 when shutting down")
     async def health() -> Response:
@@ -264,12 +297,25 @@ class _RequireKey:
             given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
             scheme, _, token = given.partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), self.key):
-                body = {"error": "a key is required: Authorization: Bearer KEY",
-                        "error_type": "unauthorized"}  # fmt: skip
+                body = _error_body(scope["path"].lstrip("/"), 401,
+                                   "a key is required: Authorization: Bearer KEY")  # fmt: skip
                 response = JSONResponse(body, 401, headers={"WWW-Authenticate": "Bearer"})
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+_KINDS = {400: "malformed", 401: "unauthorized", 404: "unavailable", 408: "timeout",
+          413: "too_large", 422: "validation", 499: "cancelled", 503: "overloaded"}  # fmt: skip
+
+
+def _error_body(endpoint: str, status: int, message: str) -> dict[str, Any]:
+    """An error's JSON: OpenAI's error object on the /v1/ routes (its clients raise it as
+    their own exceptions), else {"error", "error_type"}."""
+    kind = _KINDS.get(status, "internal")
+    if endpoint.startswith("v1/"):
+        return openai_error(status, message, "invalid_api_key" if status == 401 else kind)
+    return {"error": message, "error_type": kind}
 
 
 class _Malformed(ValueError):
@@ -321,7 +367,7 @@ def _route(answer, endpoint: str):
     async def route(request: Request):
         return await answer(endpoint, request)
 
-    route.__name__ = endpoint.replace("-", "_").replace("/", "_")
+    route.__name__ = endpoint.replace("-", "_").replace("/", "_") or "root"
     return route
 
 
@@ -330,6 +376,9 @@ _SUMMARIES = {
     "embed": "a sentence embedding per input (mean-pooled or [CLS], unit length by default)",
     "v1/embeddings": "OpenAI's embeddings: {input, dimensions?} -> {data: [{embedding}], usage}",
     "rerank": "a cross-encoder's relevance of each text to the query, best first",
+    "v1/rerank": "Cohere's and Jina's rerank: {query, documents, top_n?, return_documents?} -> "
+    "{results: [{index, relevance_score, document?}]}",
+    "similarity": "{inputs: {source_sentence, sentences}} -> each sentence's cosine with the source",
     "fill-mask": "the likeliest tokens at each [MASK] of each input",
 }
 _ITEM = {
@@ -355,10 +404,23 @@ def _request_schema(endpoint: str) -> dict[str, Any]:
                 "description": "cut texts over the model's length instead of a 413"}  # fmt: skip
     texts = {"type": "array", "items": {"type": "string"}}
     if endpoint == "v1/embeddings":
-        properties = {"input": {"anyOf": [{"type": "string"}, texts]}, "model": {"type": "string"},
+        ids = {"type": "array", "items": {"type": "integer"}, "description": "token ids"}
+        properties = {"input": {"anyOf": [{"type": "string"}, texts, ids,
+                                          {"type": "array", "items": ids}]},
+                      "model": {"type": "string"},
                       "dimensions": {"type": "integer", "minimum": 1}, "truncate": truncate,
-                      "encoding_format": {"enum": ["float"], "default": "float"}}  # fmt: skip
+                      "encoding_format": {"enum": ["float", "base64"], "default": "float"}}  # fmt: skip
         required = ["input"]
+    elif endpoint == "v1/rerank":
+        properties = {"query": {"type": "string"}, "documents": texts,
+                      "top_n": {"type": "integer", "minimum": 1}, "model": {"type": "string"},
+                      "return_documents": {"type": "boolean", "default": False},
+                      "truncate": truncate}  # fmt: skip
+        required = ["query", "documents"]
+    elif endpoint == "similarity":
+        pair = {"type": "object", "properties": {"source_sentence": {"type": "string"},
+                                                 "sentences": texts}}  # fmt: skip
+        properties, required = {"inputs": pair, "truncate": truncate}, ["inputs"]
     elif endpoint == "rerank":
         properties = {"query": {"type": "string"}, "texts": texts, "truncate": truncate,
                       "return_text": {"type": "boolean", "default": False}}  # fmt: skip

@@ -60,3 +60,8 @@ class ServeConfig(Settings):
     )
     precision: str = precision_setting()
     compile: str = inference_compile_setting()
+    served_model_name: str | None = setting(
+        None,
+        "the model's name in /v1/models and the OpenAI-style answers (default: a Hub name as "
+        "given, else the folder's name)",
+    )

@@ -32,13 +32,23 @@ from bertkit.precision import (
     inference_compile,
     resolve_precision,
 )
+from bertkit.serve.clients import (
+    RERANK_FIELDS,
+    HfStyle,
+    Ids,
+    base64_floats,
+    cohere_results,
+    hf_fill_mask,
+    hf_parameters,
+    hf_prediction,
+)
 from bertkit.serve.config import ServeConfig
 from bertkit.settings import BACKENDS, QUANTIZATIONS
 from bertkit.tasks.base import TASK_FILE
 
 log = logging.getLogger(__name__)
 
-ENDPOINTS = ("predict", "embed", "v1/embeddings", "rerank", "fill-mask")
+ENDPOINTS = ("predict", "embed", "v1/embeddings", "rerank", "v1/rerank", "similarity", "fill-mask")
 
 
 class InputError(ValueError):
@@ -75,16 +85,21 @@ class ServedModel:
         precision: str = "auto",
         compile: str = "off",
         on_forward: Callable[[], None] = lambda: None,
+        served_name: str | None = None,
     ) -> None:
         """`compile="on"`: what /predict and /rerank run (a checkpoint with a task), or the
         encoder /embed runs (one without), compiled for inference
-        (`precision.compile_for_inference`); fill-mask runs as it is."""
+        (`precision.compile_for_inference`); fill-mask runs as it is. `served_name`: the
+        model's name in /v1/models and the OpenAI-style answers (default: a Hub name as given,
+        else the folder's name)."""
         from bertkit.export import ONNX_FILE, ONNX_INFO, OnnxModel, export_onnx
         from bertkit.hub import model_dir
         from bertkit.predict import Predictor
         from bertkit.tokenizer import BertTokenizer
 
+        given = str(path)
         path = model_dir(path)  # a folder, or a Hub name
+        self.name = served_name or (given if Path(given) != path else Path(given).resolve().name)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         if quantize not in (None, *QUANTIZATIONS):
@@ -181,6 +196,8 @@ class ServedModel:
             "embed": self._encoder is not None,
             "v1/embeddings": self._encoder is not None,
             "rerank": self.rerank_label is not None,
+            "v1/rerank": self.rerank_label is not None,
+            "similarity": self._encoder is not None,
             "fill-mask": self.fill is not None,
         }
 
@@ -196,12 +213,12 @@ class ServedModel:
                 f"{self.source} is not a fine-tuned model (no {TASK_FILE}): it answers "
                 + ", ".join(f"/{e}" for e, ok in self.endpoints.items() if ok)
             )
-        if endpoint == "rerank":
+        if endpoint in ("rerank", "v1/rerank"):
             return (
                 f"{self.source} is not a cross-encoder: /rerank takes a model fine-tuned on text "
                 "pairs (a pair classifier or regressor)"
             )
-        if endpoint in ("embed", "v1/embeddings"):
+        if endpoint in ("embed", "v1/embeddings", "similarity"):
             return f"the ONNX export of {self.source} has no hidden states: serve it with --backend torch"
         if self.backend == "onnx":
             return "fill-mask runs on the torch backend only"
@@ -211,6 +228,7 @@ class ServedModel:
         labels = self.predictor.labels if self.predictor is not None else None
         return {
             "model": str(self.source),
+            "name": self.name,
             "task": self.task_name,
             "labels": labels,
             "backend": self.backend,
@@ -240,6 +258,10 @@ class ServedModel:
             return self._parse_openai(body, limits)
         if endpoint == "rerank":
             return self._parse_rerank(body, limits)
+        if endpoint == "v1/rerank":
+            return self._parse_cohere(body, limits)
+        if endpoint == "similarity":
+            return self._parse_similarity(body, limits)
         allowed = {"inputs"} | {"embed": {"pooling", "normalize", "truncate"},
                                 "fill-mask": {"top"}}.get(endpoint, set())  # fmt: skip
         unknown = sorted(set(body) - allowed)
@@ -291,28 +313,123 @@ class ServedModel:
         return [(text, top) for text in texts]
 
     def _parse_openai(self, body: dict, limits: ServeConfig) -> list[Any]:
-        """OpenAI's embeddings request: {"input": a text or texts, "model"?, "dimensions"?,
-        "encoding_format"?: "float", "truncate"?}."""
+        """OpenAI's embeddings request: {"input": a text, texts, the model's token ids or lists
+        of them, "model"?, "dimensions"?, "encoding_format"?: "float" or "base64", "user"?,
+        "truncate"?}. Token ids are the model's own ([CLS] and [SEP] included, as its
+        tokenizer writes them) and run as they are."""
         allowed = {"input", "model", "dimensions", "encoding_format", "user", "truncate"}
         unknown = sorted(set(body) - allowed)
         if unknown:
             raise InputError(
                 f"unknown field {unknown[0]!r}; /v1/embeddings takes {sorted(allowed)}"
             )
-        texts = body.get("input")
-        texts = [texts] if isinstance(texts, str) else texts
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            raise InputError('"input" must be a text or a non-empty list of texts')
-        if body.get("encoding_format", "float") != "float":
-            raise InputError('"encoding_format": this server answers "float" only')
+        texts = self._openai_input(body.get("input"))
+        encoding = body.get("encoding_format", "float")
+        if encoding not in ("float", "base64"):
+            raise InputError(f'"encoding_format" must be "float" or "base64", not {encoding!r}')
         dims = body.get("dimensions")
         width = self.hidden_size
         if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int)
                                  or not 1 <= dims <= width):  # fmt: skip
             raise InputError(f'"dimensions" must be a whole number from 1 to {width}, not {dims!r}')
-        _check_limits(texts, limits, "input")
+        _check_limits([t for t in texts if isinstance(t, str)], limits, "input", len(texts))
         self._fits(texts, _flag(body, "truncate"), "input")
-        return [(text, self.pooling, True, dims) for text in texts]
+        return [(text, self.pooling, True, dims, encoding) for text in texts]
+
+    def _openai_input(self, given: Any) -> list[str | Ids]:
+        """OpenAI's "input": a text, a list of texts, one list of token ids, or lists of them."""
+        if isinstance(given, str):
+            return [given]
+        if isinstance(given, list) and given and all(_is_id(i) for i in given):
+            given = [given]  # one text's ids
+        if not isinstance(given, list) or not given:
+            raise InputError('"input" must be a text, a non-empty list of texts, or token ids')
+        texts: list[str | Ids] = []
+        vocab = self.tokenizer.vocab_size
+        for n, item in enumerate(given):
+            if isinstance(item, str):
+                texts.append(item)
+            elif isinstance(item, list) and item and all(_is_id(i) for i in item):
+                wrong = next((i for i in item if not 0 <= i < vocab), None)
+                if wrong is not None:
+                    raise InputError(f"input[{n}]: token id {wrong} is not in the model's "
+                                     f"vocabulary (0 to {vocab - 1})")  # fmt: skip
+                texts.append(Ids(item))
+            else:
+                raise InputError(f"input[{n}]: a text or a non-empty list of token ids expected, "
+                                 f"not {_kind(item)}")  # fmt: skip
+        return texts
+
+    def _parse_cohere(self, body: dict, limits: ServeConfig) -> list[Any]:
+        """Cohere's and Jina's rerank request: {"query", "documents" (texts, or objects with a
+        "text"), "top_n"?, "return_documents"?, "model"?, "truncate"?}."""
+        unknown = sorted(set(body) - set(RERANK_FIELDS))
+        if unknown:
+            raise InputError(
+                f"unknown field {unknown[0]!r}; /v1/rerank takes {list(RERANK_FIELDS)}"
+            )
+        documents = body.get("documents")
+        if not isinstance(documents, list) or not documents:
+            raise InputError('"documents" must be a non-empty list of texts')
+        texts = [d.get("text") if isinstance(d, dict) else d for d in documents]
+        top_n = body.get("top_n")
+        if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int)
+                                  or top_n < 1):  # fmt: skip
+            raise InputError(f'"top_n" must be a whole number from 1, not {top_n!r}')
+        inner = {"query": body.get("query"), "texts": texts, "truncate": _flag(body, "truncate")}
+        try:
+            items = self._parse_rerank(inner, limits)
+        except InputError as err:
+            raise InputError(str(err).replace("texts", "documents"), err.status) from None
+        return [(pair, _flag(body, "return_documents"), top_n) for pair, _ in items]
+
+    def _parse_similarity(self, body: dict, limits: ServeConfig) -> list[Any]:
+        """text-embeddings-inference's (and Hugging Face's sentence-similarity) request:
+        {"inputs": {"source_sentence", "sentences"}, "truncate"?}: the source embedded first,
+        then each sentence."""
+        hf_parameters(body, ())
+        unknown = sorted(set(body) - {"inputs", "parameters", "truncate"})
+        if unknown:
+            raise InputError(f"unknown field {unknown[0]!r}; /similarity takes "
+                             '["inputs", "parameters", "truncate"]')  # fmt: skip
+        inputs = body.get("inputs")
+        if not isinstance(inputs, dict) or set(inputs) != {"source_sentence", "sentences"}:
+            raise InputError('"inputs" must be {"source_sentence": a text, "sentences": texts}')
+        source, sentences = inputs["source_sentence"], inputs["sentences"]
+        if not isinstance(source, str) or not isinstance(sentences, list) or not sentences:
+            raise InputError('"source_sentence" must be a text, "sentences" a non-empty list')
+        if not all(isinstance(t, str) for t in sentences):
+            raise InputError('"sentences" must hold texts')
+        texts = [source, *sentences]
+        _check_limits(texts, limits, "sentences", count=len(sentences))
+        self._fits(texts, _flag(body, "truncate"), "sentences")
+        return [(text, self.pooling, True) for text in texts]
+
+    def route(self, body: Any) -> tuple[str, Any, HfStyle]:
+        """What `POST /` (and `/invocations`) runs for `body`: the endpoint, the body as that
+        endpoint takes it, and how to answer in Hugging Face's shape (`clients`)."""
+        if not isinstance(body, dict):
+            raise InputError(f"the body must be a JSON object, not {_kind(body)}")
+        inputs = body.get("inputs")
+        single = isinstance(inputs, str)
+        if "query" in body and "texts" in body:
+            return "rerank", body, HfStyle(single)
+        if isinstance(inputs, dict) and "source_sentence" in inputs:
+            return "similarity", body, HfStyle(single)
+        if self.predictor is not None:
+            parameters = hf_parameters(body, ("top_k",))
+            own = {k: v for k, v in body.items() if k != "parameters"}
+            return "predict", own, HfStyle(single, parameters.get("top_k"))
+        if self.fill is not None:
+            parameters = hf_parameters(body, ("top_k",))
+            own = {k: v for k, v in body.items() if k != "parameters"}
+            return "fill-mask", own | {"top": parameters.get("top_k", 5)}, HfStyle(single)
+        # feature extraction: its parameters at the top level; the defaults are /embed's
+        own = {k: v for k, v in body.items() if k != "parameters"}
+        hf_parameters(body, ())
+        if own.pop("truncation_direction", "right") != "right":
+            raise InputError('"truncation_direction": this server cuts on the right only')
+        return "embed", own, HfStyle(single)
 
     def _parse_rerank(self, body: dict, limits: ServeConfig) -> list[Any]:
         """text-embeddings-inference's rerank request: {"query", "texts", "return_text"?,
@@ -341,10 +458,16 @@ class ServedModel:
         more), so a request's texts are tokenised once, when run."""
         room = self.max_seq_length
         for n, text in enumerate(texts):
-            parts = (text,) if isinstance(text, str) else tuple(text)
-            if truncate or sum(len(p) for p in parts) + len(parts) + 1 <= room:
-                continue
-            count = len(parts) + 1 + sum(len(i) for i in self.tokenizer.encode_ids(list(parts)))
+            if truncate:
+                return
+            if isinstance(text, Ids):
+                count = len(text)
+            else:
+                parts = (text,) if isinstance(text, str) else tuple(text)
+                if sum(len(p) for p in parts) + len(parts) + 1 <= room:
+                    continue
+                ids = self.tokenizer.encode_ids(list(parts))
+                count = len(parts) + 1 + sum(len(i) for i in ids)
             if count > room:
                 raise InputError(
                     f"{field}[{n}]: {count} pieces; the model reads {room}: shorten it, or send "
@@ -359,15 +482,40 @@ class ServedModel:
             return int(config.hidden_size)
         return int(json.loads((self.path / "config.json").read_text())["hidden_size"])
 
-    def shape(self, endpoint: str, items: list[Any], results: list[Any]) -> Any:
+    def shape(self, endpoint: str, items: list[Any], results: list[Any],
+              style: HfStyle | None = None) -> Any:  # fmt: skip
         """A request's results as its route answers them: /v1/embeddings in OpenAI's shape,
-        /rerank best first with each text's index (text-embeddings-inference's)."""
+        /rerank best first with each text's index (text-embeddings-inference's), /v1/rerank
+        in Cohere's, /similarity each sentence's cosine with the source; with `style` (`POST
+        /`), /predict and /fill-mask as Hugging Face's `InferenceClient` parses them."""
         if endpoint == "v1/embeddings":
-            data = [{"object": "embedding", "index": i, "embedding": vector}
-                    for i, (vector, _) in enumerate(results)]  # fmt: skip
+            data = [{"object": "embedding", "index": i,
+                     "embedding": base64_floats(vector) if item[4] == "base64" else vector}
+                    for i, ((vector, _), item) in enumerate(zip(results, items, strict=True))]  # fmt: skip
             tokens = sum(pieces for _, pieces in results)
-            return {"object": "list", "data": data, "model": self.source.name,
+            return {"object": "list", "data": data, "model": self.name,
                     "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
+        if endpoint == "v1/rerank":
+            from bertkit.predict import ranked
+
+            (_, top_n), documents = items[0][1:], [text for (_, text), _, _ in items]
+            results = cohere_results(ranked(results), documents, top_n, items[0][1])
+            return {"model": self.name, "results": results}
+        if endpoint == "similarity":  # unit vectors: the cosine is the dot product
+            source = results[0]
+            return [sum(a * b for a, b in zip(source, v, strict=True)) for v in results[1:]]
+        if style is not None and endpoint == "predict":
+            labels = self.predictor.labels if self.predictor is not None else None
+            answers = [hf_prediction(r, labels, style.top_k) for r in results]
+            tagged = any("words" in r for r in results)
+            return answers[0] if style.single and tagged else answers
+        if style is not None and endpoint == "fill-mask":
+            from bertkit.tokenizer import MASK
+
+            answers = [
+                hf_fill_mask(text, r, MASK) for (text, _), r in zip(items, results, strict=True)
+            ]
+            return answers[0] if style.single else answers
         if endpoint == "rerank":
             from bertkit.predict import ranked
 
@@ -401,30 +549,21 @@ class ServedModel:
         if endpoint == "predict":
             assert self.predictor is not None
             return self.predictor(items)
-        if endpoint == "embed":
+        if endpoint in ("embed", "similarity"):
             return self._embed(items)[0]
         if endpoint == "v1/embeddings":  # (vector, its pieces: the usage)
             vectors, pieces = self._embed([item[:3] for item in items])
             return [(_shortened(v, item[3]), n)
                     for v, item, n in zip(vectors, items, pieces, strict=True)]  # fmt: skip
-        if endpoint == "rerank":
+        if endpoint in ("rerank", "v1/rerank"):
             assert self.predictor is not None
-            return self.predictor.relevance([pair for pair, _ in items])
+            return self.predictor.relevance([item[0] for item in items])
         return self._fill_mask(items)
 
     @torch.inference_mode()
     def _embed(self, items: list[tuple[Any, str, bool]]) -> tuple[list[list[float]], list[int]]:
         """Each item's vector, and its pieces ([CLS] and [SEP] with)."""
-        texts = [t if isinstance(t, str) else t[0] for t, _, _ in items]
-        pairs = [None if isinstance(t, str) else t[1] for t, _, _ in items]
-        encoded = self.tokenizer(
-            texts,
-            pairs if any(p is not None for p in pairs) else None,
-            max_length=self.max_seq_length,
-            truncation=True,
-            padding=True,
-            return_tensors="pt",
-        )
+        encoded = self._encode([text for text, _, _ in items])
         mask = encoded["attention_mask"]
         self._count()
         if isinstance(self._encoder, torch.nn.Module):
@@ -459,6 +598,40 @@ class ServedModel:
             vectors.append(vector.tolist())
         return vectors, mask.sum(1).tolist()
 
+    def _encode(self, texts: list[Any]) -> dict[str, torch.Tensor]:
+        """Texts, pairs and token ids (`Ids`, run as they are) as a padded batch, each cut to
+        the model's length."""
+        if not any(isinstance(t, Ids) for t in texts):
+            firsts = [t if isinstance(t, str) else t[0] for t in texts]
+            pairs = [None if isinstance(t, str) else t[1] for t in texts]
+            return self.tokenizer(
+                firsts,
+                pairs if any(p is not None for p in pairs) else None,
+                max_length=self.max_seq_length,
+                truncation=True,
+                padding=True,
+                return_tensors="pt",
+            )
+        words = [t for t in texts if not isinstance(t, Ids)]
+        encoded = self.tokenizer(
+            [t if isinstance(t, str) else t[0] for t in words],
+            [None if isinstance(t, str) else t[1] for t in words] if words else None,
+            max_length=self.max_seq_length,
+            truncation=True,
+        ) if words else {"input_ids": [], "token_type_ids": []}  # fmt: skip
+        tokenized = iter(zip(encoded["input_ids"], encoded["token_type_ids"], strict=True))
+        rows = [(list(t[: self.max_seq_length]), [0] * len(t[: self.max_seq_length]))
+                if isinstance(t, Ids) else next(tokenized) for t in texts]  # fmt: skip
+        width = max(len(ids) for ids, _ in rows)
+        pad = self.tokenizer.pad_token_id
+        return {
+            "input_ids": torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows]),
+            "token_type_ids": torch.tensor([seg + [0] * (width - len(seg)) for _, seg in rows]),
+            "attention_mask": torch.tensor(
+                [[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows]
+            ),  # fmt: skip
+        }
+
     def _fill_mask(self, items: list[tuple[Any, int]]) -> list[list[dict[str, Any]]]:
         top = max(t for _, t in items)
         texts = [tuple(t) if isinstance(t, list) else t for t, _ in items]
@@ -480,7 +653,7 @@ class ServedModel:
         word = next((t for t in self.tokenizer.vocab if t.isalpha() and t.islower()), "a")
         short, long = "Warm up.", " ".join([word] * self.max_seq_length)
         for endpoint, ok in self.endpoints.items():
-            if not ok or endpoint in ("v1/embeddings", "rerank"):  # /embed's and /predict's calls
+            if not ok or endpoint not in ("predict", "embed", "fill-mask"):  # the others call these
                 continue
             if endpoint == "predict":
                 assert self.predictor is not None
@@ -554,6 +727,10 @@ def _check_limits(
                 f"{limits.max_chars:,} (--max-chars)",
                 413,
             )
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _shortened(vector: list[float], dims: int | None) -> list[float]:
