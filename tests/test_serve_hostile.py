@@ -11,6 +11,7 @@ import socket
 import statistics
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -226,3 +227,101 @@ def test_clients_that_go_away_and_connections_all_busy(topics_model):
         assert server.post("/predict", {"inputs": "goal match"}).status_code == 200
     finally:
         server.stop()
+
+
+def send_until_cut(sock: socket.socket, data: bytes, chunk: int = 1 << 16) -> int:
+    """Send `data` a chunk at a time until it is sent or the server stops reading; the bytes
+    sent."""
+    sent = 0
+    try:
+        while sent < len(data):
+            sock.sendall(data[sent : sent + chunk])
+            sent += chunk
+    except OSError:  # the server answered and closed
+        pass
+    return min(sent, len(data))
+
+
+def answer_to(sock: socket.socket) -> bytes:
+    """What the server sent before it closed (b"" if the close was a reset first)."""
+    try:
+        return closed_by_server(sock, 5)[1]
+    except OSError:
+        return b""
+
+
+@pytest.mark.parametrize(
+    "head, status, words",
+    [
+        (
+            HEADERS + b"x-big: " + b"a" * 9000 + b"\r\n\r\n",
+            431,
+            b"a header of 9,005 bytes (its name and value)",
+        ),
+        (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nhost: x\r\n\r\n", 414, b"a request line over"),
+        (
+            HEADERS + b"".join(b"x-%d: 1\r\n" % n for n in range(101)) + b"\r\n",
+            431,
+            b"more than 100 headers",
+        ),
+        (
+            HEADERS + b"".join(b"x-%d: %s\r\n" % (n, b"a" * 8000) for n in range(5)),
+            431,
+            b"a request head over 32,768 bytes",
+        ),
+    ],
+    ids=["header-line-9kb", "request-line-9kb", "101-headers", "head-40kb-unfinished"],
+)
+def test_heads_over_their_limits_are_refused(server, head, status, words):
+    with connect(server) as sock:
+        sock.sendall(head)
+        answer = answer_to(sock)
+    assert answer.startswith(b"HTTP/1.1 %d" % status) and words in answer, answer[:300]
+    assert b"connection: close" in answer.lower()
+    assert server.post("/predict", {"inputs": "goal"}).status_code == 200
+
+
+def test_a_16_mb_header_line_is_cut_off_at_once(server):
+    with connect(server) as sock:
+        sent = send_until_cut(sock, HEADERS + b"x-big: " + b"a" * (16 << 20))
+        answer = answer_to(sock)
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    # what the kernel's buffers take besides the 32 KiB the server read
+    assert sent < 8 << 20, f"{sent:,} bytes of one header line were taken"
+
+
+def test_unfinished_heads_on_many_connections_hold_bounded_memory(server):
+    """200 connections each sending 1 MB of a header that never ends (before: the server held
+    200 MB, and kept it after they closed), then 300 each holding 30 KB, under the head limit
+    (9 MB together: beyond the 8 MiB all heads may hold, connections are refused with 503)."""
+    alone = latencies(server)
+    rss = server.rss_mb()
+    socks = [connect(server) for _ in range(200)]
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            sent = list(pool.map(lambda s: send_until_cut(s, HEADERS + b"x-a: " + b"a" * (1 << 20)),
+                                 socks))  # fmt: skip
+            answers = list(pool.map(answer_to, socks))
+    finally:
+        for sock in socks:
+            sock.close()
+    assert all(a == b"" or a.startswith(b"HTTP/1.1 431") for a in answers)
+    assert sum(a.startswith(b"HTTP/1.1 431") for a in answers) >= 100, "few were answered"
+    held = [connect(server) for _ in range(300)]
+    try:
+        for sock in held:
+            sock.sendall(HEADERS + b"x-a: " + b"a" * 30_000)
+        time.sleep(1)
+        meanwhile = latencies(server)
+        refused = [answer_to(s) for s in held[-40:]]
+        assert any(r.startswith(b"HTTP/1.1 503") and b"unfinished request heads" in r
+                   for r in refused), refused[:2]  # fmt: skip
+        grown = server.rss_mb() - rss
+        print(
+            f"heads on 500 connections: sent {sum(sent) / 1e6:.0f} MB, server grew {grown:.1f} MB"
+        )
+        assert grown < 40, f"the server grew {grown:.0f} MB holding unfinished heads"
+    finally:
+        for sock in held:
+            sock.close()
+    within_twice(server, alone, meanwhile)

@@ -11,7 +11,14 @@ limited with `GuardedHTTP.configure(header_timeout, max_connections)` in each se
   has come, must have its headers in within `header_timeout` seconds, or the connection closes;
 - a cap: the connection that would be `max_connections + 1` closes the longest-idle connection
   (one with no request in flight) to make room; when every connection has a request in flight
-  it is answered 503 and closed.
+  it is answered 503 and closed;
+- bounded heads, as nginx bounds them: a request line over 8 KiB is a 414, a header line over
+  8 KiB, a head (request line and headers) over 32 KiB or more than 100 headers a 431, and
+  the connection closes; the heads still arriving on all connections together hold at most
+  8 MiB (beyond it the connection that would pass it gets a 503 and closes). Before, the parser
+  buffered a header line however long until the header deadline: a 16 MB line was answered,
+  and 200 connections each holding 1 MB of an unfinished head kept 200 MB of the server's
+  memory after they closed.
 
 The body has its own deadline, in the app (it reads the body).
 """
@@ -20,8 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import resource
+import sys
 
 try:  # uvicorn[standard]'s parser; uvicorn's own otherwise
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Base
@@ -31,9 +40,26 @@ except ImportError:  # pragma: no cover
 log = logging.getLogger("bertkit.serve")
 
 _REFUSED = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
     b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
 )
+_STATUS = {414: b"414 URI Too Long", 431: b"431 Request Header Fields Too Large",
+           503: b"503 Service Unavailable"}  # fmt: skip
+MAX_LINE = 8 << 10  # a request line or a header line, in bytes (nginx's 8k buffer)
+MAX_HEAD = 32 << 10  # the request line and every header together (nginx: 4 such buffers)
+MAX_HEADERS = 100  # headers in one request (Apache's LimitRequestFields)
+MAX_HEADS_HELD = 8 << 20  # bytes of unfinished heads held across every connection
+
+
+class _HeadRefused(ValueError):
+    """A head over a limit (raised from a parser callback: uvicorn then answers the parser's
+    error, which `send_400_response` turns into this refusal)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 _ticks = itertools.count()  # orders connections by their last activity (uvloop's clock is
 # read once per loop turn, so connections accepted together would tie on it)
 _SPARE_DESCRIPTORS = 64  # for the model's files, logs, the listening socket
@@ -43,6 +69,7 @@ class GuardedHTTP(_Base):
     header_timeout: float = 10.0
     max_connections: int = 1000
     open = 0  # connections of this process open now
+    heads_held = 0  # bytes of unfinished heads received on this process's connections
 
     @classmethod
     def configure(cls, header_timeout: float, max_connections: int) -> None:
@@ -52,25 +79,70 @@ class GuardedHTTP(_Base):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._timer: asyncio.TimerHandle | None = None
+        self._head = 0  # bytes of the head being received (counted in heads_held)
         self.last_active = next(_ticks)
         GuardedHTTP.open += 1
         super().connection_made(transport)
         if len(self.connections) > self.max_connections and not self._make_room():
-            body = (b'{"error": "every connection of this server has a request in flight",'
-                    b' "error_type": "overloaded"}')  # fmt: skip
-            transport.write(_REFUSED % (len(body), body))
-            transport.close()
+            self._refuse(_HeadRefused(503, "every connection of this server has a request "
+                                             "in flight"))  # fmt: skip
             return
         self._arm()
 
     def data_received(self, data: bytes) -> None:
         self.last_active = next(_ticks)
-        cycle = self.cycle
+        cycle, reading_head = self.cycle, not self.busy
         super().data_received(data)
-        if self.cycle is not cycle:  # a request's headers are in: its body has the app's deadline
+        if self.transport.is_closing():
+            self._release()
+        elif self.cycle is not cycle:  # a request's headers are in: its body has the app's deadline
             self._disarm()
-        elif self._timer is None and not self.busy:  # the first bytes of a next request
-            self._arm()
+            self._release()
+        elif reading_head and not self.busy:  # still a head: what the parser holds of it grows
+            if self._timer is None:  # the first bytes of a next request
+                self._arm()
+            self._head += len(data)
+            GuardedHTTP.heads_held += len(data)
+            if self._head > MAX_HEAD:
+                self._refuse(_HeadRefused(431, f"a request head over {MAX_HEAD:,} bytes"))
+            elif GuardedHTTP.heads_held > MAX_HEADS_HELD:
+                self._refuse(_HeadRefused(503, f"{GuardedHTTP.heads_held:,} bytes of unfinished "
+                                               "request heads are held; retry later"))  # fmt: skip
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        if len(self.url) > MAX_LINE:
+            raise _HeadRefused(414, f"a request line over {MAX_LINE:,} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) + len(value) > MAX_LINE:
+            raise _HeadRefused(431, f"a header of {len(name) + len(value):,} bytes (its name and "
+                                    f"value); the most is {MAX_LINE:,}")  # fmt: skip
+        if len(self.headers) >= MAX_HEADERS:
+            raise _HeadRefused(431, f"more than {MAX_HEADERS} headers")
+        super().on_header(name, value)
+
+    def send_400_response(self, msg: str) -> None:
+        """The parser's error (uvicorn calls this in its `except`): a head over a limit,
+        raised in a callback above, answered with its own status; anything else as uvicorn
+        answers it."""
+        refusal = getattr(sys.exc_info()[1], "__context__", None)
+        if isinstance(refusal, _HeadRefused):
+            self._refuse(refusal)
+        else:
+            super().send_400_response(msg)
+
+    def _refuse(self, refusal: _HeadRefused) -> None:
+        """Answer `refusal` (JSON, as the app's errors) and close."""
+        kind = "overloaded" if refusal.status == 503 else "too_large"
+        body = json.dumps({"error": str(refusal), "error_type": kind}).encode()
+        self.transport.write(_REFUSED % (_STATUS[refusal.status], len(body), body))
+        self.transport.close()
+        self._release()
+
+    def _release(self) -> None:
+        GuardedHTTP.heads_held -= self._head
+        self._head = 0
 
     def on_response_complete(self) -> None:
         self.last_active = next(_ticks)
@@ -78,6 +150,7 @@ class GuardedHTTP(_Base):
 
     def connection_lost(self, exc: Exception | None) -> None:
         GuardedHTTP.open -= 1
+        self._release()
         self._disarm()
         super().connection_lost(exc)
 
