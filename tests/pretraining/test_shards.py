@@ -120,3 +120,51 @@ def test_garbled_shards_and_meta_are_refused_by_file_and_field(tmp_path):
         with pytest.raises(ValueError, match=says):
             Shards(target)
     assert Shards(good).num_documents == 50
+
+
+def test_shards_carry_digests_that_a_run_checks(setup, tmp_path, capsys):
+    """prepare records each file's SHA-256; a token id garbled inside the vocabulary's range
+    (which every other check lets through) stops `bertkit pretrain` before it trains, naming
+    the file; a shard name that leads out of its folder is refused; shards prepared before
+    digests still open, said once."""
+    import hashlib
+    import shutil
+
+    from bertkit.cli import main
+
+    from helpers import tiny_cli_args
+
+    good = tmp_path / "shards"
+    shutil.copytree(setup / "shards", good)
+    meta = json.loads((good / "meta.json").read_text())
+    shard = meta["shards"][0]
+    for kind in ("tokens", "sentences", "documents"):
+        content = (good / f"{shard['name']}.{kind}").read_bytes()
+        assert shard["sha256"][kind] == hashlib.sha256(content).hexdigest()
+    assert Shards(good).verify() == 3 * len(meta["shards"])
+
+    garbled = tmp_path / "garbled"
+    shutil.copytree(good, garbled)
+    tokens = np.fromfile(garbled / f"{shard['name']}.tokens", dtype=meta["dtype"])
+    tokens[7] = (int(tokens[7]) + 1) % meta["vocab_size"]  # another word, still in range
+    tokens.tofile(garbled / f"{shard['name']}.tokens")
+    Shards(garbled)  # sizes and offsets are all still right
+    out = tmp_path / "run"
+    assert main(["pretrain", *map(str, tiny_cli_args(setup, out, steps=4, data=garbled))]) != 0
+    said = capsys.readouterr().err
+    assert f"{shard['name']}.tokens: its content is not what bertkit prepare wrote" in said
+    assert not (out / "log.jsonl").exists()
+
+    outside = tmp_path / "outside"
+    shutil.copytree(good, outside)
+    escaped = {**meta, "shards": [{**shard, "name": f"../garbled/{shard['name']}"}]}
+    (outside / "meta.json").write_text(json.dumps(escaped))
+    with pytest.raises(ValueError, match=r"shard name '\.\./garbled/.*' is not a file name in"):
+        Shards(outside)
+
+    older = tmp_path / "older"
+    shutil.copytree(good, older)
+    plain = {**meta, "shards": [{k: v for k, v in s.items() if k != "sha256"}
+                                for s in meta["shards"]]}  # fmt: skip
+    (older / "meta.json").write_text(json.dumps(plain))
+    assert Shards(older).verify() == 0

@@ -8,7 +8,9 @@ A shards directory holds `meta.json` and, per shard, three flat binary arrays:
 - `shard-NNNNN.documents`: `int64` index of each document's first sentence, plus the end.
 
 `meta.json` records the vocabulary hash (training refuses shards made with another vocabulary),
-counts and sources. The main process only reads lines; worker processes split sentences and
+counts, sources and each file's SHA-256, which a pre-training run checks when it first opens
+the shards (`Shards.verify`: a token id garbled inside the vocabulary's range would otherwise
+train silently); a shard's name is a file name in its folder, never a path out of it. The main process only reads lines; worker processes split sentences and
 tokenise, a bounded number of chunks in flight, so memory stays flat however large the corpus;
 results are written in submission order, so the shards do not depend on the number of workers.
 The directory is built under a temporary name and renamed into place when complete.
@@ -16,6 +18,7 @@ The directory is built under a temporary name and renamed into place when comple
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import multiprocessing
@@ -38,6 +41,7 @@ from bertkit.tokenizer import BertTokenizer
 FORMAT_VERSION = 1
 META = "meta.json"
 DEFAULT_SHARD_TOKENS = 1 << 27  # 128M tokens, 256 MB of uint16 per shard
+KINDS = ("tokens", "sentences", "documents")  # a shard's files, NAME.KIND
 CHUNK_CHARS = 1 << 20  # text per task sent to a worker
 
 _WORKER_TOKENIZER: BertTokenizer | None = None
@@ -110,13 +114,15 @@ class _ShardWriter:
     def _open_next(self) -> None:
         name = f"shard-{len(self.shards):05d}"
         self.name = name
-        self.files = {
-            kind: open(self.directory / f"{name}.{kind}", "wb")
-            for kind in ("tokens", "sentences", "documents")
-        }
+        self.files = {kind: open(self.directory / f"{name}.{kind}", "wb") for kind in KINDS}
+        self.digests = {kind: hashlib.sha256() for kind in KINDS}  # of what is written
         self.num_tokens = self.num_sentences = self.num_documents = 0
-        self.files["sentences"].write(np.zeros(1, np.int64).tobytes())
-        self.files["documents"].write(np.zeros(1, np.int64).tobytes())
+        self._put("sentences", np.zeros(1, np.int64).tobytes())
+        self._put("documents", np.zeros(1, np.int64).tobytes())
+
+    def _put(self, kind: str, data: bytes) -> None:
+        self.files[kind].write(data)
+        self.digests[kind].update(data)
 
     def write(self, chunk: EncodedChunk) -> None:
         sentence_start = 0
@@ -127,13 +133,13 @@ class _ShardWriter:
             if self.num_tokens and self.num_tokens + size > self.shard_tokens:
                 self._close()
                 self._open_next()
-            self.files["tokens"].write(chunk.tokens[token_start : token_start + size].tobytes())
+            self._put("tokens", chunk.tokens[token_start : token_start + size].tobytes())
             ends = self.num_tokens + np.cumsum(lengths)
-            self.files["sentences"].write(ends.astype(np.int64).tobytes())
+            self._put("sentences", ends.astype(np.int64).tobytes())
             self.num_tokens += size
             self.num_sentences += count
             self.num_documents += 1
-            self.files["documents"].write(np.int64(self.num_sentences).tobytes())
+            self._put("documents", np.int64(self.num_sentences).tobytes())
             sentence_start += count
             token_start += size
 
@@ -148,6 +154,7 @@ class _ShardWriter:
                 "tokens": self.num_tokens,
                 "sentences": self.num_sentences,
                 "documents": self.num_documents,
+                "sha256": {kind: digest.hexdigest() for kind, digest in self.digests.items()},
             }
         )
 
@@ -155,7 +162,7 @@ class _ShardWriter:
         self._close()
         if len(self.shards) > 1 and self.shards[-1]["documents"] == 0:
             last = self.shards.pop()
-            for kind in ("tokens", "sentences", "documents"):
+            for kind in KINDS:
                 (self.directory / f"{last['name']}.{kind}").unlink()
         return self.shards
 
@@ -285,6 +292,15 @@ def chunk_from_token_documents(
     )
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file, read a megabyte at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _progress(total: int, enabled: bool):
     if not enabled:
         return None
@@ -378,6 +394,10 @@ class Shards:
             if not isinstance(shard, dict):
                 raise ValueError(f"{where}: not an object")
             name = _field(where, shard, "name", str)
+            if name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+                raise ValueError(
+                    f"{where}: shard name {name!r} is not a file name in {self.directory}"
+                )
             sizes = {k: _field(where, shard, k, int) for k in ("tokens", "sentences", "documents")}
             base = self.directory / name
             tokens = self._map(f"{base}.tokens", dtype, sizes["tokens"])
@@ -390,6 +410,26 @@ class Shards:
             self.documents.append(documents)
         counts = [s["documents"] for s in self.meta["shards"]]
         self.document_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def verify(self) -> int:
+        """Check every shard file against the SHA-256 `prepare` recorded, naming the first that
+        changed (ValueError); the files checked (0: shards prepared before digests, which
+        cannot be checked)."""
+        checked = 0
+        for shard in self.meta["shards"]:
+            digests = shard.get("sha256")
+            if not isinstance(digests, dict):
+                continue
+            for kind in KINDS:
+                path = self.directory / f"{shard['name']}.{kind}"
+                if file_sha256(path) != digests.get(kind):
+                    raise ValueError(
+                        f"{path}: its content is not what bertkit prepare wrote (SHA-256 "
+                        f"{str(digests.get(kind))[:12]}... in {self.directory / META}): the file "
+                        "changed or was damaged; prepare the shards again"
+                    )
+                checked += 1
+        return checked
 
     def __reduce__(self):  # pickled as its folder (a spawned data worker maps it again)
         return (Shards, (self.directory,))

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -466,6 +467,14 @@ def run_identity(
     return json.loads(json.dumps(identity, default=str))  # as run.json will read back
 
 
+def _opened(shards: Shards) -> Shards:
+    """`shards`, their files checked against their digests (a run reads them for days)."""
+    if not shards.verify():
+        print(f"{shards.directory}: prepared without digests, so not checked (bertkit prepare "
+              "writes them now)", file=sys.stderr, flush=True)  # fmt: skip
+    return shards
+
+
 def _train_phase(
     data: str | os.PathLike,
     out: Path,
@@ -475,7 +484,7 @@ def _train_phase(
     model: torch.nn.Module | None,
     on_entry: Callable[[dict[str, Any]], None] | None,
 ) -> list[dict[str, Any]]:
-    shards = Shards(data)
+    shards = _opened(Shards(data))
     tokenizer = BertTokenizer.from_pretrained(data)
     parts = dist.world_size * c.accumulation
     if c.batch_size % parts:
@@ -534,7 +543,7 @@ def _train_phase(
     evaluate = None
     if c.eval_data is not None:
         evaluate = _held_out_evaluation(
-            Shards(c.eval_data),
+            _opened(Shards(c.eval_data)),
             tokenizer,
             objective_fn,
             batch_size=c.batch_size // parts,
