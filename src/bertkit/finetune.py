@@ -297,6 +297,7 @@ def finetune(
         functools.partial(collate, padded=task.padded_inputs),
         seed=config.seed,
         bucket_batches=sizes.bucket_batches,
+        distinct=task.distinct_texts(loaded.train, loaded.train_features),
     )
     steps_per_epoch = batches.batches_per_epoch
     max_steps = steps_per_epoch * sizes.epochs

@@ -123,8 +123,6 @@ def test_scored_pairs_train_with_the_cosine_objective(words_model, tmp_path):
     "rows, columns, message",
     [
         ([{"a": "x y", "b": ""}], {}, r"train.csv:2: column 'b': an empty text"),
-        ([{"a": "x y", "b": "z"}, {"a": "x y", "b": "w"}], {},
-         r"train.csv:3: column 'a': the same anchor as line 2"),
         ([{"a": "x", "b": "z", "s": "3"}, {"a": "y", "b": "w", "s": "7"}],
          {"label_column": "s", "score_range": "0,5"}, r"train.csv:3: column 's': 7 is outside"),
     ],
@@ -162,3 +160,58 @@ def test_pooling_is_sentence_transformers_mean_over_real_tokens():
     mask = torch.tensor([[1, 1, 1, 0]])
     assert pool(hidden, mask).tolist() == [[3.0, 4.0, 5.0]]  # [CLS] and [SEP] counted
     assert pool(hidden, mask, "cls").tolist() == [[0.0, 1.0, 2.0]]
+
+
+def test_batches_never_hold_a_text_twice_and_are_unchanged_where_none_repeats():
+    from bertkit.tasks.base import FinetuneData
+
+    rng = np.random.default_rng(0)
+    texts = [frozenset({f"anchor {rng.integers(40)}", f"positive {rng.integers(300)}"})
+             for _ in range(300)]  # fmt: skip
+    features = [{"input_ids": [1] * int(rng.integers(3, 30))} for _ in texts]
+    for bucket in (1, 4):
+        data = FinetuneData(features, 16, list, seed=3, bucket_batches=bucket, distinct=texts)
+        for epoch in range(3):
+            plan = data.plan(epoch)
+            assert sorted(np.concatenate(plan).tolist()) == list(range(300))  # every row, once
+            for batch in plan:
+                held = [t for i in batch for t in texts[i]]
+                assert len(held) == len(set(held)), "a text twice in one batch"
+            assert sum(len(b) == 16 for b in plan) >= len(plan) - 3  # few short batches
+        unique = [frozenset({f"text {i}"}) for i in range(300)]
+        plain = FinetuneData(features, 16, list, seed=3, bucket_batches=bucket)
+        distinct = FinetuneData(features, 16, list, seed=3, bucket_batches=bucket,
+                                distinct=unique)  # fmt: skip
+        for epoch in range(2):  # nothing repeats: the very batches of before, in their order
+            assert [b.tolist() for b in plain.plan(epoch)] == [
+                b.tolist() for b in distinct.plan(epoch)]  # fmt: skip
+
+
+def test_rows_that_share_an_anchor_all_train(words_model, tmp_path, capsys):
+    """Real pair files repeat anchors (a title with several descriptions, a premise with
+    several hypotheses): every row trains, batches never hold a text twice, the summary says
+    how many rows share one, and dev ranks do not count the same anchor's other positives
+    against it."""
+    pairs = synonym_pairs(100, seed=0)
+    rows = pairs + [{"anchor": r["anchor"], "positive": " ".join(r["positive"].split()[::-1])}
+                    for r in pairs[:30]]  # fmt: skip
+    train = write(tmp_path / "train.csv", rows)
+    dev = write(tmp_path / "dev.csv", synonym_pairs(24, seed=1) * 2)  # each dev row twice
+    argv = ["finetune", "sentence-embedding", "--model", str(words_model), "--train", str(train),
+            "--validation", str(dev), "--text-column", "anchor", "--text-pair-column", "positive",
+            "--epochs", "2", "--batch-size", "16", "--lr", "1e-3", "--max-seq-length", "16",
+            "--out", str(tmp_path / "emb")]  # fmt: skip
+    assert main(argv) == 0
+    said = capsys.readouterr().err
+    assert "60 rows share their 'anchor' with another row (30 texts)" in said
+    results = json.loads((tmp_path / "emb" / "results.json").read_text())
+    assert results["read"]["train"]["rows_sharing_anchor"] == 60
+    assert results["train_examples"] == 130
+    predictions = [json.loads(line) for line in
+                   (tmp_path / "emb" / "predictions.jsonl").read_text().splitlines()]  # fmt: skip
+    twins = {}
+    for row in predictions:  # a row and its copy rank alike: the copy is not counted against
+        twins.setdefault(row["anchor"], set()).add(row["rank"])
+    assert all(len(ranks) == 1 for ranks in twins.values())
+    # each copy ties with its twin, which would count against both: no row would rank first
+    assert sum(row["rank"] == 0 for row in predictions) >= 2

@@ -12,7 +12,8 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -190,6 +191,11 @@ class Task:
         raise NotImplementedError
 
     # ----------------------------------------------------------------- training
+    def distinct_texts(self, examples: Sequence, features: list) -> list[frozenset[str]] | None:
+        """Each training feature's texts, none of which a batch may hold twice (in-batch
+        negatives: `FinetuneData`); None: batches as they fall."""
+        return None
+
     def loss(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(loss summed over the batch's units, number of units) — units are examples, or
         labelled tokens for tagging."""
@@ -323,7 +329,10 @@ def feature_length(feature: Feature) -> int:
 class FinetuneData:
     """Training batches for `Trainer`: each epoch shuffles the features with (seed, epoch),
     groups them into buckets of similar length (so a batch pads little) and shuffles the batch
-    order. The position (epoch, batch) is the whole state, so a killed run resumes exactly."""
+    order. With `distinct` (each feature's texts), no text is in one batch twice: in-batch
+    negatives would otherwise score a text against itself (sentence-transformers'
+    no-duplicates batch sampler). The position (epoch, batch) is the whole state, so a killed
+    run resumes exactly."""
 
     def __init__(
         self,
@@ -334,13 +343,16 @@ class FinetuneData:
         seed: int = 0,
         bucket_batches: int,
         lengths: Sequence[int] | None = None,
+        distinct: Sequence[frozenset[str]] | None = None,
     ) -> None:
         """`bucket_batches`: how many batches' worth of features are sorted by length together
-        (1: random batches); `lengths`: the features' lengths, where they hold no input_ids."""
+        (1: random batches); `lengths`: the features' lengths, where they hold no input_ids;
+        `distinct`: each feature's texts, none of which may be in a batch twice (`plan`)."""
         if not features:
             raise ValueError("no training features")
         self.features, self.batch_size, self.collate_fn = features, batch_size, collate_fn
         self.seed, self.bucket = seed, bucket_batches * batch_size
+        self.distinct = distinct
         self.lengths = np.array(
             [feature_length(f) for f in features] if lengths is None else lengths
         )
@@ -349,6 +361,10 @@ class FinetuneData:
 
     @property
     def batches_per_epoch(self) -> int:
+        """The first epoch's batches (with `distinct`, a later epoch may hold a few more or
+        fewer: its texts meet in other ways)."""
+        if self.distinct is not None:
+            return len(self.plan(0))
         return math.ceil(len(self.features) / self.batch_size)
 
     def plan(self, epoch: int) -> list[np.ndarray]:
@@ -360,6 +376,13 @@ class FinetuneData:
             chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
             batches += [
                 chunk[i : i + self.batch_size] for i in range(0, len(chunk), self.batch_size)
+            ]
+        if self.distinct is not None:  # the same batches where no text repeats
+            batches = [
+                batch[np.argsort(self.lengths[batch], kind="stable")]
+                for batch in distinct_batches(
+                    np.concatenate(batches), self.distinct, self.batch_size
+                )  # fmt: skip
             ]
         return [batches[i] for i in rng.permutation(len(batches))]
 
@@ -377,6 +400,44 @@ class FinetuneData:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
         self._plan = self.plan(self.epoch)
+
+
+def distinct_batches(order: Iterable[int], texts: Sequence[frozenset[str]],
+                     size: int) -> list[np.ndarray]:  # fmt: skip
+    """`order` cut into batches of `size` in which no text occurs twice: an item whose texts
+    meet the batch's waits for the next batch (first in line there), so where nothing repeats
+    the batches are `order`'s slices.
+
+    >>> [b.tolist() for b in distinct_batches([0, 1, 2, 3], [{"a"}, {"a"}, {"b"}, {"c"}], 2)]
+    [[0, 2], [1, 3]]
+    """
+    fresh = iter(order)
+    waiting: deque[int] = deque()
+    batches: list[np.ndarray] = []
+    while True:
+        batch: list[int] = []
+        seen: set[str] = set()
+        passed: deque[int] = deque()
+        while waiting and len(batch) < size:
+            item = waiting.popleft()
+            if seen.isdisjoint(texts[item]):
+                batch.append(item)
+                seen.update(texts[item])
+            else:
+                passed.append(item)
+        for item in fresh if len(batch) < size else ():
+            if seen.isdisjoint(texts[item]):
+                batch.append(item)
+                seen.update(texts[item])
+            else:
+                passed.append(item)
+            if len(batch) == size:
+                break
+        if not batch:
+            return batches
+        batches.append(np.asarray(batch, dtype=np.int64))
+        passed.extend(waiting)
+        waiting = passed
 
 
 def eval_batches(features: list[Feature], batch_size: int) -> list[np.ndarray]:

@@ -212,6 +212,7 @@ def describe(task_name: str, split: str, summary: dict[str, Any], max_seq_length
             f"  {w['examples']:,} examples longer than {max_seq_length} pieces read "
             f"as {w['windows']:,} windows{w.get('note', '')}"
         )
+    lines += [f"  {note}" for note in summary.get("notes", [])]
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ the Spearman and Pearson correlations of cosine and score; before training too.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,16 +109,6 @@ class SentenceEmbeddingTask(OwnTask):
             missing = next(e for e in examples if e.score is None)
             raise DataError(path, missing.line, f"column {d.label_column!r}: no score (other "
                             "rows have one: every pair needs one, or none)")  # fmt: skip
-        if labelled and not any(scored):  # in-batch negatives: an anchor twice is a false one
-            seen: dict[str, int] = {}
-            for e in examples:
-                if e.anchor in seen:
-                    raise DataError(
-                        path, e.line, f"column {d.text_column!r}: the same anchor as line "
-                        f"{seen[e.anchor]}; with in-batch negatives each would score the "
-                        "other's positive as a negative: merge them (one positive) or drop one"
-                    )  # fmt: skip
-                seen[e.anchor] = e.line
         return examples
 
     def score_range(self) -> tuple[float, float]:
@@ -150,7 +141,30 @@ class SentenceEmbeddingTask(OwnTask):
                 else f"in-batch negatives (scale {SCALE:g})"
                 + (f", {negatives:,} hard negatives" if negatives else "")
             )
+        if not self.scored:  # rows whose anchor (positive) another row has too
+            for side, column in (("anchor", self.data.text_column),
+                                 ("positive", self.data.text_pair_column)):  # fmt: skip
+                counts = Counter(getattr(e, side) for e in examples)
+                shared = sum(n for n in counts.values() if n > 1)
+                if not shared:
+                    continue
+                summary[f"rows_sharing_{side}"] = shared
+                texts = sum(n > 1 for n in counts.values())
+                summary.setdefault("notes", []).append(
+                    f"{shared:,} rows share their {column!r} with another row ({texts:,} texts): "
+                    + ("every row trains, in batches that never hold a text twice"
+                       if split == "train" else "ranks count the other anchors' texts only")
+                )  # fmt: skip
         return summary
+
+    def distinct_texts(self, examples, features) -> list[frozenset[str]] | None:
+        """In-batch negatives: no anchor, positive or hard negative twice in one batch (one
+        row's text among another's negatives would be a false one)."""
+        if self.scored:
+            return None
+        rows = (examples[f["_example"]] for f in features)
+        return [frozenset(t for t in (e.anchor, e.positive, e.negative) if t is not None)
+                for e in rows]  # fmt: skip
 
     # ----------------------------------------------------------------- features
     def featurize(self, examples, tokenizer, max_seq_length: int) -> list[Feature]:
@@ -251,7 +265,7 @@ class SentenceEmbeddingTask(OwnTask):
             gold = np.array([e.score for e in examples])
             return {"spearman": metrics.spearman(list(cosine), list(gold)),
                     "pearson": metrics.pearson(cosine, gold)}  # fmt: skip
-        ranks = retrieval_ranks(anchors, positives)
+        ranks = retrieval_ranks(anchors, positives, _same_rows(examples))
         return {
             "recall@1": float(np.mean(ranks == 0)),
             "recall@10": float(np.mean(ranks < 10)),
@@ -266,7 +280,7 @@ class SentenceEmbeddingTask(OwnTask):
         all positives (0: found first)."""
         anchors, positives = predictions["anchor"], predictions["positive"]
         cosine = (anchors * positives).sum(-1)
-        ranks = None if self.scored else retrieval_ranks(anchors, positives)
+        ranks = None if self.scored else retrieval_ranks(anchors, positives, _same_rows(examples))
         rows = []
         for i, e in enumerate(examples):
             row: dict[str, Any] = {"line": e.line, "anchor": e.anchor, "positive": e.positive,
@@ -304,18 +318,36 @@ class SentenceEmbeddingTask(OwnTask):
         return [{"embedding": [float(x) for x in row]} for row in outputs["anchor"]]
 
 
-def retrieval_ranks(anchors: np.ndarray, positives: np.ndarray) -> np.ndarray:
+def retrieval_ranks(
+    anchors: np.ndarray, positives: np.ndarray, same: np.ndarray | None = None
+) -> np.ndarray:
     """Each anchor's positive's rank among all positives by cosine (0: first; ties count
-    against it).
+    against it). `same` (N, N): pairs of rows whose positives are as right for either anchor
+    (the same anchor, or the same positive text): those do not count against.
 
     >>> retrieval_ranks(np.eye(2), np.array([[1.0, 0.0], [1.0, 0.1]])).tolist()
     [1, 0]
+    >>> retrieval_ranks(np.eye(2), np.array([[1.0, 0.0], [1.0, 0.1]]), np.ones((2, 2), bool)).tolist()
+    [0, 0]
     """
     similarity = anchors @ positives.T
     own = np.diag(similarity)[:, None]
     others = similarity >= own
+    if same is not None:
+        others &= ~same
     np.fill_diagonal(others, False)
     return others.sum(1)
+
+
+def _same_rows(examples: Sequence[PairExample]) -> np.ndarray | None:
+    """Which rows share their anchor or their positive (N, N); None where no row does."""
+    matrices = []
+    for side in ("anchor", "positive"):
+        ids: dict[str | None, int] = {}
+        codes = np.array([ids.setdefault(getattr(e, side), len(ids)) for e in examples])
+        if len(ids) < len(examples):
+            matrices.append(codes[:, None] == codes[None, :])
+    return np.logical_or.reduce(matrices) if matrices else None
 
 
 def _score(path, line: int, column: str, value: Any, low: float, high: float) -> float:
