@@ -282,3 +282,60 @@ def test_compile_auto_takes_cuda_graphs_for_small_models_alone_on_a_gpu():
     assert resolve_compile(checkpointed, small, gpu) == "auto"
     for chosen in ("on", "off"):
         assert resolve_compile(dataclasses.replace(auto, compile=chosen), small, gpu) == chosen
+
+
+NEWS = [
+    "The central bank raised interest rates on Tuesday. Markets fell sharply after the news.",
+    "The home team won the match in the final minute. Fans cheered in the streets all night.",
+    "A new phone was released this week. It has a larger screen and a faster chip.",
+    "Heavy rain flooded the city centre. Several roads were closed until the evening.",
+    "The government announced a new budget. Taxes on fuel will rise next year.",
+    "Scientists found water on a distant planet. The discovery was published in a journal.",
+]
+
+
+def test_continued_pretraining_of_a_released_bert_in_one_command(mlm_dir, setup, tmp_path,
+                                                                 capsys):  # fmt: skip
+    """`bertkit pretrain --init-from CHECKPOINT --data TEXT/` continues a checkpoint on raw
+    text: its own config and vocabulary (no --config, no vocab or prepare steps), its MLM head
+    kept, the continue recipe's schedule; shards of another vocabulary are refused by name."""
+    from safetensors.torch import load_file
+
+    from bertkit import BertTokenizer
+    from bertkit.cli import main
+    from bertkit.pretraining.shards import Shards
+
+    corpus = tmp_path / "news"
+    corpus.mkdir()
+    for n in range(4):  # plain text: blank-line-separated documents
+        (corpus / f"part{n}.txt").write_text("\n\n".join(NEWS[n:] + NEWS[:n]) + "\n")
+    out = tmp_path / "adapted"
+    argv = ["pretrain", "--init-from", str(mlm_dir), "--data", str(corpus), "--out", str(out),
+            "--max-steps", "2", "--batch-size", "4", "--seq-len", "32", "--lr", "1e-9",
+            "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
+    said = capsys.readouterr().err
+    assert f"tokenising {corpus} with the vocabulary of {mlm_dir}" in said
+    shards = Shards(tmp_path / "adapted-shards")
+    assert shards.meta["vocab_hash"] == BertTokenizer.from_pretrained(mlm_dir).vocab_hash
+    assert json.loads((out / "config.json").read_text())["hidden_size"] == json.loads(
+        (mlm_dir / "config.json").read_text())["hidden_size"]  # fmt: skip
+    before, after = load_file(mlm_dir / "model.safetensors"), load_file(out / "model.safetensors")
+    head = "cls.predictions.transform.dense.weight"  # kept, not drawn afresh (lr 1e-9)
+    torch.testing.assert_close(after[head], before[head], atol=1e-6, rtol=0)
+    record = json.loads((out / "run.json").read_text())["identity"]
+    assert record["objective"] == "mlm" and record["learning_rate"] == 1e-9
+    assert record["warmup_fraction"] == 0.06  # the continue recipe's
+    # again with --resume: the shards made before are found, not made again
+    assert main([*argv, "--resume"]) == 0
+    assert "tokenising" not in capsys.readouterr().err
+    # shards of another vocabulary: refused by name before any training
+    refused = tmp_path / "refused"
+    assert main(["pretrain", "--init-from", str(mlm_dir), "--data", str(setup / "shards"),
+                 "--out", str(refused), "--max-steps", "2"]) != 0  # fmt: skip
+    assert f"{setup / 'shards'} was prepared with another vocabulary" in capsys.readouterr().err
+    assert not (refused / "log.jsonl").exists()
+    # raw text without a checkpoint to read it with
+    assert main(["pretrain", "--data", str(corpus), "--out", str(tmp_path / "x"),
+                 "--max-steps", "2"]) != 0  # fmt: skip
+    assert "not a shards folder" in capsys.readouterr().err

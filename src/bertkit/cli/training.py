@@ -163,10 +163,18 @@ def add_pretrain(commands) -> None:
         commands,
         "pretrain",
         "pre-train BERT (MLM + NSP) on prepared shards",
-        description="Settings marked 'recipe' come from --recipe (default: the paper's); an "
-        "explicit flag always wins. The laptop recipe: " + _recipe_line("laptop"),
+        description="Settings marked 'recipe' come from --recipe (default: the paper's; with "
+        "--init-from, 'continue'); an explicit flag always wins. The laptop recipe: "
+        + _recipe_line("laptop")
+        + ". The continue recipe (continued pre-training of a released BERT on your domain: "
+        "its own size and vocabulary): " + _recipe_line("continue"),
     )
-    pretrain.add_argument("--data", required=True, help="shards directory from bertkit prepare")
+    pretrain.add_argument(
+        "--data",
+        required=True,
+        help="shards directory from bertkit prepare; with --init-from also a folder or file of "
+        "raw text, tokenised with that checkpoint's vocabulary into OUT-shards",
+    )
     pretrain.add_argument(
         "--out",
         required=True,
@@ -174,9 +182,10 @@ def add_pretrain(commands) -> None:
     )
     pretrain.add_argument(
         "--recipe",
-        choices=("paper", "laptop"),
-        help="named settings (recipe 'paper' when not given): 'laptop' is the measured best per "
-        "CPU-minute on 2 cores, see docs/results/recipe",
+        choices=("paper", "laptop", "continue"),
+        help="named settings (recipe 'paper' when not given, 'continue' with --init-from): "
+        "'laptop' is the measured best per CPU-minute on 2 cores, see docs/results/recipe; "
+        "'continue' continues a released checkpoint on your corpus",
     )
     pretrain.add_argument(
         "--budget",

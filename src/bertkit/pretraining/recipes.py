@@ -18,6 +18,11 @@ command line (an explicit flag always wins).
   laptop --budget 10m` on Wikipedia reaches 22.7% held-out MLM accuracy (every chosen piece
   [MASK]). Its peak lr is for widths up to 256 (tiny, mini); a wider model gets 2e-3 × 256 /
   hidden size (`laptop_learning_rate`).
+- `continue`: continued pre-training of a released BERT on a corpus of your domain (as BioBERT
+  and SciBERT were made; the default with `--init-from`): the checkpoint's own size and
+  vocabulary, masked LM alone (released checkpoints rarely keep an NSP head, and domain
+  adaptation since RoBERTa and Gururangan et al. 2020 drops it), peak lr 5e-5 (transformers'
+  `run_mlm` default) after a 6% warm-up (Gururangan et al.'s), batch 32 of 128 tokens.
 """
 
 from __future__ import annotations
@@ -60,6 +65,19 @@ RECIPES: dict[str, dict[str, Any]] = {
         "attention_init": "local",
         "objective": "mlm+nsp",
     },
+    "continue": {  # no "config": the --init-from checkpoint's own
+        "batch_size": 32,
+        "learning_rate": 5e-5,
+        "warmup_fraction": 0.06,
+        "seq_len": 128,
+        "mask_prob": 0.15,
+        "max_predictions": 20,
+        "position_init": "normal",
+        "attention_init": "normal",
+        "adam_beta2": 0.999,
+        "mlm_bias_init": "zeros",
+        "objective": "mlm",
+    },
 }
 
 
@@ -101,18 +119,25 @@ def recipe(name: str, config: str | os.PathLike | BertConfig | None = None) -> d
 
 
 def apply_recipe(name: str | None, given: dict[str, Any]) -> PretrainConfig:
-    """The run's settings: the recipe `name` (the paper's when None) under the values `given`
-    by field name (the flags a user typed; None means not given). An explicit warm-up, steps or
-    fraction, replaces the recipe's; a time budget's warm-up is a fraction of it, so a recipe's
-    warm-up in steps gives way to one (`OptimConfig.budget_warmup`) unless a fraction is given.
+    """The run's settings: the recipe `name` (the paper's when None, `continue` with an
+    `init_from`) under the values `given` by field name (the flags a user typed; None means not
+    given). An explicit warm-up, steps or fraction, replaces the recipe's; a time budget's
+    warm-up is a fraction of it, so a recipe's warm-up in steps gives way to one
+    (`OptimConfig.budget_warmup`) unless a fraction is given. A run from a checkpoint keeps the
+    checkpoint's size unless a config is given.
 
     >>> apply_recipe("laptop", {"max_steps": 100}).optim.learning_rate
     0.002
     >>> apply_recipe(None, {"budget_seconds": 60}).optim.warmup_steps is None
     True
+    >>> apply_recipe(None, {"init_from": "runs/bert", "max_steps": 100}).optim.learning_rate
+    5e-05
     """
     given = {key: value for key, value in given.items() if value is not None}
-    values = recipe(name or "paper", given.get("config"))
+    continued = given.get("init_from") is not None
+    values = recipe(name or ("continue" if continued else "paper"), given.get("config"))
+    if continued:
+        values.pop("config", None)
     if "warmup_steps" in given or "warmup_fraction" in given or "budget_seconds" in given:
         values.pop("warmup_steps", None)
     if "warmup_steps" in given:

@@ -234,8 +234,10 @@ class PretrainConfig(Settings):
     changes some: `bertkit.pretraining.recipes.apply_recipe`). Build one from flat names with
     `settings.from_values(PretrainConfig, {...})` or change one with `settings.replaced`."""
 
-    config: str | BertConfig = setting(
-        "tiny", "model size (tiny, mini, small, medium, base, large), a config JSON or a BertConfig"
+    config: str | BertConfig | None = setting(
+        None,
+        "model size (tiny, mini, small, medium, base, large), a config JSON or a BertConfig "
+        "(default: --init-from's own, else tiny)",
     )
     objective: str = setting(
         "mlm+nsp",
@@ -288,7 +290,10 @@ class PretrainConfig(Settings):
         None, "length of the held-out sequences (default: seq_len)", check="positive"
     )
     init_from: str | os.PathLike | None = setting(
-        None, "start from this checkpoint with a fresh schedule (the paper's phase 2)"
+        None,
+        "start from this checkpoint (a folder or a Hub name) with a fresh schedule: the paper's "
+        "phase 2, or continued pre-training of a released BERT on your corpus (its own config, "
+        "vocabulary and MLM head; a fresh head where it has none)",
     )
     short_seq_prob: float = setting(
         0.1, "instances made shorter than seq_len on purpose (Google's)", check="fraction"
@@ -381,6 +386,11 @@ def run_pretraining(
     `seq_len`) on the same batches every time. Returns the log entries (with "phase" when
     there are phases)."""
     c = replaced(settings or PretrainConfig(), **overrides)
+    data = shards_of(data, c.init_from, Path(out), "shards", c.progress)
+    if c.eval_data is not None:
+        c = dataclasses.replace(
+            c, eval_data=shards_of(c.eval_data, c.init_from, Path(out), "eval-shards", c.progress)
+        )
     plan = c.phase_plan()
     if c.phases is None:
         return _run_phase(data, Path(out), plan[0], model=model, on_entry=on_entry)
@@ -399,6 +409,41 @@ def run_pretraining(
         entries.extend({**e, "phase": number} for e in phase_entries)
         previous = str(directory)
     return entries
+
+
+def shards_of(
+    data: str | os.PathLike, init_from: str | os.PathLike | None, out: Path, kind: str,
+    progress: bool = True,
+) -> str | os.PathLike:  # fmt: skip
+    """`data` as a shards folder: shards as they are; raw text (a folder or a file), when the
+    run starts from a checkpoint, tokenised with the checkpoint's vocabulary into OUT-`kind`
+    (once: a resumed run finds them there)."""
+    from bertkit.pretraining.corpus import expand_paths
+    from bertkit.pretraining.shards import META, prepare_shards
+
+    if (Path(data) / META).exists() or not Path(data).exists():
+        return data  # shards (or a missing folder, which Shards reports)
+    if init_from is None:
+        raise ValueError(
+            f"{data}: not a shards folder (no {META}): make one with bertkit vocab and bertkit "
+            "prepare, or give --init-from CHECKPOINT to tokenise this text with its vocabulary"
+        )
+    if os.environ.get("WORLD_SIZE", "1") != "1":
+        raise ValueError(
+            f"{data}: raw text under torchrun: prepare its shards first (bertkit prepare {data} "
+            f"--vocab {init_from} --out SHARDS), then pass --data SHARDS"
+        )
+    tokenizer = BertTokenizer.from_pretrained(model_dir(init_from))
+    target = out.with_name(f"{out.name}-{kind}")
+    sources = [str(f) for f in expand_paths([data])]
+    if (target / META).exists():
+        meta = json.loads((target / META).read_text())
+        if meta.get("sources") == sources and meta.get("vocab_hash") == tokenizer.vocab_hash:
+            return target
+    print(f"tokenising {data} with the vocabulary of {init_from} into {target}", file=sys.stderr,
+          flush=True)  # fmt: skip
+    prepare_shards([data], tokenizer, target, overwrite=True, progress=progress)
+    return target
 
 
 def _run_phase(
@@ -467,6 +512,13 @@ def run_identity(
     return json.loads(json.dumps(identity, default=str))  # as run.json will read back
 
 
+def _own_config(init_from: str | os.PathLike | None) -> str | BertConfig:
+    """A run's model when no config is given: its starting checkpoint's, else tiny."""
+    from bertkit.checkpoint import read_config
+
+    return "tiny" if init_from is None else read_config(model_dir(init_from))
+
+
 def _opened(shards: Shards) -> Shards:
     """`shards`, their files checked against their digests (a run reads them for days)."""
     if not shards.verify():
@@ -486,6 +538,15 @@ def _train_phase(
 ) -> list[dict[str, Any]]:
     shards = _opened(Shards(data))
     tokenizer = BertTokenizer.from_pretrained(data)
+    if c.init_from is not None:  # its ids must mean the checkpoint's words
+        own = BertTokenizer.from_pretrained(model_dir(c.init_from))
+        if own.vocab_hash != tokenizer.vocab_hash:
+            raise ValueError(
+                f"{data} was prepared with another vocabulary ({tokenizer.vocab_size:,} tokens, "
+                f"hash {tokenizer.vocab_hash[:12]}) than {c.init_from}'s ({own.vocab_size:,}, "
+                f"{own.vocab_hash[:12]}): its ids would mean other words to the checkpoint. "
+                f"Prepare the text with --vocab {c.init_from}, or give the raw text as --data"
+            )
     parts = dist.world_size * c.accumulation
     if c.batch_size % parts:
         raise ValueError(
@@ -493,7 +554,7 @@ def _train_phase(
         )
     assert c.eval_seq_len is not None  # phase_plan sets it
     model_config = resolve_config(
-        c.config,
+        c.config if c.config is not None else _own_config(c.init_from),
         tokenizer.vocab_size,
         max(c.seq_len, c.eval_seq_len),
         c.objective,

@@ -42,7 +42,14 @@ def setup(device: str | None = None) -> Distributed:
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if chosen.type == "cuda" else "gloo")
+        backend = "nccl" if chosen.type == "cuda" else "gloo"
+        # torchrun's elastic agent lends the workers its rendezvous store and keeps it across
+        # restarts, so a restarted group read the addresses the killed workers had published
+        # and could not connect ("Connection refused"): each attempt keeps to keys of its own
+        store, rank, world_size = next(dist.rendezvous("env://"))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend, store=dist.PrefixStore(f"bertkit/attempt{attempt}", store),
+                                rank=rank, world_size=world_size)  # fmt: skip
     return Distributed(rank, world_size, local_rank, chosen)
 
 
