@@ -147,6 +147,7 @@ def load_task_data(
     train = task.read(data, "train")[: config.max_train_examples]
     carved = None
     if config.validation_split:
+        assert not isinstance(config.validation_split, str)  # a split's name: resolve_run's
         train, carved = carve_validation(train, config.validation_split)
     task = task.fitted(train)
     train_features = task.featurize(train, tokenizer, max_seq_length)
@@ -236,6 +237,16 @@ def resolve_run(
     """The arguments every entry point takes, as objects: the task (the generic ones with the
     DataConfig given as `data`), the settings with the task's defaults filled in, the output
     folder."""
+    if isinstance(data, DataConfig) and data.dataset is not None:  # a dataset by its name
+        from bertkit.tasks.named import dataset_files
+
+        data, split = dataset_files(data, (config or FinetuneConfig()).validation_split)
+        config = dataclasses.replace(config or FinetuneConfig(), validation_split=split)
+    elif config is not None and isinstance(config.validation_split, str):
+        raise ValueError(
+            f"--validation-split {config.validation_split}: a split's name needs --dataset; "
+            "without one, give a fraction of the training examples (e.g. 0.1)"
+        )
     if isinstance(task, str):
         task = get_task(task, data if isinstance(data, DataConfig) else None)
     elif isinstance(data, DataConfig):

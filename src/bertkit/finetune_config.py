@@ -109,11 +109,13 @@ class FinetuneConfig(Settings):
         "over); None from Python keeps the checkpoint's",
         check="fraction",
     )
-    validation_split: float | None = setting(
+    validation_split: float | str | None = setting(
         None,
         "carve this fraction of the training examples out (the same ones for every seed and run) "
         "as the validation set that picks the epoch and any threshold; the task's dev set is then "
-        "scored once, by the chosen model, and reported as 'test' (nothing is chosen on it)",
+        "scored once, by the chosen model, and reported as 'test' (nothing is chosen on it). "
+        "With --dataset, a name instead: the dataset's split to validate on (default: its "
+        "'validation')",
         check="fraction",
     )
     bilstm: bool = setting(False, "Table 5's + BiLSTM between encoder and output (QA, tagging)")

@@ -224,11 +224,17 @@ def flat_names(cls: T) -> T:
 
 
 # --------------------------------------------------------------------------- the command line
-def number_type(kind: type, check: str | None = None):
-    """An argparse type of `kind` (int or float) that refuses what `check` refuses."""
+def number_type(kind: type, check: str | None = None, names: bool = False):
+    """An argparse type of `kind` (int or float) that refuses what `check` refuses; `names`:
+    what is not a number is a name, taken as it is (a field of `float | str`)."""
 
     def parse(text: str):
-        value = kind(text)
+        try:
+            value = kind(text)
+        except ValueError:
+            if names:
+                return text
+            raise
         wrong = problem(value, check)
         if wrong is not None:
             raise argparse.ArgumentTypeError(wrong.replace(f"got {value:g}", f"got {text}"))
@@ -304,7 +310,8 @@ def add_flags(
                 parser.add_argument(*old, dest=field.name, action=_Renamed, nargs=0,
                                     const=flags[0], help=argparse.SUPPRESS)  # fmt: skip
             continue
-        parse = number_type(base, meta.get("check")) if base in (int, float) else base
+        parse = (number_type(base, meta.get("check"), names=str in args)
+                 if base in (int, float) else base)  # fmt: skip
         choices = meta.get("choices")
         parser.add_argument(
             *flags, dest=field.name, type=parse, default=default, choices=choices, help=help

@@ -48,8 +48,12 @@ def check_data(name: str, data: Any, *, own: bool | None = None, required: bool 
                 f"{name} reads your files: --train FILE --validation FILE [--test FILE], not "
                 f"--data DIR ({data})"
             )
-        if required and (data is None or data.train is None or data.validation is None):
-            raise ValueError(f"{name} needs --train FILE and --validation FILE")
+        named = data is not None and getattr(data, "dataset", None) is not None
+        if required and not named and (data is None or data.train is None
+                                       or data.validation is None):  # fmt: skip
+            raise ValueError(
+                f"{name} needs --train FILE and --validation FILE (or --dataset NAME)"
+            )
         return data
     if files:
         flags = ", ".join("--" + k.replace("_", "-") for k in data.given())

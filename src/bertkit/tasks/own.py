@@ -42,6 +42,16 @@ class DataConfig(Settings):
     test: str | None = setting(
         None, "test file: predicted (and scored, if labelled) once, by the best epoch's model"
     )
+    dataset: str | None = setting(
+        None,
+        "NAME[:CONFIG]: a dataset in the local datasets cache, as load_dataset(NAME, CONFIG) "
+        "caches it (read offline where HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set), instead "
+        "of --train and --validation files; its splits by --train-split and --validation-split",
+    )
+    train_split: str = setting("train", "with --dataset: the split to train on")
+    test_split: str | None = setting(
+        None, "with --dataset: a split predicted (and scored) once by the best epoch's model"
+    )
     reading: FileConfig = nested(FileConfig)
     text_column: str = setting("text", "column of the text (classification)")
     text_pair_column: str | None = setting(

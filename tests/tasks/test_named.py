@@ -1,0 +1,86 @@
+"""Datasets by name (bertkit.tasks.named): `bertkit finetune text-classification --dataset imdb
+--validation-split test` reads the splits `load_dataset("imdb")` cached, offline, with the
+ClassLabel's names as labels; a name not in the cache, or a split it lacks, is one clear line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import topic_rows
+
+pytestmark = pytest.mark.slow  # subprocesses: the datasets library reads its settings at import
+
+
+def cached_dataset(cache, name: str, config: str, splits: dict[str, list[dict]], labels):
+    """A dataset laid in a datasets cache as load_dataset(NAME, CONFIG) leaves it when it
+    downloads one from the Hub (the parquet builder's arrow files under NAME/CONFIG/...),
+    made here without a network."""
+    script = f"""
+import os, sys
+os.environ["HF_DATASETS_CACHE"] = {str(cache)!r}
+import datasets, pyarrow as pa, pyarrow.parquet as pq
+from datasets.data_files import DataFilesDict
+from datasets.packaged_modules.parquet.parquet import Parquet
+splits, files = {splits!r}, {{}}
+for split, rows in splits.items():
+    files[split] = [os.path.join({str(cache)!r}, split + ".parquet")]
+    pq.write_table(pa.Table.from_pylist(rows), files[split][0])
+features = datasets.Features({{"text": datasets.Value("string"),
+                               "label": datasets.ClassLabel(names={labels!r})}})
+builder = Parquet(dataset_name={name!r}, config_name={config!r}, features=features,
+                  data_files=DataFilesDict.from_patterns(files), hash="0123abcd")
+builder.download_and_prepare()
+print(builder.cache_dir)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    made = done.stdout.strip().splitlines()[-1]
+    # a download names the folder by the config alone (data files given here add a hash)
+    config_dir = os.path.dirname(os.path.dirname(made))
+    os.rename(config_dir, os.path.join(os.path.dirname(config_dir), config))
+
+
+def test_a_dataset_by_name_from_the_cache(words_model, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    labels = ["business", "sports", "tech"]
+    rows = {split: [{"text": r["headline"], "label": labels.index(r["topic"])}
+                    for r in topic_rows(count, seed)]
+            for split, count, seed in (("train", 160, 0), ("test", 32, 1))}  # fmt: skip
+    cached_dataset(cache, "topics", "plain_text", rows, labels)
+    env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1"}  # fmt: skip
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "bertkit.cli", "finetune", "text-classification", "--model",
+               str(words_model), "--dataset", "topics", "--train-split", "train",
+               "--validation-split", "test", "--epochs", "5", "--batch-size", "8", "--lr", "5e-3",
+               "--max-seq-length", "64", "--out", str(out)]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["train_examples"] == 160 and results["dev"]["accuracy"] > 0.9
+    assert json.loads((out / "config.json").read_text())["id2label"] == {
+        "0": "business", "1": "sports", "2": "tech"}  # fmt: skip
+    assert results["data"] == {"dataset": "topics"}
+
+    # no validation split named and none called "validation": said, with the splits it has
+    at = command.index("--validation-split")
+    without = command[:at] + command[at + 2 : -1] + [str(tmp_path / "b")]
+    done = subprocess.run(without, env=env, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "--dataset topics has no 'validation' split (its splits: train, test)" in done.stderr
+    for name, says in (("topics:nope", "--dataset topics:nope"), ("absent", "--dataset absent")):
+        wrong = [*command]
+        wrong[wrong.index("topics")] = name
+        done = subprocess.run(wrong, env=env, capture_output=True, text=True)
+        assert done.returncode != 0 and says in done.stderr, done.stderr[-2000:]
+        assert "Traceback" not in done.stderr
+    wrong = [*command]
+    wrong[wrong.index("test")] = "dev"
+    done = subprocess.run(wrong, env=env, capture_output=True, text=True)
+    assert "--dataset topics has no split 'dev' (its splits: train, test)" in done.stderr
