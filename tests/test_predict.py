@@ -116,6 +116,7 @@ def test_entities_with_offsets_from_a_file(tagger, tmp_path):
     written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     text = "ann visits paris, eats sushi"
     assert written[0]["words"] == ["ann", "visits", "paris", ",", "eats", "sushi"]
+    assert {e["text"] for e in written[0]["entities"]} >= {"paris", "sushi"}
     for entity in written[0]["entities"]:
         assert entity["text"] == text[entity["start"] : entity["end"]]
         assert set(entity) == {"type", "text", "words", "score", "start", "end"}

@@ -2,6 +2,7 @@
 the command line, flat names reach nested settings, recipes lay under what a user gives."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -50,17 +51,17 @@ def test_python_callers_meet_the_checks_the_command_line_makes(make, flag, says,
 
 
 def test_every_settings_class_checks_itself_and_replace_too():
-    for make in (
-        lambda: FinetuneConfig(epochs=0),
-        lambda: FinetuneConfig(warmup_fraction=1.0),
-        lambda: ServeConfig(max_batch_size=0),
-        lambda: ServeConfig(backend="tensorrt"),
-        lambda: DataConfig(max_cell_chars=0),
-        lambda: OptimConfig(optimizer="sgd"),
-        lambda: OptimConfig(warmup_steps=10, warmup_fraction=0.1),
-        lambda: dataclasses.replace(PretrainConfig(), seq_len=0),
+    for make, says in (
+        (lambda: FinetuneConfig(epochs=0), "FinetuneConfig: --epochs must be positive, got 0"),
+        (lambda: FinetuneConfig(warmup_fraction=1.0), "--warmup-fraction must be in [0, 1), got 1"),
+        (lambda: ServeConfig(max_batch_size=0), "--max-batch-size must be positive, got 0"),
+        (lambda: ServeConfig(backend="tensorrt"), "--backend 'tensorrt' is not one of torch, onnx"),
+        (lambda: DataConfig(max_cell_chars=0), "--max-cell-chars must be positive, got 0"),
+        (lambda: OptimConfig(optimizer="sgd"), "--optimizer 'sgd' is not one of adamw"),
+        (lambda: OptimConfig(warmup_steps=10, warmup_fraction=0.1), "not both"),
+        (lambda: dataclasses.replace(PretrainConfig(), seq_len=0), "--seq-len must be positive"),
     ):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=re.escape(says)):
             make()
 
 
@@ -158,15 +159,15 @@ def test_the_commands_that_use_models_take_settings_too(capsys):
     assert PredictConfig(columns="").reading.over(saved).column_names is None  # a header line
     given = PredictConfig(delimiter=";").reading.over(saved)
     assert given == FileConfig(columns="a,b", encoding="cp1252", delimiter=";")
-    for make in (
-        lambda: PredictConfig(batch_size=0),
-        lambda: PredictConfig(backend="tensorrt"),
-        lambda: PredictConfig(delimiter=";;"),
-        lambda: FillMaskConfig(top=0),
-        lambda: ExtractConfig(max_seq_length=0),
-        lambda: EvaluateConfig(batch_size=0),
+    for make, says in (
+        (lambda: PredictConfig(batch_size=0), "PredictConfig: --batch-size must be positive"),
+        (lambda: PredictConfig(backend="tensorrt"), "--backend 'tensorrt' is not one of"),
+        (lambda: PredictConfig(delimiter=";;"), "--delimiter must be one character, got ';;'"),
+        (lambda: FillMaskConfig(top=0), "FillMaskConfig: --top must be positive, got 0"),
+        (lambda: ExtractConfig(max_seq_length=0), "--max-seq-length must be positive, got 0"),
+        (lambda: EvaluateConfig(batch_size=0), "EvaluateConfig: --batch-size must be positive"),
     ):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=re.escape(says)):
             make()
     for argv in (["fill-mask", "--model", "m", "--top", "0", "a [MASK]"],
                  ["predict", "--model", "m", "--batch-size", "0", "a text"]):  # fmt: skip

@@ -105,7 +105,6 @@ def test_missing_column_lists_what_is_there(tmp_path):
     path = write_csv(tmp_path / "data.csv", RECORDS)
     with pytest.raises(DataError) as err:
         rows(path, needed=("headline", "label"))
-    assert str(err.value).startswith("")
     assert f"{path}:1: no column 'headline'" in str(err.value)
     assert "'text', 'label', 'n'" in str(err.value)
     semicolons = tmp_path / "semi.csv"
