@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -334,3 +335,34 @@ class Server:
             self.process.terminate()
             self.process.wait(timeout=60)
         return self.read_output()
+
+
+# --------------------------------------------------------------------------- pairs
+SOURCE, SYNONYM = WORDS[:16], WORDS[16:]  # word i of the one means word i of the other
+
+
+def synonym_pairs(count: int, seed: int, negatives: bool = False) -> list[dict]:
+    """Anchors of three words, positives their synonyms shuffled: no word in common."""
+    rng = np.random.default_rng(seed)
+    rows, seen = [], set()
+    while len(rows) < count:
+        picked = tuple(sorted(rng.choice(16, size=3, replace=False)))
+        if picked in seen:
+            continue
+        seen.add(picked)
+        row = {"anchor": " ".join(SOURCE[i] for i in rng.permutation(picked)),
+               "positive": " ".join(SYNONYM[i] for i in rng.permutation(picked))}  # fmt: skip
+        if negatives:  # the synonyms of three other words
+            other = rng.choice([i for i in range(16) if i not in picked], size=3, replace=False)
+            row["hard"] = " ".join(SYNONYM[i] for i in other)
+        rows.append(row)
+    return rows
+
+
+def write_rows(path, rows):
+    """`rows` (dicts) as a CSV file with a header."""
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path

@@ -23,12 +23,20 @@ def test_vocab_command(tmp_path, capsys):
     assert "skipped 0 empty documents, 1 bad lines" in capsys.readouterr().out
 
 
-def test_every_subcommand_has_help():
+def test_every_subcommand_has_help(capsys):
+    """Every subcommand the parser has (read from it, not listed here), each with a usage line
+    and a description of its own."""
+    import argparse
+
     parser = build_parser()
-    for command in ("vocab", "prepare", "pretrain", "convert", "demo"):
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert len(commands.choices) >= 15, sorted(commands.choices)
+    for command in commands.choices:
         with pytest.raises(SystemExit) as exit_info:
             parser.parse_args([command, "--help"])
         assert exit_info.value.code == 0
+        shown = capsys.readouterr().out
+        assert shown.startswith(f"usage: bertkit {command}") and len(shown) > 200, command
 
 
 def test_pretrain_recipe_sets_its_settings_and_flags_win(monkeypatch, capsys, tmp_path):

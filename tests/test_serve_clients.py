@@ -193,3 +193,37 @@ def test_rerank_in_cohere_and_jina_shape(words_model, tmp_path):
         assert [r["index"] for r in tei] == [e["index"] for e in expected]
     finally:
         server.stop()
+
+
+def test_a_trained_sentence_embedding_folder_served_gives_sentence_transformers_vectors(
+    words_model, tmp_path
+):
+    """What `finetune sentence-embedding` writes, served: the openai client's vectors are the
+    ones SentenceTransformer(folder) gives, and `dimensions` their first n coordinates at unit
+    length again."""
+    from sentence_transformers import SentenceTransformer
+
+    from bertkit.finetune import FinetuneConfig, finetune
+    from bertkit.tasks.own import DataConfig
+
+    from helpers import synonym_pairs, write_rows
+
+    train = write_rows(tmp_path / "train.csv", synonym_pairs(100, seed=0))
+    data = DataConfig(train=str(train), validation=str(train), text_column="anchor",
+                      text_pair_column="positive")  # fmt: skip
+    finetune("sentence-embedding", words_model, data, tmp_path / "emb",
+             FinetuneConfig(epochs=2, batch_size=16, learning_rate=1e-3, max_seq_length=16,
+                            progress=False))  # fmt: skip
+    texts = ["after coach", "the robot eats sushi", "a"]
+    expected = SentenceTransformer(str(tmp_path / "emb"), device="cpu").encode(texts)
+    server = Server(tmp_path / "emb", "--precision", "fp32")
+    try:
+        served = openai.OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0)
+        answer = served.embeddings.create(model="emb", input=texts)
+        np.testing.assert_allclose([d.embedding for d in answer.data], expected, atol=2e-6)
+        assert answer.model == "emb"
+        short = served.embeddings.create(model="emb", input=texts, dimensions=8)
+        first = expected[:, :8] / np.linalg.norm(expected[:, :8], axis=1, keepdims=True)
+        np.testing.assert_allclose([d.embedding for d in short.data], first, atol=2e-6)
+    finally:
+        server.stop()
