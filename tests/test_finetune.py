@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 from pathlib import Path
 
@@ -573,3 +574,84 @@ def test_fine_tuning_steps_get_host_layouts(words_model, tmp_path, monkeypatch):
              FinetuneConfig(**OWN_QUICK | {"epochs": 1}))  # fmt: skip
     evaluated = [given for training, given in seen if not training]
     assert evaluated and len(evaluated) < len(seen) and all(given for _, given in seen)
+
+
+KILLER = """
+import os, signal, sys
+from pathlib import Path
+
+# SIGKILL this process at the n-th file put in place (bertkit._io's atomic rename): 'before'
+# it, with the new file cut to half its bytes (a write cut short), or 'after' it
+n, when, names = int(os.environ["KILL_AT"]), os.environ.get("KILL_WHEN", "before"), []
+real = os.replace
+
+
+def replace(source, target):
+    names.append(os.path.basename(target))
+    count = len(names)
+    if count == n and when == "before":
+        size = os.path.getsize(source)
+        os.truncate(source, size // 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(source, target)
+    if count == n and when == "after":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+os.replace = replace
+from bertkit.cli import main
+
+code = main(sys.argv[1:])
+Path(os.environ["WRITES"]).write_text("\\n".join(names))
+sys.exit(code)
+"""
+
+
+@pytest.mark.slow  # a process per kill
+def test_a_finetuning_run_killed_at_any_write_resumes_to_the_same_bytes(words_model, tmp_path):
+    """SIGKILL at each file a fine-tuning run puts in place (model, trainer state, checksums,
+    results, card...: the first and the last write of each), before the rename with the file
+    half written, and after two renames: `--resume` then ends with the model bytes, losses and
+    dev figures of a run never killed."""
+    import subprocess
+    import sys
+
+    from helpers import topic_files
+
+    data = topic_files(tmp_path)
+    driver = tmp_path / "killer.py"
+    driver.write_text(KILLER)
+
+    def run(out, kill_at=0, when="before", *extra):
+        argv = ["finetune", "text-classification", "--model", str(words_model), "--train",
+                data.train, "--validation", data.validation, "--text-column", "headline",
+                "--label-column", "topic", "--epochs", "2", "--batch-size", "16",
+                "--max-seq-length", "32", "--out", str(out), *extra]  # fmt: skip
+        env = {**os.environ, "KILL_AT": str(kill_at), "KILL_WHEN": when,
+               "WRITES": str(tmp_path / "writes")}  # fmt: skip
+        return subprocess.run([sys.executable, str(driver), *argv], env=env,
+                              capture_output=True, text=True)  # fmt: skip
+
+    whole = run(tmp_path / "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    writes = (tmp_path / "writes").read_text().splitlines()
+    firsts = {name: writes.index(name) + 1 for name in writes}
+    lasts = {name: len(writes) - writes[::-1].index(name) for name in writes}
+    assert {"model.safetensors", "trainer_state.pt", "results.json"} <= set(firsts), writes
+
+    def train_losses(directory):
+        lines = (directory / "log.jsonl").read_text().splitlines()
+        return [(e["step"], e["loss"]) for e in map(json.loads, lines) if e["split"] == "train"]
+
+    expected = (tmp_path / "whole" / "model.safetensors").read_bytes()
+    dev = json.loads((tmp_path / "whole" / "results.json").read_text())["dev"]
+    points = sorted(set(firsts.values()) | set(lasts.values()))
+    for at, when in [(n, "before") for n in points] + [(2, "after"), (len(writes), "after")]:
+        out = tmp_path / f"killed_{at}_{when}"
+        killed = run(out, at, when)
+        assert killed.returncode == -9, (at, when, killed.stderr[-2000:])
+        resumed = run(out, 0, "before", "--resume")
+        assert resumed.returncode == 0, (at, when, resumed.stderr[-3000:])
+        assert (out / "model.safetensors").read_bytes() == expected, (at, when)
+        assert train_losses(out) == train_losses(tmp_path / "whole"), (at, when)
+        assert json.loads((out / "results.json").read_text())["dev"] == dev, (at, when)
