@@ -655,3 +655,48 @@ def test_a_finetuning_run_killed_at_any_write_resumes_to_the_same_bytes(words_mo
         assert (out / "model.safetensors").read_bytes() == expected, (at, when)
         assert train_losses(out) == train_losses(tmp_path / "whole"), (at, when)
         assert json.loads((out / "results.json").read_text())["dev"] == dev, (at, when)
+
+
+@pytest.mark.slow  # three fine-tuning runs
+def test_parity_fine_tuning_follows_transformers_run_for_run(words_model, tmp_path, transformers):
+    """`--parity --precision fp32`: a whole fine-tuning run (two epochs, every step's loss, the
+    dev figures) gives the numbers of transformers' BertForSequenceClassification started from
+    the same weights and run on the same batches with the same dropout draws. Without
+    `--parity` the runs part: bertkit's masks are then its own (the same distribution)."""
+    from bertkit.finetune import build_model
+
+    from helpers import OWN_QUICK, hf_config, topic_files
+
+    class Theirs(torch.nn.Module):
+        def __init__(self, ours) -> None:
+            super().__init__()
+            self.hf = transformers.BertForSequenceClassification(hf_config(ours.config))
+            self.hf.load_state_dict(ours.state_dict(), strict=True)
+            self.config = ours.config
+
+        def forward(self, **inputs):
+            return self.hf(**inputs)
+
+        def save_pretrained(self, directory, tokenizer=None) -> None:
+            self.hf.save_pretrained(directory)
+            tokenizer.save_pretrained(directory)
+
+    data = topic_files(tmp_path)
+
+    def losses(directory):
+        lines = (directory / "log.jsonl").read_text().splitlines()
+        return [e["loss"] for e in map(json.loads, lines) if e["split"] == "train"]
+
+    runs = {}
+    for parity in (True, False):
+        config = FinetuneConfig(**OWN_QUICK | {"epochs": 2, "parity": parity,
+                                               "precision": "fp32"})  # fmt: skip
+        theirs = lambda task, model, seed: Theirs(build_model(task, model, seed))  # noqa: E731
+        for side, build in (("ours", None), ("theirs", theirs)) if parity else (("ours", None),):
+            out = tmp_path / f"{side}_{parity}"
+            results = finetune("text-classification", words_model, data, out, config, build=build)
+            runs[side, parity] = losses(out), results["dev"]
+    (ours, ours_dev), (theirs, theirs_dev) = runs["ours", True], runs["theirs", True]
+    assert len(ours) >= 5 and ours == pytest.approx(theirs, abs=1e-5), (ours, theirs)
+    assert ours_dev == pytest.approx(theirs_dev, abs=1e-6)
+    assert runs["ours", False][0] != pytest.approx(theirs, abs=1e-3)
