@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from bertkit._io import atomic_write_text
+from bertkit._io import atomic_write_text, sha256_of
 from bertkit.pretraining.corpus import CorpusStats, expand_paths, raw_documents, sentences_of
 from bertkit.tokenizer import BertTokenizer
 
@@ -292,15 +292,6 @@ def chunk_from_token_documents(
     )
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """The SHA-256 of a file, read a megabyte at a time."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _progress(total: int, enabled: bool):
     if not enabled:
         return None
@@ -422,7 +413,7 @@ class Shards:
                 continue
             for kind in KINDS:
                 path = self.directory / f"{shard['name']}.{kind}"
-                if file_sha256(path) != digests.get(kind):
+                if sha256_of(path) != digests.get(kind):
                     raise ValueError(
                         f"{path}: its content is not what bertkit prepare wrote (SHA-256 "
                         f"{str(digests.get(kind))[:12]}... in {self.directory / META}): the file "
