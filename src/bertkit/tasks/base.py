@@ -51,9 +51,7 @@ def check_data(name: str, data: Any, *, own: bool | None = None, required: bool 
         named = data is not None and getattr(data, "dataset", None) is not None
         if required and not named and (data is None or data.train is None
                                        or data.validation is None):  # fmt: skip
-            raise ValueError(
-                f"{name} needs --train FILE and --validation FILE (or --dataset NAME)"
-            )
+            raise ValueError(f"{name} needs --train FILE and --validation FILE (or --dataset NAME)")
         return data
     if files:
         flags = ", ".join("--" + k.replace("_", "-") for k in data.given())
