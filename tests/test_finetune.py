@@ -190,8 +190,9 @@ def test_finetune_squad_end_to_end(version, tiny_checkpoint, tmp_path):
         assert info["null_threshold"] == results["dev"]["best_f1_thresh"]
 
 
-def test_finetune_resumes_after_a_kill(tiny_checkpoint, tmp_path, monkeypatch):
-    """A run that dies in epoch 2 resumes from the epoch-1 checkpoint to the same result."""
+def test_finetune_resumes_after_an_error_in_epoch_two(tiny_checkpoint, tmp_path, monkeypatch):
+    """A run that raises in epoch 2 resumes from the epoch-1 checkpoint to the same result (a
+    real SIGKILL at each write: test_a_finetuning_run_killed_at_any_write_...)."""
     import bertkit.finetune as ft
 
     data = grow_copies(FIXTURES / "glue" / "QNLI", tmp_path / "data", 5)
