@@ -16,6 +16,7 @@ from bertkit.heads import BertForSequenceClassification
 from helpers import synthetic_tokenizer, tiny_bert_config, tiny_cli_args
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("umask", [0o022, 0o077])
 def test_every_writer_honours_the_umask_and_leaves_no_temporary_file(umask, tmp_path, setup,
                                                                      ort):  # fmt: skip

@@ -62,6 +62,7 @@ def test_attention_rows_sum_to_one_and_match_transformers(mlm_dir, tmp_path):
     assert '"maps"' in page and "[SEP]" in page
 
 
+@pytest.mark.slow
 def test_attention_page_renders_in_a_headless_browser(mlm_dir, tmp_path):
     import shutil
     import subprocess

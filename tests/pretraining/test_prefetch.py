@@ -68,6 +68,7 @@ def test_resuming_from_a_position_continues_the_stream(tmp_path):
         ahead.close()
 
 
+@pytest.mark.slow
 def test_a_worker_error_and_a_killed_worker_are_reported(tmp_path):
     too_few = PrefetchedData(stream(tmp_path / "small", documents=2, batch_size=64), 1)
     with pytest.raises(RuntimeError, match="data worker 0 failed.*fewer than one global batch"):
@@ -88,6 +89,7 @@ def test_default_worker_count():
     assert default_workers(torch.device("cuda"), local_processes=1000) == 1
 
 
+@pytest.mark.slow
 def test_a_run_with_workers_is_the_run_without_them_and_resumes(setup, tmp_path):
     """The same log and the same weights, byte for byte; killed after a checkpoint and resumed
     with workers, the same again."""
@@ -126,6 +128,7 @@ def test_a_run_with_workers_is_the_run_without_them_and_resumes(setup, tmp_path)
     assert logged(tmp_path / "resumed") == logged(tmp_path / "serial")
 
 
+@pytest.mark.slow
 def test_a_killed_run_with_workers_leaves_no_worker_holding_its_folder(setup, tmp_path):
     """SIGKILL of the training process: its forked workers go too (they hold the run folder's
     lock through the file they inherited), so `--resume` right after it runs."""

@@ -49,6 +49,7 @@ def conll_data(tmp_path, scheme="iob2", **extra):
     )
 
 
+@pytest.mark.slow
 def test_own_entity_types_end_to_end(words_model, tmp_path, transformers):
     out = tmp_path / "run"
     results = finetune("token-classification", words_model, conll_data(tmp_path), out,
@@ -86,6 +87,7 @@ def test_own_entity_types_end_to_end(words_model, tmp_path, transformers):
     assert theirs == found
 
 
+@pytest.mark.slow
 def test_iob1_files_read_as_iob2(words_model, tmp_path):
     data = conll_data(tmp_path, "iob1")
     task = get_task("token-classification", data)
@@ -99,6 +101,7 @@ def test_iob1_files_read_as_iob2(words_model, tmp_path):
     assert results["dev"]["f1"] >= 0.85
 
 
+@pytest.mark.slow
 def test_token_and_tag_lists_in_records(words_model, tmp_path):
     datasets = pytest.importorskip("datasets")
     names = ["O", "B-city", "I-city", "B-food", "I-food"]

@@ -449,6 +449,7 @@ class _KillPoints:
         self.copies.append((name, stage, folder))
 
 
+@pytest.mark.slow
 def test_a_kill_at_any_point_of_any_save_resumes_to_the_uninterrupted_run(
     setup, tmp_path, monkeypatch, caplog
 ):
