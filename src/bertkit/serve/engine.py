@@ -369,19 +369,14 @@ class ServedModel:
                 f"unknown field {unknown[0]!r}; /v1/rerank takes {list(RERANK_FIELDS)}"
             )
         documents = body.get("documents")
-        if not isinstance(documents, list) or not documents:
-            raise InputError('"documents" must be a non-empty list of texts')
-        texts = [d.get("text") if isinstance(d, dict) else d for d in documents]
+        if isinstance(documents, list):  # texts, or objects with a "text"
+            documents = [d.get("text") if isinstance(d, dict) else d for d in documents]
         top_n = body.get("top_n")
         if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int)
                                   or top_n < 1):  # fmt: skip
             raise InputError(f'"top_n" must be a whole number from 1, not {top_n!r}')
-        inner = {"query": body.get("query"), "texts": texts, "truncate": _flag(body, "truncate")}
-        try:
-            items = self._parse_rerank(inner, limits)
-        except InputError as err:
-            raise InputError(str(err).replace("texts", "documents"), err.status) from None
-        return [(pair, _flag(body, "return_documents"), top_n) for pair, _ in items]
+        pairs = self._query_pairs(body, documents, limits, "documents")
+        return [(pair, _flag(body, "return_documents"), top_n) for pair in pairs]
 
     def _parse_similarity(self, body: dict, limits: ServeConfig) -> list[Any]:
         """text-embeddings-inference's (and Hugging Face's sentence-similarity) request:
@@ -438,28 +433,33 @@ class ServedModel:
         unknown = sorted(set(body) - allowed)
         if unknown:
             raise InputError(f"unknown field {unknown[0]!r}; /rerank takes {sorted(allowed)}")
-        query, texts = body.get("query"), body.get("texts")
+        pairs = self._query_pairs(body, body.get("texts"), limits, "texts")
+        return [(pair, _flag(body, "return_text")) for pair in pairs]
+
+    def _query_pairs(self, body: dict, texts: Any, limits: ServeConfig, field: str) -> list[Any]:
+        """(query, text) for each of `texts` (the body's `field`), checked."""
+        query = body.get("query")
         if not isinstance(query, str) or not query.strip():
             raise InputError('"query" must be a non-empty text')
         if not isinstance(texts, list) or not texts:
-            raise InputError('"texts" must be a non-empty list of texts')
+            raise InputError(f'"{field}" must be a non-empty list of texts')
         if not all(isinstance(t, str) and t.strip() for t in texts):
             n = next(i for i, t in enumerate(texts) if not (isinstance(t, str) and t.strip()))
-            raise InputError(f"texts[{n}]: a non-empty text expected")
-        _check_limits([query, *texts], limits, "texts", count=len(texts))
+            raise InputError(f"{field}[{n}]: a non-empty text expected")
+        _check_limits([query, *texts], limits, field, count=len(texts))
         pairs = [(query, text) for text in texts]
-        self._fits(pairs, _flag(body, "truncate"), "texts")
-        return [(pair, _flag(body, "return_text")) for pair in pairs]
+        self._fits(pairs, _flag(body, "truncate"), field)
+        return pairs
 
     def _fits(self, texts: list[Any], truncate: bool, field: str) -> None:
         """Over the model's length (pieces with [CLS] and [SEP]) a 413 naming the text, unless
         `truncate` (then cut when run, as text-embeddings-inference's truncate). Only texts
         whose characters could reach the length are tokenised (a piece holds a character or
         more), so a request's texts are tokenised once, when run."""
+        if truncate:
+            return
         room = self.max_seq_length
         for n, text in enumerate(texts):
-            if truncate:
-                return
             if isinstance(text, Ids):
                 count = len(text)
             else:
@@ -615,7 +615,7 @@ class ServedModel:
         words = [t for t in texts if not isinstance(t, Ids)]
         encoded = self.tokenizer(
             [t if isinstance(t, str) else t[0] for t in words],
-            [None if isinstance(t, str) else t[1] for t in words] if words else None,
+            [None if isinstance(t, str) else t[1] for t in words],
             max_length=self.max_seq_length,
             truncation=True,
         ) if words else {"input_ids": [], "token_type_ids": []}  # fmt: skip
