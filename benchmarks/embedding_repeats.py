@@ -61,7 +61,7 @@ def pairs(path: Path, paragraphs: int) -> tuple[list[dict], dict, list[dict]]:
 def run(model, train_csv: Path, watch_csv: Path, dev: list[dict], out: Path, seed: int,
         epochs: int = 1) -> dict:  # fmt: skip
     from bertkit import Embedder
-    from bertkit.finetune import FinetuneConfig, finetune
+    from bertkit.finetuning.train import FinetuneConfig, finetune
     from bertkit.tasks.own import DataConfig
 
     data = DataConfig(train=str(train_csv), validation=str(watch_csv), text_column="anchor",

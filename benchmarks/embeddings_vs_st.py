@@ -74,7 +74,7 @@ def figures(anchors: np.ndarray, positives: np.ndarray) -> dict[str, float]:
 
 def run_bertkit(model, train_csv, dev_csv, dev, out: Path, seed: int, args, precision) -> dict:
     from bertkit import Embedder
-    from bertkit.finetune import FinetuneConfig, finetune
+    from bertkit.finetuning.train import FinetuneConfig, finetune
     from bertkit.tasks.own import DataConfig
 
     data = DataConfig(train=str(train_csv), validation=str(dev_csv), text_column="anchor",

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from bertkit import BertModel, BertTokenizer
-from bertkit.features import extract, train_tagger
+from bertkit.inference.features import extract, train_tagger
 from bertkit.tasks import get_task
 from bertkit.tasks.metrics import entity_scores
 from bertkit.tasks.ner import to_iob2
@@ -115,7 +115,7 @@ def main() -> None:
         results_file.write_text(json.dumps(results, indent=2) + "\n")
         print(f"{selection}: dev F1 {100 * f1:.2f} ({seconds:.0f} s)", flush=True)
     if args.finetune:
-        from bertkit.finetune import FinetuneConfig, finetune
+        from bertkit.finetuning.train import FinetuneConfig, finetune
 
         run = finetune(
             "conll2003",

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
-from bertkit.export import OnnxModel, export_onnx
 from bertkit.heads import MODEL_CLASSES
+from bertkit.inference.export import export_onnx
+from bertkit.inference.loader import OnnxModel
 from bertkit.tasks import get_task
 from bertkit.tasks.base import read_task_info, run_outputs
 from bertkit.tokenizer import BertTokenizer

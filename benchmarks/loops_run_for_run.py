@@ -26,7 +26,7 @@ from finetune_vs_user import _score, _sentences, user_training
 from task_data import task_data
 
 import bertkit.heads as heads
-from bertkit.finetune import FinetuneConfig, build_model, finetune
+from bertkit.finetuning.train import FinetuneConfig, build_model, finetune
 from bertkit.model import INITIALISATIONS
 from bertkit.tasks import get_task
 from bertkit.tasks.base import FinetuneData

@@ -24,7 +24,8 @@ import numpy as np
 from forward_throughput import models, texts_for_benchmark
 from serving_throughput import export_transformers
 
-from bertkit.export import INPUTS, ONNX_FILE, export_onnx
+from bertkit.inference.export import INPUTS, export_onnx
+from bertkit.inference.loader import ONNX_FILE
 
 
 def profile(path: Path, feeds: dict, threads: int, runs: int, prefix: Path) -> tuple[float, dict]:

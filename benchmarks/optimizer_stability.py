@@ -25,8 +25,8 @@ from pathlib import Path
 
 from task_data import task_data
 
-from bertkit.finetune import FinetuneConfig, main_score
-from bertkit.finetune_runs import finetune_seeds
+from bertkit.finetuning.runs import finetune_seeds
+from bertkit.finetuning.train import FinetuneConfig, main_score
 from bertkit.tasks import get_task
 
 

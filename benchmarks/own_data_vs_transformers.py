@@ -39,7 +39,7 @@ import numpy as np
 from finetune_vs_user import _tagged, print_table, user_training
 from machine import describe, line
 
-from bertkit.finetune import FinetuneConfig, finetune, main_score
+from bertkit.finetuning.train import FinetuneConfig, finetune, main_score
 from bertkit.tasks import get_task, metrics
 from bertkit.tasks.labels import per_class
 from bertkit.tasks.own import DataConfig

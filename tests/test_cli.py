@@ -2,7 +2,7 @@ import pytest
 
 from bertkit import cli
 from bertkit.cli import build_parser, main, use
-from bertkit.evaluation import EvaluateConfig
+from bertkit.finetuning.evaluation import EvaluateConfig
 from bertkit.settings import from_flags
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bertkit.demo import docstring_documents, run_demo
+from bertkit.cli.demo import docstring_documents, run_demo
 
 
 def test_docstring_corpus_reads_source_without_importing(tmp_path):

@@ -10,13 +10,14 @@ import torch
 
 from bertkit import Predictor
 from bertkit.cli import main
-from bertkit.export import OnnxModel, export_onnx
 from bertkit.heads import (
     BertForMultipleChoice,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
 )
+from bertkit.inference.export import export_onnx
+from bertkit.inference.loader import OnnxModel
 from bertkit.model import BertModel
 from bertkit.tokenizer import BertTokenizer
 

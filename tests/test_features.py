@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bertkit import BertModel, cli
-from bertkit.features import (
+from bertkit.inference.features import (
     SELECTIONS,
     BiLSTMTagger,
     extract,

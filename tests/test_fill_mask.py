@@ -1,4 +1,4 @@
-"""Fill-mask (bertkit.fill_mask) against transformers' pipeline; the command."""
+"""Fill-mask (bertkit.inference.fill_mask) against transformers' pipeline; the command."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bertkit.cli import main
-from bertkit.fill_mask import FillMask
+from bertkit.inference.fill_mask import FillMask
 
 TEXTS = ["The capital of France is [MASK].", "[MASK] went to the [MASK] on monday ."]
 
@@ -61,7 +61,7 @@ def test_fill_mask_command_reads_and_writes_json_lines(mlm_dir, tmp_path, capsys
 
 def test_the_head_is_found_from_tensor_names_without_loading(mlm_dir, minilm_dir, caplog):
     from bertkit.checkpoint import tensor_names
-    from bertkit.fill_mask import MLM_HEAD_TENSOR, has_mlm_head
+    from bertkit.inference.fill_mask import MLM_HEAD_TENSOR, has_mlm_head
 
     assert has_mlm_head(mlm_dir) and not has_mlm_head(minilm_dir)
     assert MLM_HEAD_TENSOR in tensor_names(mlm_dir)

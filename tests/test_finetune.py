@@ -1,4 +1,4 @@
-"""Fine-tuning end to end on fixtures (bertkit.finetune): every task family, seeds, grid, resume."""
+"""Fine-tuning end to end on fixtures (bertkit.finetuning.train): every task family, seeds, grid, resume."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from bertkit import cli
-from bertkit.evaluation import evaluate
-from bertkit.finetune import FinetuneConfig, finetune
-from bertkit.finetune_runs import finetune_seeds
-from bertkit.predict import Predictor
+from bertkit.finetuning.evaluation import evaluate
+from bertkit.finetuning.runs import finetune_seeds
+from bertkit.finetuning.train import FinetuneConfig, finetune
+from bertkit.inference.predict import Predictor
 from bertkit.tasks import get_task
 from bertkit.tasks.glue import GLUE
 from bertkit.tasks.squad import read_squad, with_unanswerable
@@ -193,7 +193,7 @@ def test_finetune_squad_end_to_end(version, tiny_checkpoint, tmp_path):
 def test_finetune_resumes_after_an_error_in_epoch_two(tiny_checkpoint, tmp_path, monkeypatch):
     """A run that raises in epoch 2 resumes from the epoch-1 checkpoint to the same result (a
     real SIGKILL at each write: test_a_finetuning_run_killed_at_any_write_...)."""
-    import bertkit.finetune as ft
+    import bertkit.finetuning.train as ft
 
     data = grow_copies(FIXTURES / "glue" / "QNLI", tmp_path / "data", 5)
     whole = finetune("qnli", tiny_checkpoint, data, tmp_path / "whole", FinetuneConfig(**QUICK))
@@ -303,7 +303,7 @@ def test_bilstm_heads_of_table_5(tiny_checkpoint, tmp_path):
 
 
 def test_grid_selects_on_dev(tiny_checkpoint, tmp_path):
-    from bertkit.finetune_runs import finetune_grid
+    from bertkit.finetuning.runs import finetune_grid
 
     data = grow_copies(FIXTURES / "glue" / "QNLI", tmp_path / "data", 3)
     grid = {"batch_size": (8,), "learning_rate": (1e-3, 1e-5), "epochs": (1,)}
@@ -330,7 +330,7 @@ def test_random_init_finetuning_draws_each_seed_its_own_encoder(tiny_checkpoint,
     pre-trained path still loads the checkpoint's weights."""
     from safetensors.torch import load_file
 
-    from bertkit.finetune import build_model, random_init_dir
+    from bertkit.finetuning.train import build_model, random_init_dir
 
     data = grow_copies(FIXTURES / "glue" / "QNLI", tmp_path / "data", 5)
     init = random_init_dir(tiny_checkpoint / "config.json", tiny_checkpoint, tmp_path / "init")
@@ -466,7 +466,7 @@ def test_a_new_head_is_the_one_transformers_draws_for_the_seed(tiny_checkpoint, 
     for the same seed; `head_init="truncated-normal"` draws Google's (nothing beyond 2 std).
     The run records the choice: a resumed run with the other one trains again."""
     transformers = pytest.importorskip("transformers")
-    from bertkit.finetune import build_model
+    from bertkit.finetuning.train import build_model
 
     task = get_task("sst2")
     ours = build_model(task, tiny_checkpoint, seed=7).classifier.weight
@@ -663,7 +663,7 @@ def test_parity_fine_tuning_follows_transformers_run_for_run(words_model, tmp_pa
     dev figures) gives the numbers of transformers' BertForSequenceClassification started from
     the same weights and run on the same batches with the same dropout draws. Without
     `--parity` the runs part: bertkit's masks are then its own (the same distribution)."""
-    from bertkit.finetune import build_model
+    from bertkit.finetuning.train import build_model
 
     from helpers import OWN_QUICK, hf_config, topic_files
 

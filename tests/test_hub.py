@@ -9,9 +9,9 @@ import pytest
 
 from bertkit import BertModel, BertTokenizer, cli
 from bertkit.checkpoint import convert
-from bertkit.finetune import FinetuneConfig, finetune
+from bertkit.finetuning.train import FinetuneConfig, finetune
 from bertkit.hub import model_dir
-from bertkit.predict import Predictor
+from bertkit.inference.predict import Predictor
 from bertkit.tasks.own import DataConfig
 
 from helpers import OWN_QUICK, topic_rows

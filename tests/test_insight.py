@@ -13,7 +13,7 @@ from bertkit.cli import main
 
 
 def test_similarity_is_symmetric_with_ones_on_the_diagonal(mlm_dir, tmp_path):
-    from bertkit.insight import similarity
+    from bertkit.inference.insight import similarity
 
     texts = ["i sat on the river bank .", "the bank raised its rates .", "one more bank ."]
     result = similarity(mlm_dir, texts, layer="all", word="bank")
@@ -39,7 +39,7 @@ def test_similarity_is_symmetric_with_ones_on_the_diagonal(mlm_dir, tmp_path):
 
 
 def test_attention_rows_sum_to_one_and_match_transformers(mlm_dir, tmp_path):
-    from bertkit.insight import attention
+    from bertkit.inference.insight import attention
 
     result = attention(mlm_dir, "the cat sat on the mat .", "it was happy .")
     assert result.pieces[0] == "[CLS]" and result.pieces.count("[SEP]") == 2
@@ -67,7 +67,7 @@ def test_attention_page_renders_in_a_headless_browser(mlm_dir, tmp_path):
     import shutil
     import subprocess
 
-    from bertkit.insight import attention
+    from bertkit.inference.insight import attention
 
     browser = next(
         (

@@ -1,4 +1,4 @@
-"""`bertkit predict` and the Predictor on a fine-tuned checkpoint (bertkit.predict), and whole
+"""`bertkit predict` and the Predictor on a fine-tuned checkpoint (bertkit.inference.predict), and whole
 files (predict_file, `bertkit predict --input --output`): streamed in chunks, CSV/JSONL in and
 out, stdin, entities with offsets, bad rows by line."""
 
@@ -12,8 +12,8 @@ import pytest
 
 from bertkit import cli
 from bertkit.cli import main
-from bertkit.finetune import FinetuneConfig, finetune
-from bertkit.predict import Predictor, predict_file
+from bertkit.finetuning.train import FinetuneConfig, finetune
+from bertkit.inference.predict import Predictor, predict_file
 from bertkit.tasks.base import DataError
 from bertkit.tasks.files import read_conll_columns
 from bertkit.tasks.own import DataConfig

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from bertkit import Predictor
-from bertkit.fill_mask import FillMask
-from bertkit.finetune import FinetuneConfig, build_model, save_finetuned
+from bertkit.finetuning.train import FinetuneConfig, build_model, save_finetuned
+from bertkit.inference.fill_mask import FillMask
 from bertkit.model import BertModel
 from bertkit.serve import DynamicBatcher, InputError, QueueFull, ServeConfig, ServedModel
 from bertkit.tasks import get_task

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bertkit.fill_mask import FillMask
-from bertkit.predict import Predictor
+from bertkit.inference.fill_mask import FillMask
+from bertkit.inference.predict import Predictor
 from bertkit.tokenizer import BertTokenizer
 
 from helpers import Server
@@ -166,7 +166,7 @@ def test_hugging_face_client_fill_mask(mlm_dir):
 def test_rerank_in_cohere_and_jina_shape(words_model, tmp_path):
     """A cross-encoder (a pair classifier whose labels are 0/1) answers /v1/rerank as Cohere
     and Jina do, and POST / with text-embeddings-inference's rerank body."""
-    from bertkit.finetune import FinetuneConfig, build_model, save_finetuned
+    from bertkit.finetuning.train import FinetuneConfig, build_model, save_finetuned
     from bertkit.tasks import get_task
 
     task = get_task("mrpc")
@@ -203,7 +203,7 @@ def test_a_trained_sentence_embedding_folder_served_gives_sentence_transformers_
     length again."""
     from sentence_transformers import SentenceTransformer
 
-    from bertkit.finetune import FinetuneConfig, finetune
+    from bertkit.finetuning.train import FinetuneConfig, finetune
     from bertkit.tasks.own import DataConfig
 
     from helpers import synonym_pairs, write_rows

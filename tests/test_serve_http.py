@@ -191,7 +191,7 @@ def test_rerank_openai_embeddings_truncation_and_a_key(words_model, tmp_path_fac
     is a 413 unless "truncate"; every route but /health wants the key."""
     import csv
 
-    from bertkit.finetune import FinetuneConfig, finetune
+    from bertkit.finetuning.train import FinetuneConfig, finetune
     from bertkit.tasks.own import DataConfig
 
     from helpers import OWN_QUICK, topic_rows
@@ -208,7 +208,7 @@ def test_rerank_openai_embeddings_truncation_and_a_key(words_model, tmp_path_fac
                       text_column="query", text_pair_column="text", label_column="relevant")  # fmt: skip
     finetune("text-classification", words_model, data, root / "model",
              FinetuneConfig(**OWN_QUICK | {"epochs": 2, "max_seq_length": 32}))  # fmt: skip
-    from bertkit.predict import Predictor
+    from bertkit.inference.predict import Predictor
 
     texts = ["stocks bank shares", "coach league score", "chip phone cloud"]
     expected = [a["probabilities"]["1"] for a in

@@ -7,11 +7,11 @@ import re
 import pytest
 
 from bertkit.cli import build_parser, main
-from bertkit.evaluation import EvaluateConfig
-from bertkit.features import ExtractConfig
-from bertkit.fill_mask import FillMaskConfig
-from bertkit.finetune import FinetuneConfig
-from bertkit.predict import PredictConfig
+from bertkit.finetuning.evaluation import EvaluateConfig
+from bertkit.finetuning.train import FinetuneConfig
+from bertkit.inference.features import ExtractConfig
+from bertkit.inference.fill_mask import FillMaskConfig
+from bertkit.inference.predict import PredictConfig
 from bertkit.pretraining.dataset import MaskingConfig
 from bertkit.pretraining.recipes import apply_recipe
 from bertkit.pretraining.train import PretrainConfig

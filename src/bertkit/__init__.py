@@ -23,17 +23,17 @@ _EXPORTS = {
     "BertForTokenClassification": "bertkit.heads",
     "BertForQuestionAnswering": "bertkit.heads",
     "BertForMultipleChoice": "bertkit.heads",
-    "finetune": "bertkit.finetune",
-    "FinetuneConfig": "bertkit.finetune",
+    "finetune": "bertkit.finetuning.train",
+    "FinetuneConfig": "bertkit.finetuning.train",
     "DataConfig": "bertkit.tasks.own",
-    "Predictor": "bertkit.predict",
-    "PredictConfig": "bertkit.predict",
+    "Predictor": "bertkit.inference.predict",
+    "PredictConfig": "bertkit.inference.predict",
     "FileConfig": "bertkit.tasks.files",
-    "Embedder": "bertkit.embedding",
-    "extract": "bertkit.features",
-    "FillMask": "bertkit.fill_mask",
-    "similarity": "bertkit.insight",
-    "attention": "bertkit.insight",
+    "Embedder": "bertkit.inference.embedder",
+    "extract": "bertkit.inference.features",
+    "FillMask": "bertkit.inference.fill_mask",
+    "similarity": "bertkit.inference.insight",
+    "attention": "bertkit.inference.insight",
 }
 __all__ = [
     "BertConfig",
@@ -75,8 +75,6 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from bertkit.config import BertConfig
-    from bertkit.embedding import Embedder
-    from bertkit.fill_mask import FillMask
     from bertkit.heads import (
         BertForMaskedLM,
         BertForMultipleChoice,
@@ -85,9 +83,11 @@ if TYPE_CHECKING:
         BertForSequenceClassification,
         BertForTokenClassification,
     )
-    from bertkit.insight import attention, similarity
+    from bertkit.inference.embedder import Embedder
+    from bertkit.inference.fill_mask import FillMask
+    from bertkit.inference.insight import attention, similarity
+    from bertkit.inference.predict import PredictConfig, Predictor
     from bertkit.model import BertModel, BertModelOutput
-    from bertkit.predict import PredictConfig, Predictor
     from bertkit.tasks.files import FileConfig
     from bertkit.tasks.own import DataConfig
     from bertkit.tokenizer import BertTokenizer, train_vocab

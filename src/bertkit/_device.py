@@ -1,8 +1,17 @@
-"""Moving tensors to the device a step runs on without making the host wait."""
+"""The device a run or a model uses when none is named (decided here alone), and moving tensors
+to it without making the host wait."""
 
 from __future__ import annotations
 
 import torch
+
+
+def default_device(device: str | torch.device | None = None) -> torch.device:
+    """`device` as given; where none is: a GPU when one is available, else the CPU (what
+    `--device` means when it is left out, for every command)."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device)
 
 
 def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:

@@ -135,6 +135,9 @@ def run_lock(directory: str | os.PathLike) -> Iterator[None]:
 DIGEST_FILE = "trainer_state.sha256"  # a run's checksums of its state and model file
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "trainer_state.pt"  # a run's optimiser, schedule and RNG state
+# What a fine-tuned folder says of itself: its task, head and settings (finetune writes it;
+# bertkit.inference.loader reads it).
+TASK_FILE = "bertkit_task.json"
 
 
 def sha256_of(path: str | os.PathLike) -> str:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from bertkit._io import atomic_path, atomic_write_text, check_model_digest
+from bertkit._io import TASK_FILE, atomic_path, atomic_write_text, check_model_digest
 from bertkit._tf_bundle import _BFloat16, bundle_prefix, read_bundle, write_bundle
 from bertkit.config import BertConfig
 from bertkit.hub import model_dir
@@ -574,7 +574,7 @@ def convert(
         )
     else:
         raise ValueError(f"unknown target format {to!r}; expected 'hf' or 'google'")
-    for name in ("vocab.txt", "tokenizer_config.json", "bertkit_task.json"):  # (a task model's)
+    for name in ("vocab.txt", "tokenizer_config.json", TASK_FILE):  # (a task model's)
         if (src / name).exists() and src.resolve() != dst.resolve():
             shutil.copyfile(src / name, dst / name)
     return dst

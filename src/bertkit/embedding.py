@@ -1,8 +1,6 @@
 """Sentence embeddings: a text's token states pooled into one vector, the bi-encoder that
-`bertkit finetune sentence-embedding` trains, its folder in the sentence-transformers layout,
-and `Embedder` for raw text.
-
-    Embedder("runs/emb")(["A man is eating.", "Someone eats."])   # (2, H) unit vectors
+`bertkit finetune sentence-embedding` trains, and its folder in the sentence-transformers layout
+(`bertkit.inference.embedder.Embedder` gives raw texts' vectors).
 
 Pooling is defined once, as sentence-transformers defines it: the mean of the final states of
 every real token ([CLS] and [SEP] included: attention mask 1), or [CLS]'s state. A saved model is
@@ -16,15 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bertkit._io import atomic_write_text
+from bertkit._io import TASK_FILE, atomic_write_text
 from bertkit.config import BertConfig
 from bertkit.model import BertModel, BertPreTrainedModel
 
@@ -134,56 +130,11 @@ class BertForSentenceEmbedding(BertPreTrainedModel):
         )
 
 
-class Embedder:
-    """Unit vectors of raw texts from a model folder (a bertkit sentence-embedding model, a
-    sentence-transformers folder, or any BERT: mean pooling), in batches.
-
-    >>> Embedder("runs/emb")(["a text", "another"]).shape   # doctest: +SKIP
-    (2, 384)
-    """
-
-    def __init__(
-        self,
-        model: str | os.PathLike,
-        *,
-        device: str | None = None,
-        batch_size: int = 64,
-        max_seq_length: int | None = None,
-    ) -> None:
-        from bertkit.hub import model_dir
-        from bertkit.tokenizer import BertTokenizer
-
-        path = model_dir(model)
-        self.model = BertForSentenceEmbedding.from_pretrained(path)
-        self.tokenizer = BertTokenizer.from_pretrained(path)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model.to(self.device).eval()
-        self.batch_size = batch_size
-        self.max_seq_length = max_seq_length or declared_length(path) or 128
-
-    @torch.no_grad()
-    def __call__(self, texts: Sequence[str]) -> np.ndarray:
-        vectors = []
-        for start in range(0, len(texts), self.batch_size):
-            encoded = self.tokenizer(
-                list(texts[start : start + self.batch_size]), max_length=self.max_seq_length,
-                truncation=True, padding=True, return_tensors="pt",
-            )  # fmt: skip
-            batch = {k: v.to(self.device) for k, v in encoded.items() if k != "offset_mapping"}
-            vectors.append(
-                self.model(
-                    batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"]
-                ).cpu()
-            )
-        hidden = self.model.config.hidden_size
-        return torch.cat(vectors).numpy() if vectors else np.zeros((0, hidden), np.float32)
-
-
 def declared_length(path: Path) -> int | None:
     """The length a folder's texts are cut at, where it says (sentence-transformers'
-    sentence_bert_config.json, a fine-tuned bertkit_task.json); None where it does not."""
+    sentence_bert_config.json, a fine-tuned folder's task record); None where it does not."""
     for name, key in (("sentence_bert_config.json", "max_seq_length"),
-                      ("bertkit_task.json", "max_seq_length")):  # fmt: skip
+                      (TASK_FILE, "max_seq_length")):  # fmt: skip
         file = path / name
         if file.exists():
             try:

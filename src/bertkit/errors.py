@@ -1,5 +1,5 @@
-"""Exceptions the `bertkit` command turns into one-line messages (no torch import here, so the
-command can catch them without loading torch)."""
+"""Exceptions the `bertkit` command turns into one-line messages, and the one a server answers
+with a status (no torch import here, so the command can catch them without loading torch)."""
 
 from __future__ import annotations
 
@@ -18,3 +18,11 @@ class TrainingInterrupted(Exception):
         super().__init__(message)
         number = getattr(signal, signal_name, None)
         self.exit_code = 128 + int(number) if number is not None else 1
+
+
+class InputError(ValueError):
+    """A request the server refuses: `status` 413 (too large) or 422 (not what it takes)."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status

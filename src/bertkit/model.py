@@ -387,7 +387,7 @@ class BertPreTrainedModel(nn.Module):
         self.config = config
         self.source_dir: str | None = None  # where from_pretrained read it (for its vocab)
         # Every position on the padded path, with no data-dependent shapes and an additive
-        # attention mask: what an ONNX export traces (bertkit.export sets it on the model and
+        # attention mask: what an ONNX export traces (bertkit.inference.export sets it on the model and
         # its encoder); the default picks the faster unpadded path.
         self.padded_only = False
         # The padded path without data-dependent shapes, for CUDA graphs (`set_static_shapes`)

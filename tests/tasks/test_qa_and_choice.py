@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from bertkit.evaluation import evaluate
-from bertkit.finetune import FinetuneConfig, finetune
-from bertkit.predict import Predictor
+from bertkit.finetuning.evaluation import evaluate
+from bertkit.finetuning.train import FinetuneConfig, finetune
+from bertkit.inference.predict import Predictor
 from bertkit.tasks import get_task
 from bertkit.tasks.base import DataError
 from bertkit.tasks.own import DataConfig

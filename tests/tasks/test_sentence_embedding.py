@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from bertkit.cli import main
-from bertkit.embedding import Embedder, pool
-from bertkit.finetune import FinetuneConfig, finetune
-from bertkit.predict import Predictor
+from bertkit.embedding import pool
+from bertkit.finetuning.train import FinetuneConfig, finetune
+from bertkit.inference.embedder import Embedder
+from bertkit.inference.predict import Predictor
 from bertkit.tasks.base import DataError
 from bertkit.tasks.own import DataConfig
 

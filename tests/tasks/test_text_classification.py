@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from bertkit.finetune import FinetuneConfig, finetune
-from bertkit.finetune_runs import finetune_seeds
+from bertkit.finetuning.runs import finetune_seeds
+from bertkit.finetuning.train import FinetuneConfig, finetune
 from bertkit.heads import BertForSequenceClassification
-from bertkit.predict import Predictor
+from bertkit.inference.predict import Predictor
 from bertkit.tasks import get_task
 from bertkit.tasks.base import run_outputs
 from bertkit.tasks.own import DataConfig
@@ -88,7 +88,7 @@ def test_single_label_end_to_end(words_model, tmp_path, transformers):
 
 
 def test_label_names_survive_the_onnx_export(words_model, tmp_path, ort):
-    from bertkit.export import export_onnx
+    from bertkit.inference.export import export_onnx
 
     train, dev = headlines(tmp_path, train=32, dev=16)
     data = DataConfig(train=str(train), validation=str(dev), text_column="headline",

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from bertkit.finetune import FinetuneConfig, finetune
-from bertkit.predict import Predictor
+from bertkit.finetuning.train import FinetuneConfig, finetune
+from bertkit.inference.predict import Predictor
 from bertkit.tasks import get_task
 from bertkit.tasks.base import DataError
 from bertkit.tasks.own import DataConfig

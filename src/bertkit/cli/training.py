@@ -205,8 +205,8 @@ def add_pretrain(commands) -> None:
 
 # --------------------------------------------------------------------------- finetune, evaluate
 def _finetune(args: argparse.Namespace) -> None:
-    from bertkit.finetune import FinetuneConfig, finetune, random_init_dir
-    from bertkit.finetune_runs import finetune_grid, finetune_seeds
+    from bertkit.finetuning.runs import finetune_grid, finetune_seeds
+    from bertkit.finetuning.train import FinetuneConfig, finetune, random_init_dir
     from bertkit.tasks import OWN_TASKS, check_data
     from bertkit.tasks.own import DataConfig
 
@@ -272,7 +272,7 @@ def task_name(text: str) -> str:
 
 
 def add_finetune(commands) -> None:
-    from bertkit.finetune import FinetuneConfig
+    from bertkit.finetuning.train import FinetuneConfig
     from bertkit.tasks import OWN_TASKS, PAPER_TASKS
     from bertkit.tasks.own import DataConfig
 
@@ -313,7 +313,7 @@ def add_finetune(commands) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> None:
-    from bertkit.evaluation import EvaluateConfig, evaluate
+    from bertkit.finetuning.evaluation import EvaluateConfig, evaluate
 
     result = evaluate(args.model, args.data, from_flags(args, EvaluateConfig, progress=True))
     report = result.pop("report", None)
@@ -322,7 +322,7 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 
 def add_evaluate(commands) -> None:
-    from bertkit.evaluation import EvaluateConfig
+    from bertkit.finetuning.evaluation import EvaluateConfig
 
     evaluate = command(commands, "evaluate", "score a fine-tuned model on a split")
     evaluate.add_argument("--model", required=True, help="a directory `bertkit finetune` wrote")

@@ -13,7 +13,7 @@ from bertkit.settings import QUANTIZATIONS, add_flags, command, from_flags
 
 # --------------------------------------------------------------------------- predict, export, serve
 def _predict(args: argparse.Namespace) -> None:
-    from bertkit.predict import PredictConfig, Predictor, predict_file
+    from bertkit.inference.predict import PredictConfig, Predictor, predict_file
 
     predictor = Predictor(args.model, from_flags(args, PredictConfig, progress=not args.quiet))
     if args.input is not None:
@@ -31,7 +31,7 @@ def _predict(args: argparse.Namespace) -> None:
 
 
 def add_predict(commands) -> None:
-    from bertkit.predict import PredictConfig
+    from bertkit.inference.predict import PredictConfig
 
     predict = command(commands, "predict", "labels, spans or tags for raw text")
     predict.add_argument("--model", required=True, help="a directory `bertkit finetune` wrote")
@@ -58,7 +58,7 @@ def add_predict(commands) -> None:
 
 
 def _export(args: argparse.Namespace) -> None:
-    from bertkit.export import export_onnx
+    from bertkit.inference.export import export_onnx
 
     path = export_onnx(
         args.model, args.out, quantize=args.quantize, opset=args.opset, overwrite=args.overwrite
@@ -100,7 +100,7 @@ def add_serve(commands) -> None:
 
 # --------------------------------------------------------------------------- insight
 def _fill_mask(args: argparse.Namespace) -> None:
-    from bertkit.fill_mask import FillMask, FillMaskConfig
+    from bertkit.inference.fill_mask import FillMask, FillMaskConfig
     from bertkit.tasks.files import read_jsonl
 
     items = read_jsonl(args.input) if args.input else list(args.text)
@@ -113,7 +113,7 @@ def _fill_mask(args: argparse.Namespace) -> None:
 
 
 def add_fill_mask(commands) -> None:
-    from bertkit.fill_mask import FillMaskConfig
+    from bertkit.inference.fill_mask import FillMaskConfig
 
     fill = command(
         commands, "fill-mask", "the most likely pieces for each [MASK] of a text (MLM head)"
@@ -126,7 +126,7 @@ def add_fill_mask(commands) -> None:
 
 
 def _similarity(args: argparse.Namespace) -> None:
-    from bertkit.insight import similarity
+    from bertkit.inference.insight import similarity
 
     layer = args.layer if args.layer in ("last", "all") else int(args.layer)
     result = similarity(args.model, args.text, layer=layer, pooling=args.pooling, word=args.word)
@@ -153,7 +153,7 @@ def add_similarity(commands) -> None:
 
 
 def _attention(args: argparse.Namespace) -> None:
-    from bertkit.insight import attention
+    from bertkit.inference.insight import attention
 
     result = attention(args.model, args.text, args.pair)
     if str(args.out).lower().endswith((".html", ".htm")):
@@ -177,7 +177,7 @@ def add_attention(commands) -> None:
 
 
 def _extract(args: argparse.Namespace) -> None:
-    from bertkit.features import ExtractConfig, extract_file
+    from bertkit.inference.features import ExtractConfig, extract_file
 
     path, features = extract_file(args.model, args.input, args.out,
                                   from_flags(args, ExtractConfig))  # fmt: skip
@@ -187,7 +187,7 @@ def _extract(args: argparse.Namespace) -> None:
 
 
 def add_extract(commands) -> None:
-    from bertkit.features import ExtractConfig
+    from bertkit.inference.features import ExtractConfig
 
     extract = command(
         commands, "extract", "frozen per-token features from chosen layers (feature-based approach)"
@@ -222,7 +222,7 @@ def add_viz(commands) -> None:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from bertkit.demo import run_demo
+    from bertkit.cli.demo import run_demo
     from bertkit.pretraining.train import parse_budget
 
     run_demo(

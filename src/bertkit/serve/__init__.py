@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 
+from bertkit.errors import InputError
 from bertkit.serve.batcher import DynamicBatcher, QueueFull
 from bertkit.serve.config import ServeConfig
-from bertkit.serve.engine import InputError, ServedModel
+from bertkit.serve.engine import ServedModel
 
 __all__ = ["DynamicBatcher", "InputError", "QueueFull", "ServeConfig", "ServedModel",
            "serve"]  # fmt: skip

@@ -37,11 +37,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from bertkit.errors import InputError
 from bertkit.serve.batcher import BatchStats, DynamicBatcher, QueueFull, Stopped
 from bertkit.serve.clients import openai_error
 from bertkit.serve.config import ServeConfig
 from bertkit.serve.connections import GuardedHTTP, descriptors_for
-from bertkit.serve.engine import ENDPOINTS, InputError, ServedModel
+from bertkit.serve.engine import ENDPOINTS, ServedModel
 from bertkit.serve.metrics import Metrics
 
 log = logging.getLogger("bertkit.serve")
@@ -462,12 +463,13 @@ def serve(model: str | os.PathLike, config: ServeConfig | None = None, *,
     # 64.9 for 1,500 batches on a Xeon with AMX, 2 threads; why evicted bf16 kernels cost that
     # much to make again was not profiled; docs/results/serve). Read when oneDNN first runs, so
     # before the model does; a value in the environment wins.
-    import torch
 
+    from bertkit._device import default_device
     from bertkit.precision import resolve_precision
 
-    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    compute = resolve_precision(config.precision, device, backend=config.backend)
+    compute = resolve_precision(
+        config.precision, default_device(config.device), backend=config.backend
+    )
     if compute.name == "fp32":
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
     common: dict[str, Any] = dict(host=config.host, port=config.port, log_level="warning",

@@ -27,6 +27,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from bertkit.errors import InputError
+
 # Cohere's and Jina's rerank fields this server reads (and its own "truncate")
 RERANK_FIELDS = ("model", "query", "documents", "top_n", "return_documents", "truncate")
 
@@ -68,7 +70,6 @@ def hf_parameters(body: dict[str, Any], allowed: tuple[str, ...]) -> dict[str, A
     """The `parameters` object `InferenceClient` sends beside "inputs" (None values left out
     by the client), checked: a parameter this server does not apply is refused by name rather
     than ignored."""
-    from bertkit.serve.engine import InputError
 
     parameters = body.get("parameters") or {}
     if not isinstance(parameters, dict):

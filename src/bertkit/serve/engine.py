@@ -5,7 +5,7 @@ endpoints, the checks on a request body, and the batch functions the batcher cal
     items = model.parse("predict", {"inputs": ["a fine film", "a dull one"]})
     model.run("predict", items)   # [{"label": "positive", "score": 0.97, ...}, ...]
 
-A fine-tuned checkpoint (`bertkit_task.json`) answers `predict` with its task's answers (labels
+A fine-tuned checkpoint (one with a task record) answers `predict` with its task's answers (labels
 by name, entities with character offsets, answer spans, choices) and `embed` with its encoder;
 a plain encoder (e.g. all-MiniLM-L6-v2) answers `embed`; one with a masked-LM head (bertkit
 pre-training's output) `fill-mask` and `embed`. With `backend="onnx"` the model runs on ONNX
@@ -25,7 +25,10 @@ from typing import Any
 
 import torch
 
+from bertkit._device import default_device
+from bertkit._io import TASK_FILE
 from bertkit.embedding import POOLINGS, declared_length, pool, read_pooling
+from bertkit.errors import InputError
 from bertkit.precision import (
     cast_for_inference,
     compile_for_inference,
@@ -44,19 +47,10 @@ from bertkit.serve.clients import (
 )
 from bertkit.serve.config import ServeConfig
 from bertkit.settings import BACKENDS, QUANTIZATIONS
-from bertkit.tasks.base import TASK_FILE
 
 log = logging.getLogger(__name__)
 
 ENDPOINTS = ("predict", "embed", "v1/embeddings", "rerank", "v1/rerank", "similarity", "fill-mask")
-
-
-class InputError(ValueError):
-    """A request the server refuses: `status` 413 (too large) or 422 (not what it takes)."""
-
-    def __init__(self, message: str, status: int = 422) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class _Counting:
@@ -92,9 +86,10 @@ class ServedModel:
         (`precision.compile_for_inference`); fill-mask runs as it is. `served_name`: the
         model's name in /v1/models and the OpenAI-style answers (default: a Hub name as given,
         else the folder's name)."""
-        from bertkit.export import ONNX_FILE, ONNX_INFO, OnnxModel, export_onnx
         from bertkit.hub import model_dir
-        from bertkit.predict import Predictor
+        from bertkit.inference.export import export_onnx
+        from bertkit.inference.loader import ONNX_FILE, ONNX_INFO, OnnxModel
+        from bertkit.inference.predict import Predictor
         from bertkit.tokenizer import BertTokenizer
 
         given = str(path)
@@ -132,7 +127,7 @@ class ServedModel:
         self.path = path
         # /embed's default: what a sentence-transformers folder declares, else the mean
         self.pooling = read_pooling(self.source) or "mean"
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = default_device(device)
         self.precision = resolve_precision(precision, self.device, backend=backend)
         self.max_batch_size = max_batch_size
         self.predictor: Predictor | None = None
@@ -158,7 +153,7 @@ class ServedModel:
                 if "last_hidden_state" not in session.names:
                     raise ValueError(
                         f"{path}: an ONNX export of {session.info.get('head')} without a task "
-                        "(no bertkit_task.json): nothing to serve"
+                        f"(no {TASK_FILE}): nothing to serve"
                     )
                 self._encoder = session
             else:
@@ -172,11 +167,11 @@ class ServedModel:
             self.max_seq_length = min(declared_length(self.source) or longest, longest)
 
     def _load_torch_encoder(self, path: Path) -> torch.nn.Module:
-        from bertkit.fill_mask import FillMask, has_mlm_head
-        from bertkit.model import BertModel
+        from bertkit.inference.fill_mask import FillMask, has_mlm_head
+        from bertkit.inference.loader import load
 
         if not has_mlm_head(path):  # an encoder alone
-            return BertModel.from_pretrained(path).to(self.device).eval()
+            return load(path, head="BertModel", device=self.device).model
         self.fill = FillMask(path, device=str(self.device), batch_size=self.max_batch_size)
         self.fill.model.register_forward_pre_hook(lambda *_: self._count())
         return self.fill.model.bert
@@ -496,7 +491,7 @@ class ServedModel:
             return {"object": "list", "data": data, "model": self.name,
                     "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
         if endpoint == "v1/rerank":
-            from bertkit.predict import ranked
+            from bertkit.inference.predict import ranked
 
             (_, top_n), documents = items[0][1:], [text for (_, text), _, _ in items]
             results = cohere_results(ranked(results), documents, top_n, items[0][1])
@@ -517,7 +512,7 @@ class ServedModel:
             ]
             return answers[0] if style.single else answers
         if endpoint == "rerank":
-            from bertkit.predict import ranked
+            from bertkit.inference.predict import ranked
 
             answer = ranked(results)
             for entry in answer:
@@ -528,7 +523,7 @@ class ServedModel:
         return results
 
     def _predict_item(self, item: Any, n: int) -> Any:
-        from bertkit.predict import _plain
+        from bertkit.inference.predict import _plain
 
         assert self.predictor is not None
         try:

@@ -3,7 +3,7 @@ line, padded collation and length-bucketed batches for the one training loop.
 
 A task turns its official files into *examples* (what the file says), examples into *features*
 (model inputs, one or more per example: SQuAD windows), a model's raw outputs back into
-predictions, and predictions into the official metric. `bertkit.finetune` drives the rest.
+predictions, and predictions into the official metric. `bertkit.finetuning.train` drives the rest.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+
+from bertkit._io import TASK_FILE
 
 Feature = dict[str, Any]  # model inputs as lists of ints, plus bookkeeping (example index, ...)
 # Table 5's feature-style heads: the encoder's states through a BiLSTM (token-level heads only)
@@ -235,7 +237,7 @@ class Task:
     def write_predictions(self, examples: Sequence, predictions: Any, path: Path) -> Path:
         raise NotImplementedError
 
-    # What a fine-tuned checkpoint keeps of its task in bertkit_task.json: the `settings` it
+    # What a fine-tuned checkpoint keeps of its task in its task record (TASK_FILE): the `settings` it
     # learnt from the training file or was given (a label set, how files are read) and those it
     # tunes on the dev set (SQuAD 2.0's no-answer threshold, multi-label thresholds). Values,
     # not hidden state: `score` changes nothing, `with_settings` returns a new task.
@@ -501,12 +503,8 @@ def run_outputs(
     return result
 
 
-# What a fine-tuned checkpoint says of itself: its task, head and settings (finetune writes it).
-TASK_FILE = "bertkit_task.json"
-
-
 def read_task_info(model: str | os.PathLike) -> dict:
-    """The `bertkit_task.json` of a fine-tuned checkpoint directory."""
+    """The task record (`TASK_FILE`) of a fine-tuned checkpoint directory."""
     from bertkit.hub import model_dir
 
     folder = model_dir(model)

@@ -169,12 +169,6 @@ class OwnTask(Task):
         task.data = dataclasses.replace(self.data, **kept)
         return task
 
-    def with_data(self, **changes: Any) -> OwnTask:
-        """A copy reading other columns or another format (`bertkit predict --text-column`)."""
-        task = copy.copy(self)
-        task.data = dataclasses.replace(self.data, **changes)
-        return task
-
 
 def _field(split: str) -> str:
     return {"dev": "validation"}.get(split, split)

@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bertkit._device import default_device
+
 
 @dataclass(frozen=True)
 class Distributed:
@@ -37,7 +39,7 @@ def setup(device: str | None = None) -> Distributed:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = default_device().type
     chosen = torch.device(f"cuda:{local_rank}" if device == "cuda" else device)
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)

@@ -7,7 +7,7 @@ trained; AdamW (weight decay 0.01, not on biases and LayerNorm), linear warmup o
 of the steps then linear decay, dropout 0.1, 3 epochs, batch 32, lr 5e-5 (the task's own where
 the paper gives one). Batches group features of similar length. After every epoch the dev set is
 scored with the task's official metric; the best epoch's model is kept in OUT (config.json,
-model.safetensors, vocab.txt, `bertkit_task.json`) with its dev predictions, and OUT holds
+model.safetensors, vocab.txt and its task record) with its dev predictions, and OUT holds
 `results.json` (`"dev"`: metric -> value), `log.jsonl` and `curves.png`.
 
 Your own files go through the same loop with the generic tasks (`text-classification`,
@@ -15,8 +15,8 @@ Your own files go through the same loop with the generic tasks (`text-classifica
 files and columns; their OUT also holds `predictions.jsonl` (and `predictions_test.jsonl`), the
 per-class `report` in results.json and `confusion.png`.
 
-Several runs of one task (seeds, the paper's grid): `bertkit.finetune_runs`; scoring a split
-or a saved model: `bertkit.evaluation`.
+Several runs of one task (seeds, the paper's grid): `bertkit.finetuning.runs`; scoring a split
+or a saved model: `bertkit.finetuning.evaluation`.
 """
 
 from __future__ import annotations
@@ -42,23 +42,25 @@ from bertkit._io import (
     LOCK_FILE,
     MODEL_FILE,
     STATE_FILE,
+    TASK_FILE,
     record_model_digest,
     write_json,
 )
 from bertkit.checkpoint import read_config
-from bertkit.evaluation import draw_reports, evaluate_split, final_evaluation, score_held_out
-from bertkit.finetune_config import FinetuneConfig
+from bertkit.finetuning.config import FinetuneConfig
+from bertkit.finetuning.evaluation import (
+    draw_reports,
+    evaluate_split,
+    final_evaluation,
+    score_held_out,
+)
+from bertkit.finetuning.model_card import write_model_card
 from bertkit.heads import MODEL_CLASSES
 from bertkit.hub import model_dir
 from bertkit.model import set_activation_checkpointing, set_dropout_parity, set_static_shapes
-from bertkit.model_card import write_model_card
 from bertkit.settings import flat
 from bertkit.tasks import Task, get_task
-from bertkit.tasks.base import (
-    TASK_FILE,
-    FinetuneData,
-    collate,
-)
+from bertkit.tasks.base import FinetuneData, collate
 from bertkit.tasks.own import DataConfig, describe
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
@@ -586,8 +588,8 @@ def random_init_dir(
 def save_finetuned(
     model, tokenizer, out: Path, task: Task, config: FinetuneConfig, settings: dict | None = None
 ) -> None:
-    """The model, its vocabulary and bertkit_task.json: the task, its head, what it learnt
-    from the training file (`Task.settings`) and tuned on dev (`settings`)."""
+    """The model, its vocabulary and its task record (TASK_FILE): the task, its head, what
+    it learnt from the training file (`Task.settings`) and tuned on dev (`settings`)."""
     model.save_pretrained(out, tokenizer=tokenizer)
     info = {
         "task": task.name,

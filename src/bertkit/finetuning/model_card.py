@@ -62,7 +62,7 @@ def _data_files(data: Any) -> list[Path]:
 
 def _command(task: Any, model: Path, data: Any, config: Any, out: Path) -> str:
     """`bertkit finetune` with the settings that differ from the task's defaults."""
-    from bertkit.finetune_config import FinetuneConfig
+    from bertkit.finetuning.config import FinetuneConfig
     from bertkit.tasks.own import DataConfig
 
     words = ["bertkit", "finetune", task.name, "--model", str(model)]

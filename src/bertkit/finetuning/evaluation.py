@@ -10,15 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from bertkit._io import write_json
-from bertkit.heads import MODEL_CLASSES
-from bertkit.hub import model_dir
+from bertkit.inference.loader import load
 from bertkit.settings import Settings, device_setting, replaced, setting
 from bertkit.tasks import Task
-from bertkit.tasks.base import read_task_info, run_outputs, task_of_checkpoint
-from bertkit.tokenizer import BertTokenizer
+from bertkit.tasks.base import read_task_info, run_outputs
 from bertkit.viz import plot_confusion
 
 
@@ -85,7 +81,7 @@ def chosen_model_predictions(task: Task, out: Path, splits, batch_size: int, dev
     written the predictions where that split's go."""
     info = read_task_info(out)
     tuned = task.with_settings(info)
-    net = MODEL_CLASSES[info["head"]].from_pretrained(out).to(device).eval()
+    net = load(out, head=info["head"], device=device).model
     for split, (examples, features) in splits:
         outputs = run_outputs(tuned, net, features, batch_size, device)
         predictions = tuned.predictions(examples, features, outputs)
@@ -139,13 +135,10 @@ def evaluate(
     config = replaced(config or EvaluateConfig(), **settings)
     split, out = config.split, config.out
     # the checkpoint's settings: SQuAD 2.0's threshold, a user's labels and columns
-    model = model_dir(model)
-    task_obj, info = task_of_checkpoint(model, config.task)
-    tokenizer = BertTokenizer.from_pretrained(model)
-    max_seq_length = info.get("max_seq_length", task_obj.default_max_seq_length)
-    net = MODEL_CLASSES[info.get("head", task_obj.head)].from_pretrained(model)
-    target = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    net.to(target).eval()
+    loaded = load(model, fine_tuned=True, task=config.task, device=config.device)
+    assert loaded.task is not None and loaded.max_seq_length is not None
+    model, task_obj, tokenizer = loaded.path, loaded.task, loaded.tokenizer
+    max_seq_length, net, target = loaded.max_seq_length, loaded.model, loaded.device
     examples = task_obj.read(data, split)
     features = task_obj.featurize(examples, tokenizer, max_seq_length)
     outputs = run_outputs(

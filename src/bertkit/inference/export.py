@@ -7,7 +7,7 @@ Runtime where `Predictor` would run PyTorch (`bertkit serve --backend onnx` serv
     Predictor("runs/mrpc-onnx", backend="onnx")([("A sentence.", "Its pair.")])
 
 The export folder is a complete checkpoint folder for `Predictor`: `model.onnx` plus the source's
-`config.json`, `vocab.txt`, `tokenizer_config.json`, `bertkit_task.json` and `onnx.json` (what
+`config.json`, `vocab.txt`, `tokenizer_config.json`, its task record and `onnx.json` (what
 was exported: head, outputs, opset, quantisation). The graph takes `input_ids`,
 `token_type_ids` and `attention_mask` of any batch size and length (multiple choice: (batch,
 choices, length)) and returns the head's outputs (`logits`, or `start_logits`/`end_logits`; a
@@ -23,19 +23,15 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
-import numpy as np
 import torch
 
-from bertkit._io import atomic_write_text
+from bertkit._io import TASK_FILE, atomic_write_text
+from bertkit.inference.loader import ONNX_FILE, ONNX_INFO, load
 from bertkit.settings import QUANTIZATIONS
 
-ONNX_FILE = "model.onnx"
-ONNX_INFO = "onnx.json"
 INPUTS = ("input_ids", "token_type_ids", "attention_mask")
-_COPIED = ("config.json", "vocab.txt", "tokenizer_config.json", "bertkit_task.json")
+_COPIED = ("config.json", "vocab.txt", "tokenizer_config.json", TASK_FILE)
 
 
 def _outputs(head: str) -> tuple[str, ...]:
@@ -72,7 +68,6 @@ def export_onnx(
 ) -> Path:
     """Write `out/model.onnx` (fp32, or int8 with `quantize="int8"`) and the files `Predictor`
     needs beside it. Returns the ONNX file's path."""
-    from bertkit.heads import MODEL_CLASSES
     from bertkit.hub import model_dir
     from bertkit.model import BertPreTrainedModel
 
@@ -81,15 +76,8 @@ def export_onnx(
         raise ValueError(f"quantize must be {', '.join(QUANTIZATIONS)} or None, not {quantize!r}")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise FileExistsError(f"{out}: not empty; pass --overwrite or pick another folder")
-    task_file = model / "bertkit_task.json"
-    if task_file.exists():
-        head = json.loads(task_file.read_text())["head"]
-    else:  # config.json's "architectures" (what save_pretrained and transformers write)
-        config_file = model / "config.json"
-        written = json.loads(config_file.read_text()) if config_file.exists() else {}
-        architectures = written.get("architectures") or ["BertModel"]
-        head = architectures[0] if architectures[0] in MODEL_CLASSES else "BertModel"
-    net = MODEL_CLASSES[head].from_pretrained(model).eval()
+    loaded = load(model, device="cpu")  # as its task record or config.json names its head
+    head, net = loaded.head, loaded.model
     for module in net.modules():  # the head and its encoder
         if isinstance(module, BertPreTrainedModel):
             module.padded_only = True
@@ -158,56 +146,3 @@ def _output_axes(names: tuple[str, ...], choices: bool) -> dict[str, dict[int, s
         else:  # per position (and multiple choice's (batch, choices))
             axes[name] = {0: "batch", 1: "choices" if choices else "length"}
     return axes
-
-
-class OnnxModel:
-    """An ONNX Runtime session that answers like a bertkit head: `model(input_ids=…, …)` gives an
-    object with the exported outputs as torch tensors. Threads: torch's count; the workers do
-    not spin after a run (spinning threads slow whatever runs next on a small CPU)."""
-
-    training = False
-
-    def __init__(self, directory: str | os.PathLike, threads: int | None = None) -> None:
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            raise ImportError(
-                "the onnx backend needs onnxruntime: pip install onnxruntime"
-            ) from None
-        directory = Path(directory)
-        path = directory / ONNX_FILE
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no ONNX model (make one: bertkit export --onnx)")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or torch.get_num_threads()
-        options.inter_op_num_threads = 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.names = [o.name for o in self.session.get_outputs()]
-        info = directory / ONNX_INFO
-        self.info: dict[str, Any] = json.loads(info.read_text()) if info.exists() else {}
-
-    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, **_: Any):
-        feeds = {
-            "input_ids": input_ids,
-            "token_type_ids": torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids,
-            "attention_mask": torch.ones_like(input_ids) if attention_mask is None else attention_mask,
-        }  # fmt: skip
-        arrays = {
-            k: np.ascontiguousarray(v.cpu().numpy(), dtype=np.int64) for k, v in feeds.items()
-        }
-        values = self.session.run(self.names, arrays)
-        return SimpleNamespace(
-            **{n: torch.from_numpy(v) for n, v in zip(self.names, values, strict=True)}
-        )
-
-    # what run_outputs and Predictor call on a torch model
-    def eval(self) -> OnnxModel:
-        return self
-
-    def train(self, mode: bool = True) -> OnnxModel:
-        return self
-
-    def to(self, *_: Any, **__: Any) -> OnnxModel:
-        return self

@@ -81,7 +81,8 @@ def run_demo(
     MLM + NSP) -> fill-mask.
     Pre-training lasts `budget_seconds` of training time (or `max_steps` steps, whichever ends
     first); progress is printed as it comes."""
-    from bertkit import BertForMaskedLM, BertTokenizer, train_vocab
+    from bertkit import train_vocab
+    from bertkit.inference.loader import load
     from bertkit.pretraining.recipes import apply_recipe
     from bertkit.pretraining.shards import prepare_shards
     from bertkit.pretraining.train import run_pretraining
@@ -166,8 +167,8 @@ def run_demo(
         on_entry=report,
     )
 
-    model = BertForMaskedLM.from_pretrained(out_dir)
-    tokenizer = BertTokenizer.from_pretrained(out_dir)
+    loaded = load(out_dir, head="BertForMaskedLM", device="cpu")
+    model, tokenizer = loaded.model, loaded.tokenizer
     say("5. fill-mask with the pre-trained model (top 5 for each [MASK]):")
     for sentence in (
         "Return the [MASK] of the list.",

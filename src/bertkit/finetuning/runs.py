@@ -16,7 +16,7 @@ import torch
 
 from bertkit import stats
 from bertkit._io import write_json
-from bertkit.finetune import (
+from bertkit.finetuning.train import (
     RESULTS_FILE,
     Data,
     FinetuneConfig,

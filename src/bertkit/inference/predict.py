@@ -13,7 +13,7 @@ Each item gets a dict (JSON-ready), as the task answers (`Task.answer`): a class
 its threshold; a tagger per word its tag and score, and `entities` with type, character
 offsets and score; SQuAD the answer span. The task, its label names, `max_seq_length` and
 what was tuned on validation (SQuAD 2.0's null threshold, multi-label thresholds) come from
-the checkpoint (`bertkit_task.json`, config.json).
+the checkpoint (its task record and config.json).
 
 `predict_file` streams a whole file (CSV, TSV, JSON Lines, JSON, Parquet, a paper task's own
 files, CoNLL columns for a tagger, or stdin one text a line) to JSON Lines, CSV or (a tagger's)
@@ -35,15 +35,7 @@ from typing import Any
 import torch
 
 from bertkit._io import atomic_path
-from bertkit.checkpoint import read_config
-from bertkit.heads import MODEL_CLASSES
-from bertkit.hub import model_dir
-from bertkit.precision import (
-    cast_for_inference,
-    compile_for_inference,
-    inference_compile,
-    resolve_precision,
-)
+from bertkit.inference.loader import OnnxModel, load
 from bertkit.settings import (
     Settings,
     backend_setting,
@@ -55,11 +47,9 @@ from bertkit.settings import (
     replaced,
     setting,
 )
-from bertkit.tasks.base import DataError, Task, run_outputs, task_of_checkpoint
+from bertkit.tasks.base import DataError, Task, run_outputs
 from bertkit.tasks.files import FileConfig, file_format, json_lines, read_jsonl, read_rows
-from bertkit.tasks.own import OwnTask
 from bertkit.tasks.tagging import WordTagger
-from bertkit.tokenizer import BertTokenizer
 
 # the label of a cross-encoder's classes that means "relevant" (`Predictor.rerank` scores it)
 RELEVANT = ("1", "relevant", "entailment", "paraphrase", "yes", "true", "positive")
@@ -116,40 +106,24 @@ class Predictor:
         for training (bertkit.precision): `auto` is bf16 autocast where the device runs it
         natively, fp32 elsewhere; an ONNX export runs as it was exported."""
         self.config = config = replaced(config or PredictConfig(), **settings)
-        compiled = inference_compile(config.compile, config.backend)
-        model = model_dir(model)  # a folder, or a Hub name
-        self.task, info = task_of_checkpoint(model)
-        self.max_seq_length = int(info.get("max_seq_length", self.task.default_max_seq_length))
-        self.tokenizer = BertTokenizer.from_pretrained(model)
-        if config.backend == "onnx":
-            from bertkit.export import OnnxModel
-
-            self.device = torch.device("cpu")
-            self.model: torch.nn.Module | OnnxModel = OnnxModel(model)
-            model_config = read_config(Path(model))
-        else:
-            device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-            self.device = torch.device(device)
-            head = MODEL_CLASSES[info.get("head", self.task.head)]
-            net = head.from_pretrained(model).to(self.device).eval()
-            self.model = net
-            model_config = net.config
+        self.loaded = loaded = load(
+            model, fine_tuned=True, device=config.device, precision=config.precision,
+            backend=config.backend, compile=config.compile,
+        )  # fmt: skip
+        assert loaded.task is not None and loaded.max_seq_length is not None
+        self.task, self.max_seq_length = loaded.task, loaded.max_seq_length
+        self.tokenizer = loaded.tokenizer
+        self.model: torch.nn.Module | OnnxModel = loaded.model
+        self.device, self.precision = loaded.device, loaded.precision
         self.batch_size = config.batch_size
-        self.precision = resolve_precision(config.precision, self.device, backend=config.backend)
-        if isinstance(self.model, torch.nn.Module):
-            cast_for_inference(self.model, self.precision)
-            if compiled:
-                self.model = compile_for_inference(self.model)
-        labels = model_config.id2label
+        labels = loaded.config.id2label
         self.labels = [labels[i] for i in sorted(labels)] if labels else None
 
     def reading(self, given: FileConfig | None = None) -> FileConfig:
-        """How this model reads a file: the reading settings saved with it (your own data's
-        format, header-less columns, encoding, separators), each setting `given` (not None)
-        in place of its saved value (`columns=""`: the file's first line names its
-        columns)."""
-        saved = self.task.data.reading if isinstance(self.task, OwnTask) else FileConfig()
-        return (given or self.config.reading).over(saved)
+        """How this model reads a file (`Loaded.reading`): the reading settings saved with it,
+        each setting `given` (default: this predictor's `reading`) in place of its saved
+        value."""
+        return self.loaded.reading(given or self.config.reading)
 
     def items_from(
         self,

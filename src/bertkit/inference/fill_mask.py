@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from bertkit.heads import BertForMaskedLM
+from bertkit.inference.loader import load
 from bertkit.settings import Settings, device_setting, replaced, setting
-from bertkit.tokenizer import MASK, BertTokenizer
+from bertkit.tokenizer import MASK
 
 # The tensor whose absence means the checkpoint has no MLM head (the others follow it).
 MLM_HEAD_TENSOR = "cls.predictions.transform.dense.weight"
@@ -67,13 +67,10 @@ class FillMask:
                 "fill-mask would print random words; use a pre-trained BERT saved with its "
                 "MLM head (bertkit pretrain's output, BertForMaskedLM, BertForPreTraining)"
             )
-        self.model = BertForMaskedLM.from_pretrained(model)
-        self.tokenizer = BertTokenizer.from_pretrained(model)
+        loaded = load(model, head="BertForMaskedLM", device=config.device)
+        self.model, self.tokenizer, self.device = loaded.model, loaded.tokenizer, loaded.device
         if MASK not in self.tokenizer.vocab:
             raise ValueError(f"{model}: the vocabulary has no {MASK} token")
-        device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.device = torch.device(device)
-        self.model.to(self.device).eval()
         self.batch_size = config.batch_size
         self.max_seq_length = config.max_seq_length or self.model.config.max_position_embeddings
 

@@ -230,13 +230,12 @@ def extract_file(
     """The features of `source`'s items (`read_items`) under `model` in `out` (`save_features`,
     with each row's token id), as `config` (or ExtractConfig's fields by name) says. Returns
     the file and the features."""
-    from bertkit.model import BertModel
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.inference.loader import load
 
     config = replaced(config or ExtractConfig(), **settings)
     items = read_items(source, words=config.words, conll=config.conll)
-    tokenizer = BertTokenizer.from_pretrained(model)
-    encoder = BertModel.from_pretrained(model)
+    loaded = load(model, head="BertModel", device=config.device)
+    tokenizer, encoder = loaded.tokenizer, loaded.model
     features = extract(encoder, tokenizer, items, config.selections(),
                        max_seq_length=config.max_seq_length, batch_size=config.batch_size,
                        device=config.device)  # fmt: skip

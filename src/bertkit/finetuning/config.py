@@ -1,5 +1,5 @@
 """The settings of a fine-tuning run (`FinetuneConfig`: the `bertkit finetune` flags), apart
-from the run itself (`bertkit.finetune`) so that what reads them (the runs of several seeds,
+from the run itself (`bertkit.finetuning.train`) so that what reads them (the runs of several seeds,
 the model card) need not import the run."""
 
 from __future__ import annotations

@@ -1,0 +1,185 @@
+"""Opening a model folder (or a Hub name) to use it: the one place that does.
+
+    loaded = load("runs/mrpc", precision="auto")          # its own head, from its task record
+    loaded.model, loaded.tokenizer, loaded.task, loaded.device, loaded.precision
+
+Every user of a trained model (Predictor, FillMask, Embedder, the insight pictures, extract,
+evaluate, export, serve) opens it here, as text-embeddings-inference loads its model once behind
+all its routes. What a folder says of itself is read once: its task record (`TASK_FILE`: the
+task, its head, what it learnt and the reading settings of the user's files), else the head its
+`config.json` names; the weights' digest is checked as they load (`checkpoint.load_pretrained`).
+The device left out is `_device.default_device`'s; the precision is `precision.resolve_precision`'s
+(`auto`: bf16 autocast where the hardware runs it natively), and under bf16 the linear layers'
+weights are cast once (`cast_for_inference`). `backend="onnx"` opens the folder's `model.onnx`
+(`bertkit export --onnx`) with ONNX Runtime instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertkit._device import default_device
+from bertkit._io import TASK_FILE
+from bertkit.checkpoint import HF_CONFIG, read_config
+from bertkit.config import BertConfig
+from bertkit.heads import MODEL_CLASSES
+from bertkit.hub import model_dir
+from bertkit.precision import (
+    Precision,
+    cast_for_inference,
+    compile_for_inference,
+    inference_compile,
+    resolve_precision,
+)
+from bertkit.tasks.base import Task, task_of_checkpoint
+from bertkit.tasks.files import FileConfig
+from bertkit.tasks.own import OwnTask
+from bertkit.tokenizer import BertTokenizer
+
+ONNX_FILE = "model.onnx"
+ONNX_INFO = "onnx.json"
+
+
+def head_of(path: Path, info: dict[str, Any]) -> str:
+    """The head a folder is used with: its task record's, else the first of `config.json`'s
+    "architectures" that bertkit has (what save_pretrained and transformers write), else the
+    bare encoder."""
+    if "head" in info:
+        return str(info["head"])
+    config_file = path / HF_CONFIG
+    written = json.loads(config_file.read_text()) if config_file.exists() else {}
+    architectures = written.get("architectures") or ["BertModel"]
+    return architectures[0] if architectures[0] in MODEL_CLASSES else "BertModel"
+
+
+@dataclass
+class Loaded:
+    """A model ready to run: `model` (a torch head on `device`, in eval mode and cast for
+    `precision`, maybe compiled; or an ONNX Runtime session), and what its folder says."""
+
+    path: Path
+    model: Any
+    config: BertConfig
+    head: str
+    device: torch.device
+    precision: Precision
+    task: Task | None = None  # a fine-tuned folder's task, with what it learnt
+    info: dict[str, Any] = field(default_factory=dict)  # its task record as saved
+
+    @functools.cached_property
+    def tokenizer(self) -> BertTokenizer:
+        return BertTokenizer.from_pretrained(self.path)
+
+    @property
+    def max_seq_length(self) -> int | None:
+        """The length its texts were cut at in fine-tuning; None for a model without a task."""
+        if self.task is None:
+            return None
+        return int(self.info.get("max_seq_length", self.task.default_max_seq_length))
+
+    def reading(self, given: FileConfig | None = None) -> FileConfig:
+        """How this model reads a file: the reading settings saved with it (your own data's
+        format, header-less columns, encoding, separators), each setting `given` (not None) in
+        place of its saved value (`columns=""`: the file's first line names its columns)."""
+        saved = self.task.data.reading if isinstance(self.task, OwnTask) else FileConfig()
+        return (given or FileConfig()).over(saved)
+
+
+def load(
+    model: str | os.PathLike,
+    *,
+    head: str | None = None,
+    task: str | None = None,
+    fine_tuned: bool = False,
+    device: str | torch.device | None = None,
+    precision: str = "fp32",
+    backend: str = "torch",
+    compile: str = "off",
+) -> Loaded:
+    """`model` (a folder or a Hub name) opened to run. `head`: the class to load it as (default:
+    the folder's own, `head_of`); `fine_tuned`: refuse a folder without a task record; `task`:
+    read the record as this task's. `precision` auto|fp32|bf16|fp16, `backend` torch|onnx and
+    `compile` off|on as `bertkit predict` takes them (checked before anything loads)."""
+    compiled = inference_compile(compile, backend)
+    path = model_dir(model)  # a folder, or a Hub name
+    found: Task | None = None
+    info: dict[str, Any] = {}
+    if fine_tuned or task is not None or (head is None and (path / TASK_FILE).exists()):
+        found, info = task_of_checkpoint(path, task)
+        info = {**info, "head": info.get("head", found.head)}
+    name = head or head_of(path, info)
+    chosen = torch.device("cpu") if backend == "onnx" else default_device(device)
+    if backend == "onnx":
+        net: Any = OnnxModel(path)
+        config = read_config(path)
+    else:
+        net = MODEL_CLASSES[name].from_pretrained(path).to(chosen).eval()
+        config = net.config
+    compute = resolve_precision(precision, chosen, backend=backend)
+    if isinstance(net, torch.nn.Module):
+        cast_for_inference(net, compute)
+        if compiled:
+            net = compile_for_inference(net)
+    return Loaded(path, net, config, name, chosen, compute, found, info)
+
+
+class OnnxModel:
+    """An ONNX Runtime session that answers like a bertkit head: `model(input_ids=…, …)` gives an
+    object with the exported outputs as torch tensors. Threads: torch's count; the workers do
+    not spin after a run (spinning threads slow whatever runs next on a small CPU)."""
+
+    training = False
+
+    def __init__(self, directory: str | os.PathLike, threads: int | None = None) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise ImportError(
+                "the onnx backend needs onnxruntime: pip install onnxruntime"
+            ) from None
+        directory = Path(directory)
+        path = directory / ONNX_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no ONNX model (make one: bertkit export --onnx)")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.names = [o.name for o in self.session.get_outputs()]
+        info = directory / ONNX_INFO
+        self.info: dict[str, Any] = json.loads(info.read_text()) if info.exists() else {}
+
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, **_: Any):
+        feeds = {
+            "input_ids": input_ids,
+            "token_type_ids": torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids,
+            "attention_mask": torch.ones_like(input_ids) if attention_mask is None else attention_mask,
+        }  # fmt: skip
+        arrays = {
+            k: np.ascontiguousarray(v.cpu().numpy(), dtype=np.int64) for k, v in feeds.items()
+        }
+        values = self.session.run(self.names, arrays)
+        return SimpleNamespace(
+            **{n: torch.from_numpy(v) for n, v in zip(self.names, values, strict=True)}
+        )
+
+    # what run_outputs and Predictor call on a torch model
+    def eval(self) -> OnnxModel:
+        return self
+
+    def train(self, mode: bool = True) -> OnnxModel:
+        return self
+
+    def to(self, *_: Any, **__: Any) -> OnnxModel:
+        return self
