@@ -118,7 +118,7 @@ def export_onnx(
         # which ONNX Runtime's documentation advises for CPUs without VNNI, where its int8
         # products can saturate): on an AMD EPYC Zen 3 (AVX2, no VNNI) a topic classifier's
         # probabilities moved 0.056 from PyTorch's with 8 bits, 0.0011 with 7
-        # (tests/test_serve.py), and MiniLM's MRPC dev F1/acc -0.28/-0.25 with 8, +0.51/+0.98
+        # (tests/serve/test_serve.py), and MiniLM's MRPC dev F1/acc -0.28/-0.25 with 8, +0.51/+0.98
         # with 7.
         quantize_dynamic(
             str(fp32), str(target), weight_type=QuantType.QInt8, per_channel=True, reduce_range=True
