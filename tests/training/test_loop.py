@@ -65,7 +65,7 @@ def test_log_goes_to_tensorboard_when_installed(tmp_path, monkeypatch):
     the steps after the checkpoint, as log.jsonl does."""
     import types
 
-    from bertkit.training.loop import _Log
+    from bertkit.training.run_folder import RunLog
 
     calls = []
 
@@ -82,7 +82,7 @@ def test_log_goes_to_tensorboard_when_installed(tmp_path, monkeypatch):
     monkeypatch.setitem(
         sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=FakeWriter)
     )
-    log = _Log(tmp_path / "log.jsonl", enabled=True, keep_until=0)
+    log = RunLog(tmp_path / "log.jsonl", enabled=True, keep_until=0)
     log.write({"step": 5, "split": "train", "loss": 2.5, "lr": 1e-4})
     log.write({"step": 5, "split": "eval", "mlm_accuracy": 0.25})
     assert calls == [
@@ -92,7 +92,7 @@ def test_log_goes_to_tensorboard_when_installed(tmp_path, monkeypatch):
         ("eval/mlm_accuracy", 0.25, 5),
     ]
     calls.clear()
-    _Log(tmp_path / "log.jsonl", enabled=True, keep_until=5)
+    RunLog(tmp_path / "log.jsonl", enabled=True, keep_until=5)
     assert calls == [("open", str(tmp_path / "tensorboard"), 6)]
     assert len((tmp_path / "log.jsonl").read_text().splitlines()) == 2
 
@@ -295,7 +295,7 @@ def test_a_corrupt_or_truncated_state_is_refused_by_name(setup, tmp_path):
 
 
 def test_resume_names_log_lines_it_cannot_read(tmp_path, caplog):
-    from bertkit.training.loop import _Log
+    from bertkit.training.run_folder import RunLog
 
     log = tmp_path / "log.jsonl"
     log.write_bytes(
@@ -303,7 +303,7 @@ def test_resume_names_log_lines_it_cannot_read(tmp_path, caplog):
         b'{"step": 3, "spl'  # the last line, cut short by a kill: dropped quietly
     )
     with caplog.at_level("WARNING", logger="bertkit"):
-        writer = _Log(log, True, keep_until=3)
+        writer = RunLog(log, True, keep_until=3)
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2]
     writer.write({"step": 4, "split": "train", "loss": float("nan")})  # no handle held between
     assert json.loads(log.read_text().splitlines()[-1]) == {
@@ -400,10 +400,10 @@ class _KillPoints:
     def __init__(self, out, root, monkeypatch):
         import tempfile
 
-        from bertkit.training import loop
+        from bertkit.training.run_folder import RunLog
 
         self.out, self.root, self.copies = out, root, []
-        real_replace, real_mkstemp, real_write = os.replace, tempfile.mkstemp, loop._Log.write
+        real_replace, real_mkstemp, real_write = os.replace, tempfile.mkstemp, RunLog.write
 
         def replace(src, dst, *args, **kwargs):
             name = os.path.basename(dst)
@@ -426,7 +426,7 @@ class _KillPoints:
 
         monkeypatch.setattr(os, "replace", replace)
         monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
-        monkeypatch.setattr(loop._Log, "write", write)
+        monkeypatch.setattr(RunLog, "write", write)
 
     def _ours(self, path) -> bool:
         return os.path.dirname(os.path.abspath(path)) == str(self.out)
@@ -569,7 +569,7 @@ def test_the_divergence_rule_spares_every_committed_pretraining_curve():
     (weights' norms steady): none trips it; a curve that climbs as `--lr 1000` did does."""
     from pathlib import Path
 
-    from bertkit.training.loop import Divergence
+    from bertkit.training.guards import Divergence
 
     logs = sorted(Path(__file__).parents[2].glob("docs/results/**/*.jsonl"))
     curves = []

@@ -130,7 +130,7 @@ def add_prepare(commands) -> None:
 def _pretrain(args: argparse.Namespace) -> None:
     from bertkit.pretraining.recipes import apply_recipe
     from bertkit.pretraining.train import PretrainConfig, parse_budget, run_pretraining
-    from bertkit.training.loop import format_figures
+    from bertkit.training.run_folder import format_figures
 
     # the recipe (the paper's when none is named) under the flags given: a recipe's field has
     # no default on the command line, so None there means "not given"

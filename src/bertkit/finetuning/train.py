@@ -64,7 +64,9 @@ from bertkit.tasks.base import FinetuneData, collate
 from bertkit.tasks.own import DataConfig, describe
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
-from bertkit.training.loop import LOG_FILE, Trainer, TrainingConfig
+from bertkit.training.config import TrainingConfig
+from bertkit.training.loop import Trainer
+from bertkit.training.run_folder import LOG_FILE
 from bertkit.viz import plot_log, read_log
 
 logger = logging.getLogger("bertkit")

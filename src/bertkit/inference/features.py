@@ -358,8 +358,9 @@ def train_tagger(
     batches; with `out`, the run's log.jsonl and a checkpoint every epoch go there, and
     `resume` continues a killed run (without `out`, a temporary folder)."""
     from bertkit.tasks.base import FinetuneData
+    from bertkit.training.config import TrainingConfig
     from bertkit.training.distributed import Distributed
-    from bertkit.training.loop import Trainer, TrainingConfig
+    from bertkit.training.loop import Trainer
     from bertkit.training.optim import OptimConfig
 
     torch.manual_seed(seed)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from bertkit._device import as_float64
+from bertkit._io import STATE_FILE
 from bertkit.config import BertConfig
 from bertkit.heads import BertForMaskedLM, BertForPreTraining
 from bertkit.hub import model_dir
@@ -46,15 +47,10 @@ from bertkit.settings import (
 )
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
-from bertkit.training.loop import (
-    LOG_FILE,
-    RUN_FILE,
-    STATE_FILE,
-    Trainer,
-    TrainingConfig,
-    claim_folder,
-)
+from bertkit.training.config import TrainingConfig
+from bertkit.training.loop import Trainer
 from bertkit.training.optim import OptimConfig
+from bertkit.training.run_folder import LOG_FILE, RUN_FILE, claim_folder
 
 logger = logging.getLogger("bertkit")
 
