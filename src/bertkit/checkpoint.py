@@ -309,21 +309,7 @@ def load_state_dict_into(
     state = _adapt_prefix(_normalize_hf_names(state), model)
     expected = model.state_dict()
     tied = {TIED_DECODER, "decoder.weight"} & set(expected)
-    mismatched, loadable = [], {}
-    for name, tensor in state.items():
-        if name not in expected:
-            continue
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            if not ignore_mismatched_sizes:
-                raise ValueError(
-                    f"{source}: tensor {name!r} has shape {tuple(tensor.shape)} in the checkpoint "
-                    f"but {tuple(expected[name].shape)} in {type(model).__name__} "
-                    f"(config: {_shape_hint(name)}); pass ignore_mismatched_sizes=True to "
-                    "re-initialise it"
-                )
-            mismatched.append(name)
-            continue
-        loadable[name] = tensor
+    loadable, mismatched = _matching(model, state, expected, source, ignore_mismatched_sizes)
     missing = sorted(set(expected) - set(state) - tied)
     unexpected = sorted(set(state) - set(expected))
     if TIED_DECODER in state and TIED_DECODER in expected:
@@ -352,6 +338,46 @@ def load_state_dict_into(
             expected[name].copy_(tensor)
     _initialize(model, missing + mismatched, loadable, new_weights)
     model.tie_weights()
+    _report(model, source, missing, mismatched, unexpected)
+    return {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
+
+
+def _matching(
+    model: PreTrainedModule,
+    state: dict[str, torch.Tensor],
+    expected: dict[str, torch.Tensor],
+    source: str,
+    ignore_mismatched_sizes: bool,
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """The tensors of `state` the model has, of its shapes; the names of those of another
+    shape (an error naming it and both shapes, unless `ignore_mismatched_sizes`)."""
+    mismatched, loadable = [], {}
+    for name, tensor in state.items():
+        if name not in expected:
+            continue
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            if not ignore_mismatched_sizes:
+                raise ValueError(
+                    f"{source}: tensor {name!r} has shape {tuple(tensor.shape)} in the checkpoint "
+                    f"but {tuple(expected[name].shape)} in {type(model).__name__} "
+                    f"(config: {_shape_hint(name)}); pass ignore_mismatched_sizes=True to "
+                    "re-initialise it"
+                )
+            mismatched.append(name)
+            continue
+        loadable[name] = tensor
+    return loadable, mismatched
+
+
+def _report(
+    model: PreTrainedModule,
+    source: str,
+    missing: list[str],
+    mismatched: list[str],
+    unexpected: list[str],
+) -> None:
+    """What a load did not match, said once: newly drawn and re-initialised tensors as warnings,
+    unused head tensors at INFO, other unexpected ones as warnings."""
     if missing:
         logger.warning(
             "%s: %s tensors not in the checkpoint were newly initialised: %s",
@@ -369,7 +395,6 @@ def load_state_dict_into(
         logger.info("%s: tensors not used by %s: %s", source, type(model).__name__, heads)
     if others:
         logger.warning("%s: unexpected tensors ignored: %s", source, others)
-    return {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
 
 
 @torch.no_grad()

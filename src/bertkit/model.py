@@ -554,27 +554,8 @@ class BertModel(BertPreTrainedModel):
         when hidden states or attentions are asked for. A left-to-right (`causal`) model pools
         its last real token, not [CLS] (which sees only itself there). `layouts`: what
         `self.layouts` gives for these arguments, computed beforehand (on the host)."""
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be (batch, seq_len), got {tuple(input_ids.shape)}")
+        self._check_inputs(input_ids, token_type_ids)
         seq_len = input_ids.shape[1]
-        if seq_len > self.config.max_position_embeddings:
-            raise ValueError(
-                f"sequence length {seq_len} exceeds max_position_embeddings "
-                f"({self.config.max_position_embeddings}); truncate the input (the tokenizer's "
-                "max_length) or use a model with more positions"
-            )
-        if token_type_ids is not None and token_type_ids.shape != input_ids.shape:
-            raise ValueError(
-                f"token_type_ids {tuple(token_type_ids.shape)} must match input_ids "
-                f"{tuple(input_ids.shape)}"
-            )
-        # a cheap check on the CPU (on a GPU it would force a sync; compiled, a graph break)
-        if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
-            _check_ids(input_ids, self.config.vocab_size, "input_ids", "vocab_size")
-            if token_type_ids is not None:
-                _check_ids(
-                    token_type_ids, self.config.type_vocab_size, "token_type_ids", "type_vocab_size"
-                )
         causal = self.config.is_decoder if causal is None else causal
         mask = attention_mask_for(attention_mask, seq_len, causal, input_ids.device)
         if self.padded_only and mask is not None:
@@ -616,6 +597,30 @@ class BertModel(BertPreTrainedModel):
             hidden_states = tuple(layout.to_grid(h) for h in hidden_states)
         pooled = self.pooler(x, pool_at) if self.pooler is not None else None  # (B, H)
         return BertModelOutput(x, pooled, hidden_states, attentions)
+
+    def _check_inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> None:
+        """Clear errors for a batch the model cannot read: its shape, length and ids."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, seq_len), got {tuple(input_ids.shape)}")
+        seq_len = input_ids.shape[1]
+        if seq_len > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds max_position_embeddings "
+                f"({self.config.max_position_embeddings}); truncate the input (the tokenizer's "
+                "max_length) or use a model with more positions"
+            )
+        if token_type_ids is not None and token_type_ids.shape != input_ids.shape:
+            raise ValueError(
+                f"token_type_ids {tuple(token_type_ids.shape)} must match input_ids "
+                f"{tuple(input_ids.shape)}"
+            )
+        # a cheap check on the CPU (on a GPU it would force a sync; compiled, a graph break)
+        if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
+            _check_ids(input_ids, self.config.vocab_size, "input_ids", "vocab_size")
+            if token_type_ids is not None:
+                _check_ids(
+                    token_type_ids, self.config.type_vocab_size, "token_type_ids", "type_vocab_size"
+                )
 
 
 def set_dropout_parity(model: nn.Module, parity: bool = True) -> nn.Module:

@@ -343,17 +343,7 @@ class BertTokenizer:
           dimension of 1 with tensors.
         """
         single = isinstance(text, str)
-        texts = [text] if single else list(text)
-        if text_pair is None:
-            pairs = None
-        else:
-            pairs = [text_pair] if isinstance(text_pair, str) else list(text_pair)
-            if single != isinstance(text_pair, str) or len(pairs) != len(texts):
-                raise ValueError(
-                    f"text and text_pair must both be strings or equal-length lists, got "
-                    f"{len(texts)} and {len(pairs)} items"
-                )
-
+        texts, pairs = _as_batch(text, text_pair)
         limit = self.model_max_length if max_length is None else int(max_length)
         strategy = _truncation_strategy(truncation)
         pad_mode = _padding_mode(padding)
@@ -375,29 +365,7 @@ class BertTokenizer:
                 _check_texts(pairs, "text_pair")
             raise
 
-        result: dict[str, Any] = {
-            "input_ids": [e.ids for e in encodings],
-            "token_type_ids": [e.type_ids for e in encodings],
-            "attention_mask": [e.attention_mask for e in encodings],
-        }
-        if return_offsets:
-            result["offset_mapping"] = [e.offsets for e in encodings]
-        if return_word_ids:
-            result["word_ids"] = [
-                [-1 if w is None else w for w in e.word_ids] if return_tensors else e.word_ids
-                for e in encodings
-            ]
-        if return_tensors is not None:
-            lengths = {len(ids) for ids in result["input_ids"]}
-            if len(lengths) > 1:
-                raise ValueError(
-                    f"sequences have different lengths {sorted(lengths)}; pass padding=True to "
-                    "return tensors"
-                )
-            result = {k: _to_tensor(v, return_tensors) for k, v in result.items()}
-        elif single:
-            result = {k: v[0] for k, v in result.items()}
-        return result
+        return _result(encodings, single, return_tensors, return_offsets, return_word_ids)
 
     def _configure(
         self, strategy: str | None, limit: int, pad_mode: str | None, multiple: int | None
@@ -568,3 +536,54 @@ def train_vocab(
         tokenizer.save_pretrained(out_dir)
         tokenizer.vocab_file = Path(out_dir) / "vocab.txt"
     return tokenizer
+
+
+def _as_batch(
+    text: TextInput, text_pair: str | Sequence[str | None] | None
+) -> tuple[list[str], list[str | None] | None]:
+    """One text (or pair) or a batch as lists; a pair's two sides must both be one or both be
+    batches of one length."""
+    single = isinstance(text, str)
+    texts = [text] if single else list(text)
+    if text_pair is None:
+        return texts, None  # type: ignore[return-value]
+    pairs = [text_pair] if isinstance(text_pair, str) else list(text_pair)
+    if single != isinstance(text_pair, str) or len(pairs) != len(texts):
+        raise ValueError(
+            f"text and text_pair must both be strings or equal-length lists, got "
+            f"{len(texts)} and {len(pairs)} items"
+        )
+    return texts, pairs  # type: ignore[return-value]
+
+
+def _result(
+    encodings: list,
+    single: bool,
+    return_tensors: str | None,
+    return_offsets: bool,
+    return_word_ids: bool,
+) -> dict[str, Any]:
+    """What `BertTokenizer.__call__` returns for the `tokenizers` library's encodings."""
+    result: dict[str, Any] = {
+        "input_ids": [e.ids for e in encodings],
+        "token_type_ids": [e.type_ids for e in encodings],
+        "attention_mask": [e.attention_mask for e in encodings],
+    }
+    if return_offsets:
+        result["offset_mapping"] = [e.offsets for e in encodings]
+    if return_word_ids:
+        result["word_ids"] = [
+            [-1 if w is None else w for w in e.word_ids] if return_tensors else e.word_ids
+            for e in encodings
+        ]
+    if return_tensors is not None:
+        lengths = {len(ids) for ids in result["input_ids"]}
+        if len(lengths) > 1:
+            raise ValueError(
+                f"sequences have different lengths {sorted(lengths)}; pass padding=True to "
+                "return tensors"
+            )
+        return {k: _to_tensor(v, return_tensors) for k, v in result.items()}
+    if single:
+        return {k: v[0] for k, v in result.items()}
+    return result

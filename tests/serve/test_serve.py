@@ -328,7 +328,7 @@ def test_compiled_serving_answers_as_eager_in_one_graph_per_kind(topics_model, m
     assert counters["stats"]["unique_graphs"] == frames  # warmed: no new compile
     with pytest.raises(ValueError, match="compiles the torch backend"):
         ServedModel(topics_model, compile="on", backend="onnx")
-    with pytest.raises(ValueError, match="compile must be off or on"):
+    with pytest.raises(ValueError, match="--compile 'yes' is not one of off, on"):
         ServedModel(topics_model, compile="yes")
     # predict refuses the same before it loads anything (no ONNX export is looked for)
     with pytest.raises(ValueError, match="compiles the torch backend"):

@@ -14,8 +14,12 @@ import sysconfig
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from bertkit.pretraining.train import PretrainConfig
 
 
 def docstring_documents(
@@ -81,11 +85,7 @@ def run_demo(
     MLM + NSP) -> fill-mask.
     Pre-training lasts `budget_seconds` of training time (or `max_steps` steps, whichever ends
     first); progress is printed as it comes."""
-    from bertkit import train_vocab
-    from bertkit.inference.loader import load
     from bertkit.pretraining.recipes import apply_recipe
-    from bertkit.pretraining.shards import prepare_shards
-    from bertkit.pretraining.train import run_pretraining
 
     given = {
         "batch_size": batch_size,
@@ -108,6 +108,24 @@ def run_demo(
         settings = dataclasses.replace(settings, resume=False)
     started = time.perf_counter()
     work = out_dir / "data"
+    _demo_data(work, corpus)
+    length = "" if budget_seconds is None else f"{budget_seconds:.0f} s of training"
+    if max_steps is not None:
+        length += (" or " if length else "") + f"{max_steps} steps"
+    _demo_pretraining(work, out_dir, settings, length, max_steps)
+    _demo_fill_mask(out_dir)
+    say(
+        f"6. saved to {out_dir} (config.json, model.safetensors, vocab.txt, log.jsonl, "
+        f"curves.png); {time.perf_counter() - started:.0f} s in all"
+    )
+    return out_dir
+
+
+def _demo_data(work: Path, corpus: list[str] | None) -> None:
+    """Steps 1-3: the corpus, its vocabulary, the training and held-out shards in `work`."""
+    from bertkit import train_vocab
+    from bertkit.pretraining.shards import prepare_shards
+
     if corpus:
         train_files, eval_files = [Path(c) for c in corpus], [Path(c) for c in corpus]
         source = ", ".join(corpus)
@@ -135,9 +153,14 @@ def run_demo(
         f"3. shards: {train_meta['num_documents']:,} documents, {train_meta['num_sentences']:,} "
         f"sentences, {train_meta['num_tokens']:,} tokens"
     )
-    length = "" if budget_seconds is None else f"{budget_seconds:.0f} s of training"
-    if max_steps is not None:
-        length += (" or " if length else "") + f"{max_steps} steps"
+
+
+def _demo_pretraining(
+    work: Path, out_dir: Path, settings: PretrainConfig, length: str, max_steps: int | None
+) -> None:
+    """Step 4: pre-training, its held-out figures printed as they come."""
+    from bertkit.pretraining.train import run_pretraining
+
     nsp = settings.objective == "mlm+nsp"
     objective = "MLM + NSP" if nsp else "masked LM (no NSP)"
     say(
@@ -167,6 +190,11 @@ def run_demo(
         on_entry=report,
     )
 
+
+def _demo_fill_mask(out_dir: Path) -> None:
+    """Step 5: what the pre-trained model puts at each [MASK] of four sentences."""
+    from bertkit.inference.loader import load
+
     loaded = load(out_dir, head="BertForMaskedLM", device="cpu")
     model, tokenizer = loaded.model, loaded.tokenizer
     say("5. fill-mask with the pre-trained model (top 5 for each [MASK]):")
@@ -179,11 +207,6 @@ def run_demo(
         say(f"   {sentence}")
         for guesses in fill_mask(model, tokenizer, sentence):
             say(f"      -> {', '.join(guesses)}")
-    say(
-        f"6. saved to {out_dir} (config.json, model.safetensors, vocab.txt, log.jsonl, "
-        f"curves.png); {time.perf_counter() - started:.0f} s in all"
-    )
-    return out_dir
 
 
 def _same_objective(out_dir: Path, objective: str) -> bool:

@@ -217,6 +217,14 @@ def _similarity_png(result: Similarity, path: Path, layer: int | None) -> Path:
     maps_fig, side_fig = fig.subfigures(
         1, 2, width_ratios=[side * columns + 1.2, 5.0], squeeze=False
     )[0]
+    _piece_maps(maps_fig, result, layers, labels, bounds, rows, columns)
+    _text_panels(side_fig, result)
+    fig.suptitle(f"contextual-embedding similarity: {result.model}", fontsize=11)
+    return save_png(fig, path, dpi=fig.dpi)
+
+
+def _piece_maps(maps_fig, result: Similarity, layers, labels, bounds, rows: int, columns: int):
+    """The left of the similarity picture: a piece-by-piece cosine map per layer."""
     axes = maps_fig.subplots(rows, columns, squeeze=False)
     low = min(float(result.tokens[i].min()) for i in layers)
     small = 7 if len(labels) <= 40 else 5
@@ -237,6 +245,10 @@ def _similarity_png(result: Similarity, path: Path, layer: int | None) -> Path:
     maps_fig.suptitle(
         "cosine of every piece with every piece (white lines: text boundaries)", fontsize=9
     )
+
+
+def _text_panels(side_fig, result: Similarity) -> None:
+    """The right of the similarity picture: the texts' cosines, and a word across contexts."""
     panels = side_fig.subplots(2 if result.word_curves else 1, 1, squeeze=False)[:, 0]
     ax = panels[0]
     count = len(result.texts)
@@ -275,8 +287,6 @@ def _similarity_png(result: Similarity, path: Path, layer: int | None) -> Path:
         ax.set_title(f'"{result.word}" across contexts', fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"contextual-embedding similarity: {result.model}", fontsize=11)
-    return save_png(fig, path, dpi=fig.dpi)
 
 
 def _short(text: str, width: int = 60) -> str:

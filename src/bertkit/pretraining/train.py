@@ -535,14 +535,7 @@ def _train_phase(
     shards = _opened(Shards(data))
     tokenizer = BertTokenizer.from_pretrained(data)
     if c.init_from is not None:  # its ids must mean the checkpoint's words
-        own = BertTokenizer.from_pretrained(model_dir(c.init_from))
-        if own.vocab_hash != tokenizer.vocab_hash:
-            raise ValueError(
-                f"{data} was prepared with another vocabulary ({tokenizer.vocab_size:,} tokens, "
-                f"hash {tokenizer.vocab_hash[:12]}) than {c.init_from}'s ({own.vocab_size:,}, "
-                f"{own.vocab_hash[:12]}): its ids would mean other words to the checkpoint. "
-                f"Prepare the text with --vocab {c.init_from}, or give the raw text as --data"
-            )
+        _check_vocabulary(data, tokenizer, c.init_from)
     parts = dist.world_size * c.accumulation
     if c.batch_size % parts:
         raise ValueError(
@@ -561,77 +554,22 @@ def _train_phase(
     identity = run_identity(c, shards, model_config, model)
     # (an empty or new folder with --resume just starts: scripts pass it every time)
     claim_folder(out, identity, resume=c.resume, flags={k: f for k, (_, f) in flat(c).items()})
-    model_class = BertForPreTraining if c.objective == "mlm+nsp" else BertForMaskedLM
-    torch.manual_seed(c.seed)
-    if model is None and c.init_from is not None:
-        model = model_class.from_pretrained(c.init_from, config=model_config)
-    elif model is None:
-        model = model_class(model_config)
-        init_schemes.apply(
-            model,
-            position_init=c.position_init,
-            attention_init=c.attention_init,
-            left_to_right=c.objective == "ltr",
-        )
-        if c.mlm_bias_init == "unigram":
-            unigram_bias_(model.cls.predictions.bias, shards.token_counts(tokenizer.vocab_size))
-    set_dropout_parity(model, c.parity)
-    set_activation_checkpointing(model, c.activation_checkpointing)
-    compile_mode = resolve_compile(c, model_config, dist)
-    set_static_shapes(model, compile_mode == "graphs")
-    stream = PretrainingData(
-        shards,
-        tokenizer,
-        batch_size=c.batch_size // parts,
-        seq_len=c.seq_len,
-        short_seq_prob=c.short_seq_prob,
-        objective=c.objective,
-        masking=c.masking,
-        seed=c.seed,
-        rank=dist.rank,
-        world_size=dist.world_size,
-        fixed_shapes=compile_mode == "graphs",
-    )
-    workers = default_workers(dist.device) if c.data_workers is None else c.data_workers
-    batches: PretrainingData | PrefetchedData = stream
-    if workers:
-        batches = PrefetchedData(stream, workers, pin=dist.device.type == "cuda")
+    model, compile_mode = _phase_model(model, c, model_config, shards, tokenizer.vocab_size, dist)
+    batches = _batches(shards, tokenizer, c, dist, c.batch_size // parts, compile_mode)
     objective_fn = PretrainingObjective(c.objective)
     evaluate = None
     if c.eval_data is not None:
+        fixed = compile_mode == "graphs"
         evaluate = _held_out_evaluation(
-            _opened(Shards(c.eval_data)),
-            tokenizer,
-            objective_fn,
-            batch_size=c.batch_size // parts,
-            seq_len=c.eval_seq_len,
-            objective=c.objective,
-            masking=c.masking,
-            seed=c.seed + 1,
-            batches=c.eval_batches,
-            dist=dist,
-            fixed_shapes=compile_mode == "graphs",
-        )
+            _opened(Shards(c.eval_data)), tokenizer, objective_fn, batch_size=c.batch_size // parts,
+            seq_len=c.eval_seq_len, objective=c.objective, masking=c.masking, seed=c.seed + 1,
+            batches=c.eval_batches, dist=dist, fixed_shapes=fixed,
+        )  # fmt: skip
 
     def save_model(model, directory: Path) -> None:
         model.save_pretrained(directory, tokenizer=tokenizer)
 
-    training = TrainingConfig(
-        out_dir=str(out),
-        max_steps=c.max_steps,
-        budget_seconds=c.budget_seconds,
-        optim=c.optim,
-        accumulation=c.accumulation,
-        precision=c.precision,
-        compile=compile_mode,
-        log_every=c.log_every,
-        eval_every=c.eval_every,
-        save_every=c.save_every,
-        seed=c.seed,
-        resume=c.resume,
-        progress=c.progress,
-        identity=identity,
-    )
+    training = _training_config(c, out, compile_mode, identity)
     trainer = Trainer(
         model,
         objective_fn,
@@ -655,6 +593,108 @@ def _train_phase(
     # while rank 0 still drew the curves was seen to abort at exit (gloo, 2 processes)
     distributed.barrier(dist)
     return entries
+
+
+def _training_config(
+    c: PretrainConfig, out: Path, compile_mode: str, identity: dict[str, Any]
+) -> TrainingConfig:
+    """How the loop runs this phase."""
+    return TrainingConfig(
+        out_dir=str(out),
+        max_steps=c.max_steps,
+        budget_seconds=c.budget_seconds,
+        optim=c.optim,
+        accumulation=c.accumulation,
+        precision=c.precision,
+        compile=compile_mode,
+        log_every=c.log_every,
+        eval_every=c.eval_every,
+        save_every=c.save_every,
+        seed=c.seed,
+        resume=c.resume,
+        progress=c.progress,
+        identity=identity,
+    )
+
+
+def _phase_model(
+    model: torch.nn.Module | None,
+    c: PretrainConfig,
+    model_config: BertConfig,
+    shards: Shards,
+    vocab_size: int,
+    dist: distributed.Distributed,
+) -> tuple[torch.nn.Module, str]:
+    """The phase's model (the previous phase's, the checkpoint `init_from` names, or a new one
+    drawn from the seed) made ready as the settings say, and the compile mode it runs in."""
+    model_class = BertForPreTraining if c.objective == "mlm+nsp" else BertForMaskedLM
+    torch.manual_seed(c.seed)
+    if model is None and c.init_from is not None:
+        model = model_class.from_pretrained(c.init_from, config=model_config)
+    elif model is None:
+        model = _initialised(model_class(model_config), c, shards, vocab_size)
+    set_dropout_parity(model, c.parity)
+    set_activation_checkpointing(model, c.activation_checkpointing)
+    compile_mode = resolve_compile(c, model_config, dist)
+    set_static_shapes(model, compile_mode == "graphs")
+    return model, compile_mode
+
+
+def _check_vocabulary(
+    data: str | os.PathLike, tokenizer: BertTokenizer, init_from: str | os.PathLike
+) -> None:
+    """Shards whose ids are the checkpoint's words, or a clear refusal."""
+    own = BertTokenizer.from_pretrained(model_dir(init_from))
+    if own.vocab_hash != tokenizer.vocab_hash:
+        raise ValueError(
+            f"{data} was prepared with another vocabulary ({tokenizer.vocab_size:,} tokens, "
+            f"hash {tokenizer.vocab_hash[:12]}) than {init_from}'s ({own.vocab_size:,}, "
+            f"{own.vocab_hash[:12]}): its ids would mean other words to the checkpoint. "
+            f"Prepare the text with --vocab {init_from}, or give the raw text as --data"
+        )
+
+
+def _initialised(
+    model: BertForPreTraining | BertForMaskedLM, c: PretrainConfig, shards: Shards, vocab_size: int
+) -> BertForPreTraining | BertForMaskedLM:
+    """A new model's weights drawn as the run's starting points say (`init_schemes`)."""
+    init_schemes.apply(
+        model,
+        position_init=c.position_init,
+        attention_init=c.attention_init,
+        left_to_right=c.objective == "ltr",
+    )
+    if c.mlm_bias_init == "unigram":
+        unigram_bias_(model.cls.predictions.bias, shards.token_counts(vocab_size))
+    return model
+
+
+def _batches(
+    shards: Shards,
+    tokenizer: BertTokenizer,
+    c: PretrainConfig,
+    dist: distributed.Distributed,
+    batch_size: int,
+    compile_mode: str,
+) -> PretrainingData | PrefetchedData:
+    """This rank's micro-batches, made in worker processes where there are any."""
+    stream = PretrainingData(
+        shards,
+        tokenizer,
+        batch_size=batch_size,
+        seq_len=c.seq_len,
+        short_seq_prob=c.short_seq_prob,
+        objective=c.objective,
+        masking=c.masking,
+        seed=c.seed,
+        rank=dist.rank,
+        world_size=dist.world_size,
+        fixed_shapes=compile_mode == "graphs",
+    )
+    workers = default_workers(dist.device) if c.data_workers is None else c.data_workers
+    if workers:
+        return PrefetchedData(stream, workers, pin=dist.device.type == "cuda")
+    return stream
 
 
 def parse_budget(text: str) -> float:

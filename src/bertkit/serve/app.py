@@ -71,17 +71,7 @@ class Service:
 
     def _load(self, path: str) -> ServedModel:
         _threads(self.config)  # this thread's OpenMP team (the model's calls run here)
-        model = ServedModel(
-            path,
-            backend=self.config.backend,
-            quantize=self.config.quantize,
-            device=self.config.device,
-            max_batch_size=self.config.max_batch_size,
-            precision=self.config.precision,
-            compile=self.config.compile,
-            on_forward=self.metrics.forward,
-            served_name=self.config.served_model_name,
-        )
+        model = ServedModel(path, self.config, on_forward=self.metrics.forward)
         model.warm()
         return model
 
@@ -92,9 +82,7 @@ class Service:
                 self.batchers[endpoint] = DynamicBatcher(
                     functools.partial(self.model.run, endpoint),
                     self.executor,
-                    max_batch_size=self.config.max_batch_size,
-                    max_wait_ms=self.config.max_wait_ms,
-                    max_queue=self.config.max_queue,
+                    self.config,
                     on_batch=functools.partial(self._batched, endpoint),
                 )
                 self.batchers[endpoint].start()
@@ -131,98 +119,7 @@ def create_app(service: Service) -> FastAPI:
         summary=f"{service.model.source}: " + ", ".join(service.model.info()["endpoints"]),
         lifespan=lifespan,
     )
-    limit = service.body_limit
-    key = service.config.api_key or os.environ.get(API_KEY_ENV) or None
-
-    def error(status: int, message: str, headers: dict[str, str] | None = None,
-              read: bool = True, endpoint: str = "") -> Response:  # fmt: skip
-        if status == 503:
-            headers = {"Retry-After": "1", **(headers or {})}
-        if not read:  # the rest of the body is not read: the connection must close
-            headers = {**(headers or {}), "Connection": "close"}
-        return JSONResponse(_error_body(endpoint, status, message), status, headers=headers)
-
-    async def read_json(request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise InputError(f"a body of {int(declared):,} bytes; the most is {limit:,}", 413)
-        body = bytearray()
-
-        async def collect() -> None:
-            async for chunk in request.stream():
-                if not service.reading.take(len(chunk)):
-                    raise InputError(
-                        f"{service.reading.held:,} bytes of other bodies are being read (the "
-                        f"server holds {service.reading.total:,} at once); retry later",
-                        503,
-                    )
-                body.extend(chunk)
-                if len(body) > limit:
-                    raise InputError(f"a body over {limit:,} bytes", 413)
-
-        try:
-            await asyncio.wait_for(collect(), service.config.read_timeout)
-        except asyncio.TimeoutError:
-            raise InputError(
-                f"the body took over {service.config.read_timeout:g} s to arrive", 408
-            ) from None
-        finally:
-            service.reading.give(len(body))
-        try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError) as err:
-            raise _Malformed(f"the body is not JSON: {err}") from None
-        except RecursionError:
-            raise _Malformed("the body is not JSON this server reads: nested too deeply") from None
-
-    async def answer(route: str, request: Request) -> Response:
-        """`route`'s answer to `request`; route "" (POST / and /invocations) runs the model's
-        own route for the body (`ServedModel.route`)."""
-        started = time.perf_counter()
-        inputs, read, endpoint = 0, False, route
-
-        fail = functools.partial(error, endpoint=route)  # in the route's own error shape
-
-        try:
-            if service.draining:
-                response = fail(503, "the server is shutting down", {"Retry-After": "5"})
-            elif route and route not in service.batchers:
-                response = fail(404, service.model.missing(route))
-            else:
-                body = await read_json(request)
-                read = True
-                style = None
-                if not route:
-                    endpoint, body, style = service.model.route(body)
-                    if endpoint not in service.batchers:
-                        raise InputError(service.model.missing(endpoint), 404)
-                items = service.model.parse(endpoint, body, service.config)
-                inputs = len(items)
-                results = await _unless_gone(request, service.batchers[endpoint].submit(items))
-                if results is _GONE:  # nobody reads this answer; the code says why in /metrics
-                    response = fail(499, "the client went away before its answer")
-                else:
-                    response = JSONResponse(service.model.shape(endpoint, items, results, style))
-        except _Malformed as err:
-            response = fail(400, str(err))
-        except InputError as err:
-            response = fail(err.status, str(err), read=read)
-        except QueueFull as err:
-            response = fail(503, str(err), {"Retry-After": str(err.retry_after)})
-        except Stopped as err:
-            response = fail(503, str(err), {"Retry-After": "5"})
-        except ValueError as err:  # what the model refused (e.g. a text over its length)
-            response = fail(422, str(err))
-        except RecursionError:
-            response = fail(422, '"inputs" nested too deeply')
-        except Exception as err:  # never a traceback to the client, never a dead server
-            log.exception("/%s failed", endpoint)
-            response = fail(500, f"internal error ({type(err).__name__}); see the server log")
-        service.metrics.request(
-            f"/{endpoint}", response.status_code, time.perf_counter() - started, inputs
-        )
-        return response
-
+    answer = functools.partial(_answer, service)
     for endpoint in ENDPOINTS:
         app.add_api_route(
             f"/{endpoint}",
@@ -236,7 +133,111 @@ def create_app(service: Service) -> FastAPI:
         app.add_api_route(path, _route(answer, ""), methods=["POST"], responses=_RESPONSES,
                           summary="the model's own route, in Hugging Face's shapes "
                           "(InferenceClient(model=URL))")  # fmt: skip
+    _add_models_routes(app, service)
+    _add_status_routes(app, service)
+    key = service.config.api_key or os.environ.get(API_KEY_ENV) or None
+    if key is not None:
+        app.add_middleware(_RequireKey, key=key)
+    return app
 
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None,
+           read: bool = True, endpoint: str = "") -> Response:  # fmt: skip
+    if status == 503:
+        headers = {"Retry-After": "1", **(headers or {})}
+    if not read:  # the rest of the body is not read: the connection must close
+        headers = {**(headers or {}), "Connection": "close"}
+    return JSONResponse(_error_body(endpoint, status, message), status, headers=headers)
+
+
+async def _read_json(service: Service, request: Request) -> Any:
+    """The request's body as JSON, read within the server's limits: its size, the bytes all
+    bodies being read may hold, the time it may take."""
+    limit = service.body_limit
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise InputError(f"a body of {int(declared):,} bytes; the most is {limit:,}", 413)
+    body = bytearray()
+
+    async def collect() -> None:
+        async for chunk in request.stream():
+            if not service.reading.take(len(chunk)):
+                raise InputError(
+                    f"{service.reading.held:,} bytes of other bodies are being read (the "
+                    f"server holds {service.reading.total:,} at once); retry later",
+                    503,
+                )
+            body.extend(chunk)
+            if len(body) > limit:
+                raise InputError(f"a body over {limit:,} bytes", 413)
+
+    try:
+        await asyncio.wait_for(collect(), service.config.read_timeout)
+    except asyncio.TimeoutError:
+        raise InputError(
+            f"the body took over {service.config.read_timeout:g} s to arrive", 408
+        ) from None
+    finally:
+        service.reading.give(len(body))
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise _Malformed(f"the body is not JSON: {err}") from None
+    except RecursionError:
+        raise _Malformed("the body is not JSON this server reads: nested too deeply") from None
+
+
+async def _answer(service: Service, route: str, request: Request) -> Response:
+    """`route`'s answer to `request`; route "" (POST / and /invocations) runs the model's
+    own route for the body (`ServedModel.route`)."""
+    started = time.perf_counter()
+    inputs, read, endpoint = 0, False, route
+
+    fail = functools.partial(_error, endpoint=route)  # in the route's own error shape
+
+    try:
+        if service.draining:
+            response = fail(503, "the server is shutting down", {"Retry-After": "5"})
+        elif route and route not in service.batchers:
+            response = fail(404, service.model.missing(route))
+        else:
+            body = await _read_json(service, request)
+            read = True
+            style = None
+            if not route:
+                endpoint, body, style = service.model.route(body)
+                if endpoint not in service.batchers:
+                    raise InputError(service.model.missing(endpoint), 404)
+            items = service.model.parse(endpoint, body, service.config)
+            inputs = len(items)
+            results = await _unless_gone(request, service.batchers[endpoint].submit(items))
+            if results is _GONE:  # nobody reads this answer; the code says why in /metrics
+                response = fail(499, "the client went away before its answer")
+            else:
+                response = JSONResponse(service.model.shape(endpoint, items, results, style))
+    except _Malformed as err:
+        response = fail(400, str(err))
+    except InputError as err:
+        response = fail(err.status, str(err), read=read)
+    except QueueFull as err:
+        response = fail(503, str(err), {"Retry-After": str(err.retry_after)})
+    except Stopped as err:
+        response = fail(503, str(err), {"Retry-After": "5"})
+    except ValueError as err:  # what the model refused (e.g. a text over its length)
+        response = fail(422, str(err))
+    except RecursionError:
+        response = fail(422, '"inputs" nested too deeply')
+    except Exception as err:  # never a traceback to the client, never a dead server
+        log.exception("/%s failed", endpoint)
+        response = fail(500, f"internal error ({type(err).__name__}); see the server log")
+    service.metrics.request(
+        f"/{endpoint}", response.status_code, time.perf_counter() - started, inputs
+    )
+    return response
+
+
+def _add_models_routes(app: FastAPI, service: Service) -> None:
+    """OpenAI's /v1/models: the served model, by the name it is served under."""
     created = int(time.time())
 
     def listed() -> dict[str, Any]:
@@ -250,9 +251,13 @@ def create_app(service: Service) -> FastAPI:
     @app.get("/v1/models/{name:path}", summary="OpenAI's model: the served model by its name")
     async def model(name: str) -> Response:
         if name != service.model.name:
-            return error(404, f"no model {name!r}: this server serves {service.model.name!r}",
-                         endpoint="v1/models")  # fmt: skip
+            return _error(404, f"no model {name!r}: this server serves {service.model.name!r}",
+                          endpoint="v1/models")  # fmt: skip
         return JSONResponse(listed())
+
+
+def _add_status_routes(app: FastAPI, service: Service) -> None:
+    """/health, /info and /metrics."""
 
     @app.get("/health", summary="200 when the model is loaded and warm, 503 when shutting down")
     async def health() -> Response:
@@ -279,10 +284,6 @@ def create_app(service: Service) -> FastAPI:
             ),
             media_type="text/plain; version=0.0.4",
         )
-
-    if key is not None:
-        app.add_middleware(_RequireKey, key=key)
-    return app
 
 
 class _RequireKey:

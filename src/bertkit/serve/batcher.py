@@ -37,6 +37,9 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
+from bertkit.serve.config import ServeConfig
+from bertkit.settings import replaced
+
 log = logging.getLogger(__name__)
 
 
@@ -74,19 +77,18 @@ class DynamicBatcher:
         self,
         run: Callable[[list[Any]], list[Any]],
         executor: Executor,
+        config: ServeConfig | None = None,
         *,
-        max_batch_size: int = 32,
-        max_wait_ms: float = 0.0,
-        max_queue: int = 1024,
         on_batch: Callable[[BatchStats], None] | None = None,
+        **settings: Any,
     ) -> None:
         """`run`: inputs -> one result per input, called on `executor` (one thread: model calls
-        never overlap; several batchers may share it)."""
-        if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0:
-            raise ValueError("max_batch_size and max_queue must be positive, max_wait_ms >= 0")
+        never overlap; several batchers may share it); batched as `config` (or ServeConfig's
+        fields by name: `max_batch_size`, `max_wait_ms`, `max_queue`) says."""
+        config = replaced(config or ServeConfig(), **settings)  # (checks each value)
         self.run, self.executor = run, executor
-        self.max_batch_size, self.max_wait = max_batch_size, max_wait_ms / 1000
-        self.max_queue, self.on_batch = max_queue, on_batch
+        self.max_batch_size, self.max_wait = config.max_batch_size, config.max_wait_ms / 1000
+        self.max_queue, self.on_batch = config.max_queue, on_batch
         self.queue: deque[_Request] = deque()
         self.waiting = 0  # inputs in the queue
         self._wake: asyncio.Event | None = None

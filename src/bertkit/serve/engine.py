@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -46,7 +46,10 @@ from bertkit.serve.clients import (
     hf_prediction,
 )
 from bertkit.serve.config import ServeConfig
-from bertkit.settings import BACKENDS, QUANTIZATIONS
+from bertkit.settings import BACKENDS, QUANTIZATIONS, replaced
+
+if TYPE_CHECKING:
+    from bertkit.inference.predict import Predictor
 
 log = logging.getLogger(__name__)
 
@@ -71,100 +74,117 @@ class ServedModel:
     def __init__(
         self,
         path: str | Path,
+        config: ServeConfig | None = None,
         *,
-        backend: str = "torch",
-        quantize: str | None = None,
-        device: str | None = None,
-        max_batch_size: int = 32,
-        precision: str = "auto",
-        compile: str = "off",
         on_forward: Callable[[], None] = lambda: None,
-        served_name: str | None = None,
+        **settings: Any,
     ) -> None:
-        """`compile="on"`: what /predict and /rerank run (a checkpoint with a task), or the
-        encoder /embed runs (one without), compiled for inference
-        (`precision.compile_for_inference`); fill-mask runs as it is. `served_name`: the
+        """The model `path` (a folder or a Hub name) served as `config` (or ServeConfig's fields
+        by name: `backend`, `quantize`, `device`, `max_batch_size`, `precision`, `compile`,
+        `served_model_name`) says. `compile="on"`: what /predict and /rerank run (a checkpoint
+        with a task), or the encoder /embed runs (one without), compiled for inference
+        (`precision.compile_for_inference`); fill-mask runs as it is. `served_model_name`: the
         model's name in /v1/models and the OpenAI-style answers (default: a Hub name as given,
-        else the folder's name)."""
+        else the folder's name). `on_forward` is called at every model call."""
         from bertkit.hub import model_dir
-        from bertkit.inference.export import export_onnx
-        from bertkit.inference.loader import ONNX_FILE, ONNX_INFO, OnnxModel
-        from bertkit.inference.predict import Predictor
-        from bertkit.tokenizer import BertTokenizer
 
+        self.config = config = replaced(config or ServeConfig(), **settings)
+        backend, quantize = config.backend, config.quantize
         given = str(path)
         path = model_dir(path)  # a folder, or a Hub name
-        self.name = served_name or (given if Path(given) != path else Path(given).resolve().name)
+        self.name = config.served_model_name or (
+            given if Path(given) != path else Path(given).resolve().name
+        )
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         if quantize not in (None, *QUANTIZATIONS):
             raise ValueError(f"quantize must be {', '.join(QUANTIZATIONS)}, not {quantize!r}")
         if quantize and backend != "onnx":
             raise ValueError("int8 serving runs on ONNX Runtime: add --backend onnx")
-        compiled = inference_compile(compile, backend)
+        compiled = inference_compile(config.compile, backend)
         path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(f"{path}: no such model folder")
         self.source, self.backend, self.quantize = path, backend, quantize
         self._exported: Path | None = None
         if backend == "onnx":
-            if (path / ONNX_FILE).exists():
-                info = (
-                    json.loads((path / ONNX_INFO).read_text())
-                    if (path / ONNX_INFO).exists()
-                    else {}
-                )
-                if quantize and info.get("quantize") != quantize:
-                    raise ValueError(
-                        f"{path / ONNX_FILE} is not {quantize} (it was exported with quantize="
-                        f"{info.get('quantize')}); serve the checkpoint it came from instead"
-                    )
-            else:  # export once, into a folder of our own
-                self._exported = Path(tempfile.mkdtemp(prefix="bertkit-serve-"))
-                log.warning("exporting %s to ONNX%s", path, f" ({quantize})" if quantize else "")
-                export_onnx(path, self._exported, quantize=quantize, overwrite=True)
-                path = self._exported
+            path = self._onnx_folder(path, quantize)
         self.path = path
         # /embed's default: what a sentence-transformers folder declares, else the mean
         self.pooling = read_pooling(self.source) or "mean"
-        self.device = default_device(device)
-        self.precision = resolve_precision(precision, self.device, backend=backend)
-        self.max_batch_size = max_batch_size
+        self.device = default_device(config.device)
+        self.precision = resolve_precision(config.precision, self.device, backend=backend)
+        self.max_batch_size = config.max_batch_size
         self.predictor: Predictor | None = None
         self.fill: Any = None
         self._encoder: Any = None  # a torch BertModel, or an ONNX encoder export
         self._count = on_forward
         self.task_name: str | None = None
         if (path / TASK_FILE).exists():
-            self.predictor = Predictor(path, device=str(self.device), batch_size=max_batch_size,
-                                       backend=backend, precision=precision,
-                                       compile=compile)  # fmt: skip
-            self.tokenizer = self.predictor.tokenizer
-            self.max_seq_length = self.predictor.max_seq_length
-            self.task_name = self.predictor.task.name
-            if backend == "torch":
-                self._encoder = getattr(self.predictor.model, "bert", None)
-            # counted calls, whichever backend (an ONNX session has no forward hooks)
-            self.predictor.model = _Counting(self.predictor.model, on_forward)  # type: ignore[assignment]
+            self._open_task_model(path, on_forward)
         else:
-            self.tokenizer = BertTokenizer.from_pretrained(path)
-            if backend == "onnx":
-                session = OnnxModel(path)
-                if "last_hidden_state" not in session.names:
-                    raise ValueError(
-                        f"{path}: an ONNX export of {session.info.get('head')} without a task "
-                        f"(no {TASK_FILE}): nothing to serve"
-                    )
-                self._encoder = session
-            else:
-                self._encoder = self._load_torch_encoder(path)
-                cast_for_inference(self.fill.model if self.fill else self._encoder, self.precision)
-                if compiled:
-                    self._encoder = compile_for_inference(self._encoder)
-            # a sentence-transformers folder's own length (all-MiniLM-L6-v2: 256), as
-            # SentenceTransformer(path) cuts; else what the tokenizer and positions allow
-            longest = min(self.tokenizer.model_max_length, self._max_positions())
-            self.max_seq_length = min(declared_length(self.source) or longest, longest)
+            self._open_encoder(path, compiled)
+
+    def _onnx_folder(self, path: Path, quantize: str | None) -> Path:
+        """The folder of the ONNX model to serve: `path`'s own export (of the asked
+        quantisation), else one exported now into a folder of our own."""
+        from bertkit.inference.export import export_onnx
+        from bertkit.inference.loader import ONNX_FILE, ONNX_INFO
+
+        if (path / ONNX_FILE).exists():
+            info = json.loads((path / ONNX_INFO).read_text()) if (path / ONNX_INFO).exists() else {}
+            if quantize and info.get("quantize") != quantize:
+                raise ValueError(
+                    f"{path / ONNX_FILE} is not {quantize} (it was exported with quantize="
+                    f"{info.get('quantize')}); serve the checkpoint it came from instead"
+                )
+            return path
+        self._exported = Path(tempfile.mkdtemp(prefix="bertkit-serve-"))
+        log.warning("exporting %s to ONNX%s", path, f" ({quantize})" if quantize else "")
+        export_onnx(path, self._exported, quantize=quantize, overwrite=True)
+        return self._exported
+
+    def _open_task_model(self, path: Path, on_forward: Callable[[], None]) -> None:
+        """A fine-tuned folder: its Predictor answers /predict (and /rerank); its encoder
+        /embed."""
+        from bertkit.inference.predict import Predictor
+
+        config = self.config
+        self.predictor = Predictor(path, device=str(self.device), batch_size=config.max_batch_size,
+                                   backend=config.backend, precision=config.precision,
+                                   compile=config.compile)  # fmt: skip
+        self.tokenizer = self.predictor.tokenizer
+        self.max_seq_length = self.predictor.max_seq_length
+        self.task_name = self.predictor.task.name
+        if config.backend == "torch":
+            self._encoder = getattr(self.predictor.model, "bert", None)
+        # counted calls, whichever backend (an ONNX session has no forward hooks)
+        self.predictor.model = _Counting(self.predictor.model, on_forward)  # type: ignore[assignment]
+
+    def _open_encoder(self, path: Path, compiled: bool) -> None:
+        """A folder without a task: its encoder answers /embed (and fill-mask with an MLM
+        head)."""
+        from bertkit.inference.loader import OnnxModel
+        from bertkit.tokenizer import BertTokenizer
+
+        self.tokenizer = BertTokenizer.from_pretrained(path)
+        if self.backend == "onnx":
+            session = OnnxModel(path)
+            if "last_hidden_state" not in session.names:
+                raise ValueError(
+                    f"{path}: an ONNX export of {session.info.get('head')} without a task "
+                    f"(no {TASK_FILE}): nothing to serve"
+                )
+            self._encoder = session
+        else:
+            self._encoder = self._load_torch_encoder(path)
+            cast_for_inference(self.fill.model if self.fill else self._encoder, self.precision)
+            if compiled:
+                self._encoder = compile_for_inference(self._encoder)
+        # a sentence-transformers folder's own length (all-MiniLM-L6-v2: 256), as
+        # SentenceTransformer(path) cuts; else what the tokenizer and positions allow
+        longest = min(self.tokenizer.model_max_length, self._max_positions())
+        self.max_seq_length = min(declared_length(self.source) or longest, longest)
 
     def _load_torch_encoder(self, path: Path) -> torch.nn.Module:
         from bertkit.inference.fill_mask import FillMask, has_mlm_head
