@@ -174,3 +174,29 @@ def test_the_commands_that_use_models_take_settings_too(capsys):
         with pytest.raises(SystemExit):
             main(argv)
         assert "must be positive, got 0" in capsys.readouterr().err
+
+
+def test_both_runs_nest_one_compute_setting_read_and_set_by_name():
+    from bertkit.settings import flat
+    from bertkit.training.config import ComputeConfig
+
+    tune = FinetuneConfig(precision="fp32", device="cpu", parity=True)
+    assert tune.compute == ComputeConfig(precision="fp32", device="cpu", parity=True)
+    assert tune.precision == "fp32" and tune.learning_rate == tune.optim.learning_rate
+    pre = dataclasses.replace(PretrainConfig(), compile="off")
+    pre.activation_checkpointing = True
+    assert pre.compute.compile == "off" and pre.compute.activation_checkpointing
+    with pytest.raises(ValueError, match="--precision"):
+        FinetuneConfig(precision="fp8")
+    # declared once: both commands take these flags from ComputeConfig, with its defaults
+    names = [f.name for f in dataclasses.fields(ComputeConfig)]
+    for config in (FinetuneConfig(), PretrainConfig()):
+        values = flat(config)
+        assert {n: values[n] for n in names} == flat(ComputeConfig())
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for command in ("pretrain", "finetune"):
+        helps = {a.dest: a.help for a in commands[command]._actions}
+        assert [helps[n] for n in names] == [
+            a.help for a in commands["pretrain"]._actions if a.dest in names
+        ]

@@ -190,8 +190,8 @@ def nested(
 def flat_names(cls: T) -> T:
     """Let the settings dataclass `cls` take its nested settings' fields by name as well:
     FinetuneConfig(learning_rate=2e-5) fills its optimiser's settings, as the command's flags
-    do; so does `dataclasses.replace`. Old names a `nested` field lists are taken with a
-    warning."""
+    do; so does `dataclasses.replace`, and `config.learning_rate` reads it. Old names a `nested`
+    field lists are taken with a warning."""
     hints = typing.get_type_hints(cls)
     holders = [
         (f, field_names(hints[f.name]))
@@ -220,7 +220,22 @@ def flat_names(cls: T) -> T:
         init(self, *args, **kwargs)
 
     cls.__init__ = __init__  # type: ignore[misc]
+    for field, names in holders:  # read and set by name too: config.precision
+        for name in names:
+            setattr(cls, name, _through(field.name, name))
     return cls
+
+
+def _through(holder: str, name: str) -> property:
+    """`name` of the nested settings in the field `holder`, as if it were the outer one's."""
+
+    def get(self: Any) -> Any:
+        return getattr(getattr(self, holder), name)
+
+    def put(self: Any, value: Any) -> None:
+        setattr(getattr(self, holder), name, value)
+
+    return property(get, put, doc=f"{holder}.{name}")
 
 
 # --------------------------------------------------------------------------- the command line

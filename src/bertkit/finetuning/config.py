@@ -11,17 +11,13 @@ from typing import NamedTuple
 from bertkit.checkpoint import NEW_WEIGHTS
 from bertkit.settings import (
     Settings,
-    checkpointing_setting,
-    compile_setting,
-    device_setting,
     flat_names,
     nested,
-    parity_setting,
-    precision_setting,
     replaced,
     setting,
 )
 from bertkit.tasks import Task
+from bertkit.training.config import ComputeConfig
 from bertkit.training.optim import OptimConfig
 
 FINETUNE_WARMUP_FRACTION = 0.1  # Google's run_classifier.py: warmup_proportion 0.1
@@ -90,11 +86,7 @@ class FinetuneConfig(Settings):
         "Trainer draws them)",
         check="positive",
     )
-    precision: str = precision_setting()
-    parity: bool = parity_setting()
-    compile: str = compile_setting()
-    activation_checkpointing: bool = checkpointing_setting()
-    device: str | None = device_setting()
+    compute: ComputeConfig = nested(ComputeConfig)
     resume: bool = setting(False, "continue a killed run in the output folder")
     keep_state: bool = setting(False, "keep trainer_state.pt (the optimiser too: 3x the model)")
     max_train_examples: int | None = setting(

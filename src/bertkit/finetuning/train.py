@@ -303,7 +303,7 @@ def finetune(
         return finished
     _claim(out, config)
     net = _network(task, model, tokenizer, config, build)
-    dist = distributed.setup(config.device)
+    dist = distributed.setup(config.compute.device)
     if dist.enabled:
         raise NotImplementedError("fine-tuning runs in one process (torchrun is for pretrain)")
     batches = FinetuneData(
@@ -347,8 +347,8 @@ def _training(task: Task, out: Path, config: FinetuneConfig, max_steps: int,
         out_dir=str(out),
         max_steps=max_steps,
         optim=config.optim_for(max_steps),
-        precision=config.precision,
-        compile=config.compile,
+        precision=config.compute.precision,
+        compile=config.compute.compile,
         log_every=max(1, min(50, steps_per_epoch // 4)),
         eval_every=config.eval_every or steps_per_epoch,
         save_every=config.eval_every or steps_per_epoch,
@@ -369,9 +369,9 @@ def _network(task: Task, model: Path, tokenizer, config: FinetuneConfig, build) 
         )  # fmt: skip
     else:
         net = build(task, model, config.seed)
-    set_dropout_parity(net, config.parity)
-    set_activation_checkpointing(net, config.activation_checkpointing)
-    set_static_shapes(net, config.compile == "graphs")
+    set_dropout_parity(net, config.compute.parity)
+    set_activation_checkpointing(net, config.compute.activation_checkpointing)
+    set_static_shapes(net, config.compute.compile == "graphs")
     task.configure(net, config.sizes().max_seq_length)
     if tokenizer.vocab_size > net.config.vocab_size:
         raise ValueError(

@@ -34,20 +34,15 @@ from bertkit.pretraining.prefetch import PrefetchedData, default_workers
 from bertkit.pretraining.shards import Shards
 from bertkit.settings import (
     Settings,
-    checkpointing_setting,
-    compile_setting,
-    device_setting,
     flat,
     flat_names,
     nested,
-    parity_setting,
-    precision_setting,
     replaced,
     setting,
 )
 from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
-from bertkit.training.config import TrainingConfig
+from bertkit.training.config import ComputeConfig, TrainingConfig
 from bertkit.training.loop import Trainer
 from bertkit.training.optim import OptimConfig
 from bertkit.training.run_folder import LOG_FILE, RUN_FILE, claim_folder
@@ -303,11 +298,7 @@ class PretrainConfig(Settings):
     save_every: int = setting(1000, "steps between checkpoints", check="positive")
     seed: int = setting(0, "seed of weights, data and masks")
     resume: bool = setting(False, "continue from OUT/trainer_state.pt")
-    precision: str = precision_setting()
-    parity: bool = parity_setting()
-    compile: str = compile_setting()
-    activation_checkpointing: bool = checkpointing_setting()
-    device: str | None = device_setting()
+    compute: ComputeConfig = nested(ComputeConfig)
     data_workers: int | None = setting(
         None,
         "processes that make batches while the steps run (the same batches, in the same order); "
@@ -455,7 +446,7 @@ def _run_phase(
     DDP's reducer (hooked on the model's parameters) holds the group, and a group destroyed
     under it made a rank abort at exit ('terminate called without an active exception')."""
     c.optim.warmup_steps_for(c.max_steps, c.budget_seconds)  # a bad warm-up fails before any work
-    dist = distributed.setup(c.device)
+    dist = distributed.setup(c.compute.device)
     try:
         return _train_phase(data, out, c, dist, model=model, on_entry=on_entry)
     finally:
@@ -475,10 +466,10 @@ def resolve_compile(c: PretrainConfig, model: BertConfig, dist: distributed.Dist
     (small models' steps are bound by kernel launches, and one CUDA graph is one launch; the
     same numbers as eager); otherwise the choice as given, which the loop resolves."""
     small = model.hidden_size <= GRAPHS_UP_TO_HIDDEN
-    alone = dist.world_size == 1 and not c.activation_checkpointing
-    if c.compile == "auto" and dist.device.type == "cuda" and small and alone:
+    alone = dist.world_size == 1 and not c.compute.activation_checkpointing
+    if c.compute.compile == "auto" and dist.device.type == "cuda" and small and alone:
         return "graphs"
-    return c.compile
+    return c.compute.compile
 
 
 # Settings that never change what a run computes: a resumed run may give them other values.
@@ -605,7 +596,7 @@ def _training_config(
         budget_seconds=c.budget_seconds,
         optim=c.optim,
         accumulation=c.accumulation,
-        precision=c.precision,
+        precision=c.compute.precision,
         compile=compile_mode,
         log_every=c.log_every,
         eval_every=c.eval_every,
@@ -633,8 +624,8 @@ def _phase_model(
         model = model_class.from_pretrained(c.init_from, config=model_config)
     elif model is None:
         model = _initialised(model_class(model_config), c, shards, vocab_size)
-    set_dropout_parity(model, c.parity)
-    set_activation_checkpointing(model, c.activation_checkpointing)
+    set_dropout_parity(model, c.compute.parity)
+    set_activation_checkpointing(model, c.compute.activation_checkpointing)
     compile_mode = resolve_compile(c, model_config, dist)
     set_static_shapes(model, compile_mode == "graphs")
     return model, compile_mode

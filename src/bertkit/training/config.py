@@ -1,5 +1,6 @@
 """How the training loop runs (`TrainingConfig`): for how long, with which optimiser and
-schedule, at which precision and compile setting, and its cadence."""
+schedule, at which precision and compile setting, and its cadence; and how a run computes
+(`ComputeConfig`), declared once for pre-training and fine-tuning, whose settings nest it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,27 @@ from typing import Any
 
 import torch
 
+from bertkit.settings import (
+    Settings,
+    checkpointing_setting,
+    compile_setting,
+    device_setting,
+    parity_setting,
+    precision_setting,
+)
 from bertkit.training.optim import OptimConfig
+
+
+@dataclass
+class ComputeConfig(Settings):
+    """How a run computes, the same for pre-training and fine-tuning (both nest it: their
+    flags and Python names are these fields', `--precision`, `FinetuneConfig(precision=...)`)."""
+
+    precision: str = precision_setting()
+    parity: bool = parity_setting()
+    compile: str = compile_setting()
+    activation_checkpointing: bool = checkpointing_setting()
+    device: str | None = device_setting()
 
 
 @dataclass
