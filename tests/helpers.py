@@ -330,6 +330,12 @@ class Server:
         self.output.seek(0)
         return self.output.read()
 
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> str:
         if self.process.poll() is None:
             self.process.terminate()

@@ -87,33 +87,18 @@ def test_pretrain_recipe_sets_its_settings_and_flags_win(monkeypatch, capsys, tm
     assert "(default: 10)" in text and "paper 256; laptop 32" in text
 
 
+PRE = ["pretrain", "--data", "d", "--out", "o"]
+
+
 @pytest.mark.parametrize(
     "args, says",
     [
-        (
-            ["pretrain", "--data", "d", "--out", "o", "--save-every", "0"],
-            "--save-every: must be positive",
-        ),
-        (
-            ["pretrain", "--data", "d", "--out", "o", "--log-every", "0"],
-            "--log-every: must be positive",
-        ),
-        (
-            ["pretrain", "--data", "d", "--out", "o", "--max-steps", "0"],
-            "--max-steps: must be positive",
-        ),
-        (
-            ["pretrain", "--data", "d", "--out", "o", "--batch-size", "0"],
-            "--batch-size: must be positive",
-        ),
-        (
-            ["pretrain", "--data", "d", "--out", "o", "--lr", "inf"],
-            "--learning-rate/--lr: 'inf' is not a finite",
-        ),
-        (
-            ["pretrain", "--data", "d", "--out", "o", "--mask-prob", "1.5"],
-            "--mask-prob: must be in [0, 1]",
-        ),
+        ([*PRE, "--save-every", "0"], "--save-every: must be positive"),
+        ([*PRE, "--log-every", "0"], "--log-every: must be positive"),
+        ([*PRE, "--max-steps", "0"], "--max-steps: must be positive"),
+        ([*PRE, "--batch-size", "0"], "--batch-size: must be positive"),
+        ([*PRE, "--lr", "inf"], "--learning-rate/--lr: 'inf' is not a finite"),
+        ([*PRE, "--mask-prob", "1.5"], "--mask-prob: must be in [0, 1]"),
         (["finetune", "mrpc", "--epochs", "0"], "--epochs: must be positive"),
         (["fill-mask", "--model", "m", "x", "--top", "-1"], "--top: must be positive"),
     ],

@@ -114,8 +114,7 @@ def test_hugging_face_client_feature_extraction_and_similarity(encoder, referenc
 
 
 def test_hugging_face_client_text_classification(topics_model):
-    server = Server(topics_model, "--api-key", KEY)
-    try:
+    with Server(topics_model, "--api-key", KEY) as server:
         text = "stocks market profit bank"
         [expected] = Predictor(topics_model)([text])
         answer = hf(server).text_classification(text)
@@ -126,13 +125,10 @@ def test_hugging_face_client_text_classification(topics_model):
         for a in answer:
             assert a.score == pytest.approx(expected["probabilities"][a.label], abs=1e-5)
         assert len(hf(server).text_classification(text, top_k=1)) == 1
-    finally:
-        server.stop()
 
 
 def test_hugging_face_client_token_classification(tagger):
-    server = Server(tagger)
-    try:
+    with Server(tagger) as server:
         text = "ann visits paris, eats sushi and pizza"
         [expected] = Predictor(tagger)([text])
         assert expected["entities"], "the tagger found no entity to compare"
@@ -143,13 +139,10 @@ def test_hugging_face_client_token_classification(tagger):
         assert {a.word for a in answer} >= {"paris", "sushi"}
         for a, e in zip(answer, expected["entities"], strict=True):
             assert a.word == text[a.start : a.end] and a.score == pytest.approx(e["score"])
-    finally:
-        server.stop()
 
 
 def test_hugging_face_client_fill_mask(mlm_dir):
-    server = Server(mlm_dir)
-    try:
+    with Server(mlm_dir) as server:
         text = "the cat sat on the [MASK] ."
         [[expected]] = FillMask(mlm_dir)([text], top=3)
         answer = huggingface_hub.InferenceClient(model=server.url).fill_mask(text, top_k=3)
@@ -159,8 +152,6 @@ def test_hugging_face_client_fill_mask(mlm_dir):
             assert a.sequence == text.replace("[MASK]", token.removeprefix("##"))
             assert a.score == pytest.approx(p, abs=1e-6)
         assert len(huggingface_hub.InferenceClient(model=server.url).fill_mask(text)) == 5
-    finally:
-        server.stop()
 
 
 def test_rerank_in_cohere_and_jina_shape(words_model, tmp_path):
@@ -174,8 +165,7 @@ def test_rerank_in_cohere_and_jina_shape(words_model, tmp_path):
         words_model), tmp_path, task, FinetuneConfig(max_seq_length=32))  # fmt: skip
     query, documents = "goal match team", ["stocks bank shares", "coach league score", "chip"]
     expected = Predictor(tmp_path).rerank(query, documents)
-    server = Server(tmp_path)
-    try:
+    with Server(tmp_path) as server:
         body = {"model": "x", "query": query, "documents": documents}
         answer = server.post("/v1/rerank", body).json()
         assert [r["index"] for r in answer["results"]] == [e["index"] for e in expected]
@@ -191,8 +181,6 @@ def test_rerank_in_cohere_and_jina_shape(words_model, tmp_path):
         assert refused.status_code == 422 and '"documents"' in refused.json()["error"]["message"]
         tei = server.post("/", {"query": query, "texts": documents}).json()
         assert [r["index"] for r in tei] == [e["index"] for e in expected]
-    finally:
-        server.stop()
 
 
 def test_a_trained_sentence_embedding_folder_served_gives_sentence_transformers_vectors(
@@ -216,8 +204,7 @@ def test_a_trained_sentence_embedding_folder_served_gives_sentence_transformers_
                             progress=False))  # fmt: skip
     texts = ["after coach", "the robot eats sushi", "a"]
     expected = SentenceTransformer(str(tmp_path / "emb"), device="cpu").encode(texts)
-    server = Server(tmp_path / "emb", "--precision", "fp32")
-    try:
+    with Server(tmp_path / "emb", "--precision", "fp32") as server:
         served = openai.OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0)
         answer = served.embeddings.create(model="emb", input=texts)
         np.testing.assert_allclose([d.embedding for d in answer.data], expected, atol=2e-6)
@@ -225,5 +212,3 @@ def test_a_trained_sentence_embedding_folder_served_gives_sentence_transformers_
         short = served.embeddings.create(model="emb", input=texts, dimensions=8)
         first = expected[:, :8] / np.linalg.norm(expected[:, :8], axis=1, keepdims=True)
         np.testing.assert_allclose([d.embedding for d in short.data], first, atol=2e-6)
-    finally:
-        server.stop()

@@ -35,19 +35,24 @@ from bertkit.config import PRESETS, BertConfig
 from bertkit.pretraining.train import PretrainConfig
 from bertkit.settings import from_values
 
+# The paper's masking, starting points and Adam beta2, which continued pre-training keeps too.
+_PAPERS_MASKING_AND_INIT = {
+    "seq_len": 128,
+    "mask_prob": 0.15,
+    "max_predictions": 20,
+    "position_init": "normal",
+    "attention_init": "normal",
+    "adam_beta2": 0.999,
+    "mlm_bias_init": "zeros",
+}
+
 RECIPES: dict[str, dict[str, Any]] = {
     "paper": {
         "config": "tiny",
         "batch_size": 256,
         "learning_rate": 1e-4,
         "warmup_steps": 10_000,
-        "seq_len": 128,
-        "mask_prob": 0.15,
-        "max_predictions": 20,
-        "position_init": "normal",
-        "attention_init": "normal",
-        "adam_beta2": 0.999,
-        "mlm_bias_init": "zeros",
+        **_PAPERS_MASKING_AND_INIT,
         "objective": "mlm+nsp",
     },
     "laptop": {
@@ -69,13 +74,7 @@ RECIPES: dict[str, dict[str, Any]] = {
         "batch_size": 32,
         "learning_rate": 5e-5,
         "warmup_fraction": 0.06,
-        "seq_len": 128,
-        "mask_prob": 0.15,
-        "max_predictions": 20,
-        "position_init": "normal",
-        "attention_init": "normal",
-        "adam_beta2": 0.999,
-        "mlm_bias_init": "zeros",
+        **_PAPERS_MASKING_AND_INIT,
         "objective": "mlm",
     },
 }
