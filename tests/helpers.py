@@ -217,6 +217,23 @@ def topic_rows(count: int, seed: int = 0, topics: int = 1, length: tuple[int, in
     return rows
 
 
+def scored_rows(train: int = 160, dev: int = 40, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """Texts of six words whose score is the share of "goal" among them (1% noise), for
+    regression: (train rows, dev rows) of {"text", "label"}."""
+    rng = np.random.default_rng(seed)
+
+    def rows(n):
+        out = []
+        for _ in range(n):
+            good = int(rng.integers(0, 7))
+            words = ["goal"] * good + ["chip"] * (6 - good)
+            rng.shuffle(words)
+            out.append({"text": " ".join(words), "label": round(good / 6 + rng.normal(0, 0.01), 3)})
+        return out
+
+    return rows(train), rows(dev)
+
+
 def tagged_sentences(count: int, seed: int = 0):
     """Sentences with entities of two types of their own (city, food) of one or two words,
     each followed by a plain word (so a span's extent is never ambiguous), as (words, IOB2

@@ -54,7 +54,7 @@ def test_own_entity_types_end_to_end(words_model, tmp_path, transformers):
     out = tmp_path / "run"
     results = finetune("token-classification", words_model, conll_data(tmp_path), out,
                        FinetuneConfig(**TAGGING))  # fmt: skip
-    assert results["dev"]["f1"] >= 0.85
+    assert results["dev"]["f1"] >= 0.85  # a word-by-word linear tagger: >= 0.95 (test_floors)
     assert {"f1", "precision", "recall", "accuracy", "f1_city", "f1_food", "macro_f1"} <= set(
         results["dev"]
     )
@@ -98,7 +98,7 @@ def test_iob1_files_read_as_iob2(words_model, tmp_path):
     assert fitted.scheme == "iob1"
     assert fitted.labels() == ["O", "B-city", "I-city", "B-food", "I-food"]
     results = finetune(fitted, words_model, None, tmp_path / "run", FinetuneConfig(**TAGGING))
-    assert results["dev"]["f1"] >= 0.85
+    assert results["dev"]["f1"] >= 0.85  # a word-by-word linear tagger: >= 0.95 (test_floors)
 
 
 @pytest.mark.slow
@@ -124,7 +124,7 @@ def test_token_and_tag_lists_in_records(words_model, tmp_path):
                       tags_column="ner_tags")  # fmt: skip
     results = finetune("token-classification", words_model, data, tmp_path / "run",
                        FinetuneConfig(**TAGGING))  # fmt: skip
-    assert results["dev"]["f1"] >= 0.85
+    assert results["dev"]["f1"] >= 0.85  # a word-by-word linear tagger: >= 0.95 (test_floors)
     # records whose tags are not one per token
     (tmp_path / "bad.jsonl").write_text(
         json.dumps({"tokens": ["a", "b"], "ner_tags": ["O"]}) + "\n"
