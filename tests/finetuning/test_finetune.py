@@ -700,3 +700,80 @@ def test_parity_fine_tuning_follows_transformers_run_for_run(words_model, tmp_pa
     assert len(ours) >= 5 and ours == pytest.approx(theirs, abs=1e-5), (ours, theirs)
     assert ours_dev == pytest.approx(theirs_dev, abs=1e-6)
     assert runs["ours", False][0] != pytest.approx(theirs, abs=1e-3)
+
+
+def test_a_fine_tuning_run_ends_where_a_transformers_users_loop_ends(
+    words_model, tmp_path, transformers, monkeypatch
+):
+    """The loop itself against the one transformers' documentation teaches, written here
+    without bertkit's Trainer: transformers' BertForSequenceClassification from bertkit's
+    starting weights, fed bertkit's batches (dropout 0, fp32, random batches), AdamW over the
+    decay groups (eps 1e-6, weight decay 0.01), linear warm-up over a tenth of the steps then
+    decay, gradients clipped at 1. One epoch of 20 steps: the same final weights (the
+    --parity run against transformers' model inside bertkit's loop is the test above)."""
+    from safetensors.torch import load_file
+
+    from bertkit.finetuning import train as run_module
+    from bertkit.finetuning.train import build_model
+
+    from helpers import hf_config, topic_files
+
+    start, batches = {}, []
+    real_next = run_module.FinetuneData.next_batch
+
+    def recorded(self):
+        batch = real_next(self)
+        batches.append({k: v.clone() for k, v in batch.items() if torch.is_tensor(v)})
+        return batch
+
+    def build(task, model, seed):  # what finetune builds (dropout 0), its weights kept
+        net = build_model(task, model, seed, dropout=0.0)
+        start.update({k: v.clone() for k, v in net.state_dict().items()})
+        return net
+
+    monkeypatch.setattr(run_module.FinetuneData, "next_batch", recorded)
+    config = FinetuneConfig(epochs=1, batch_size=8, max_seq_length=64, progress=False,
+                            learning_rate=5e-4, dropout=0.0, precision="fp32",
+                            bucket_batches=1, seed=7)  # fmt: skip
+    out = tmp_path / "ours"
+    finetune("text-classification", words_model, topic_files(tmp_path), out, config, build=build)
+    assert len(batches) == 20
+
+    from bertkit.config import BertConfig
+
+    ours_config = BertConfig.from_json_file(out / "config.json")
+    theirs = transformers.BertForSequenceClassification(
+        hf_config(ours_config, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    )
+    theirs.load_state_dict(start, strict=True)
+    no_decay = ("bias", "LayerNorm.weight", "LayerNorm.bias")
+    groups = [
+        {"params": [p for n, p in theirs.named_parameters() if not n.endswith(no_decay)],
+         "weight_decay": 0.01},
+        {"params": [p for n, p in theirs.named_parameters() if n.endswith(no_decay)],
+         "weight_decay": 0.0},
+    ]  # fmt: skip
+    optimizer = torch.optim.AdamW(groups, lr=5e-4, eps=1e-6)
+    # bertkit's documented schedule (training.optim.warmup_linear_decay), written out: up to the
+    # peak on the warm-up's last step, then down; transformers' get_linear_schedule_with_warmup
+    # is the same but spends the first step at a learning rate of 0
+    total, warm = len(batches), 2
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: (s + 1) / warm if s < warm else (total - s) / (total - warm + 1)
+    )
+    theirs.train()
+    for batch in batches:
+        inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask", "labels")}
+        theirs(**inputs).loss.backward()
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+    ours = load_file(str(out / "model.safetensors"))
+    moved = max(float((ours[k] - start[k]).abs().max()) for k in ours if k in start)
+    assert moved > 1e-3  # the run learnt: a loop that did nothing would fail here
+    for name, value in theirs.state_dict().items():
+        if name in ours:
+            torch.testing.assert_close(
+                ours[name], value, atol=2e-5, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}"
+            )

@@ -321,8 +321,9 @@ def finetune(
     )
     training = _training(task, out, config, max_steps, steps_per_epoch)
     trainer = Trainer(
-        net, TaskObjective(task), batches, training, dist_info=dist, evaluate=evaluation
-    )
+        net, TaskObjective(task), batches, training, dist_info=dist, evaluate=evaluation,
+        flags={k: f for k, (_, f) in flat(config).items()},
+    )  # fmt: skip
     before = None
     if task.scores_before_training and not (out / STATE_FILE).exists():  # (not when resumed)
         examples, features = loaded.devs["dev"]

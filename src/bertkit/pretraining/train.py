@@ -237,7 +237,10 @@ class PretrainConfig(Settings):
     )
     max_steps: int | None = setting(None, "optimiser steps", check="positive")
     budget_seconds: float | None = setting(
-        None, "training time in seconds instead of (or as well as) a step count", check="positive"
+        None,
+        "training time in seconds instead of (or as well as) a step count",
+        check="positive",
+        flags=("--budget",),  # (the command's --budget takes 15m, 2h: parse_budget)
     )
     batch_size: int = setting(256, "global sequences per optimiser step", check="positive")
     seq_len: int = setting(128, "tokens per sequence", check="positive")
@@ -570,6 +573,7 @@ def _train_phase(
         evaluate=evaluate,
         save_model=save_model,
         on_entry=on_entry,
+        flags={k: f for k, (_, f) in flat(c).items()},
     )
     try:
         entries = trainer.train()

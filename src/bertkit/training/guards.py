@@ -110,11 +110,13 @@ def weight_norm(model: torch.nn.Module) -> float:
         return float(torch.stack(norms).norm()) if norms else 0.0
 
 
-def check_finite_weights(model: torch.nn.Module, out: Any, step: int, lr: float | None) -> None:
+def check_finite_weights(
+    model: torch.nn.Module, out: Any, step: int, lr: float | None, lr_flag: str
+) -> None:
     """TrainingDiverged when a weight is NaN or infinite (checked before every save)."""
     bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
         raise TrainingDiverged(
             f"{out}: weights became NaN or infinite by step {step} (e.g. {bad[:3]}); not saved: "
-            f"the last checkpoint written is kept. Lower --lr (it was {lr:g})"
+            f"the last checkpoint written is kept. Lower {lr_flag} (it was {lr:g})"
         )

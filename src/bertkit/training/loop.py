@@ -29,6 +29,7 @@ from bertkit._device import to_device
 from bertkit._io import DIGEST_FILE, MODEL_FILE, STATE_FILE, run_lock, sha256_of
 from bertkit.errors import TrainingDiverged, TrainingInterrupted
 from bertkit.precision import resolve_precision
+from bertkit.settings import flag as settings_flag
 from bertkit.training import distributed
 from bertkit.training.config import TrainingConfig, compile_seconds, compiles
 from bertkit.training.guards import Divergence, StopSignals, check_finite_weights, weight_norm
@@ -87,10 +88,13 @@ class Trainer:
         evaluate: Callable[[torch.nn.Module, int], dict[str, float]] | None = None,
         save_model: Callable[[torch.nn.Module, Path], None] | None = None,
         on_entry: Callable[[dict[str, Any]], None] | None = None,
+        flags: dict[str, str] | None = None,
     ) -> None:
         """`evaluate(model, step)` returns an evaluation entry's figures (every `eval_every`
         steps and at the end); `on_entry` sees every log entry (train and eval) as it is
-        written, on rank 0."""
+        written, on rank 0; `flags`: how the run's command spells its settings ({name: flag},
+        `settings.flat`), for the messages that name one (default: the settings' own)."""
+        self.flags = flags or {}
         self.config = config
         self.on_entry = on_entry
         self.dist = dist_info or distributed.Distributed()
@@ -129,7 +133,7 @@ class Trainer:
         writes both again, so a state that says "finished" always has its final model beside it.
         Non-finite weights are never written (TrainingDiverged)."""
         lr = self.config.optim.learning_rate
-        check_finite_weights(self.model, self.out_dir, self.step, lr)
+        check_finite_weights(self.model, self.out_dir, self.step, lr, self.flag("learning_rate"))
         if self.dist.is_main:
             model_digest = None
             if self.save_model is not None:
@@ -157,7 +161,7 @@ class Trainer:
         distributed.barrier(self.dist)
 
     def load(self) -> bool:
-        state = read_state(self.out_dir, self.config.schedule_values())
+        state = read_state(self.out_dir, self.config.schedule_values(), self.flag)
         if state is None:
             return False
         try:
@@ -189,6 +193,10 @@ class Trainer:
             or bool(config.max_steps and self.step >= config.max_steps)
             or (config.budget_seconds is not None and self.train_seconds >= config.budget_seconds)
         )
+
+    def flag(self, name: str) -> str:
+        """The flag that sets the setting `name`, as the run's command spells it."""
+        return self.flags.get(name) or settings_flag(name)
 
     @property
     def seconds(self) -> float:
@@ -295,7 +303,7 @@ class Trainer:
                 f"{self.out_dir}: the loss or its gradient is NaN or infinite at step "
                 f"{self.step + 1} (learning rate {self.schedule.get_last_lr()[0]:g}); "
                 "stopped before this step touched the weights, the last checkpoint is kept. "
-                f"Lower --lr (the peak was {config.optim.learning_rate:g})"
+                f"Lower {self.flag('learning_rate')} (the peak was {config.optim.learning_rate:g})"
             )
         window.norms = norm if window.norms is None else window.norms + norm
         self.scaler.step(self.optimizer)
@@ -360,7 +368,7 @@ class Trainer:
         if why is not None:
             raise TrainingDiverged(
                 f"{self.out_dir}: {why}, at step {self.step} (learning rate {lr:g}); "
-                "stopped, the last checkpoint is kept. Lower --lr (the peak was "
+                f"stopped, the last checkpoint is kept. Lower {self.flag('learning_rate')} (the peak was "
                 f"{self.config.optim.learning_rate:g})"
             )
         if bar is not None:
@@ -398,7 +406,7 @@ class Trainer:
                 bar.close()
             raise TrainingInterrupted(
                 f"stopped by {stopping} at step {self.step}; a checkpoint is saved in "
-                f"{self.out_dir}: continue with --resume",
+                f"{self.out_dir}: continue with {self.flag('resume')}",
                 stopping,
             )
 

@@ -15,6 +15,7 @@ import logging
 import math
 import random
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,6 @@ SCHEDULE_FIELDS = (
     "warmup_fraction",
     "schedule",
 )
-_FLAGS = {"learning_rate": "--lr", "budget_seconds": "--budget"}
 
 
 def claim_folder(
@@ -149,9 +149,12 @@ def write_state(out: Path, state: dict[str, Any], model_digest: str | None) -> N
         atomic_write_text(out / DIGEST_FILE, json.dumps(record))
 
 
-def read_state(out: Path, schedule_values: dict[str, Any]) -> dict[str, Any] | None:
+def read_state(
+    out: Path, schedule_values: dict[str, Any], flag: Callable[[str], str]
+) -> dict[str, Any] | None:
     """OUT's trainer state (None: none), refused when its checksum is not the recorded one, when
-    it cannot be read, or when it was started with another schedule (`schedule_values`)."""
+    it cannot be read, or when it was started with another schedule (`schedule_values`; `flag`
+    names the setting that would have to match)."""
     path = out / STATE_FILE
     if not path.exists():
         return None
@@ -171,11 +174,10 @@ def read_state(out: Path, schedule_values: dict[str, Any]) -> dict[str, Any] | N
     for key in SCHEDULE_FIELDS:
         before, now = saved.get(key), schedule_values[key]
         if key in saved and before != now:
-            flag = _FLAGS.get(key, "--" + key.replace("_", "-"))
             raise ValueError(
                 f"{path}: the run was started with {key} = {before}, not {now}: resuming with "
                 f"another value would change its learning-rate schedule mid-run (with more "
-                f"steps the rate would jump back up). Resume with the same {flag}, or start "
+                f"steps the rate would jump back up). Resume with the same {flag(key)}, or start "
                 f"a new run from these weights with a fresh schedule (bertkit pretrain "
                 f"--init-from {out})"
             )
