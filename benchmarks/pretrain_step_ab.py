@@ -20,10 +20,14 @@ clipping, AdamW, on real batches of the shards (bert-base-uncased vocabulary: it
   reported apart: a short budget pays it too);
 - `bf16`: the default under bf16 autocast with oneDNN on (`--precision bf16`: fp32 master
   weights and optimiser; bf16 matrix products where the CPU has them, e.g. AVX512-BF16 or AMX);
+- `chunked-bf16`: `bf16` with the fused MLM softmax's weight gradient made one product per
+  chunk of 64 rows, as before 2026-11-28 (each added into the fp32 gradient: a conversion of
+  the whole vocabulary matrix per chunk);
 - `transformers`, `transformers-bf16`: transformers' BertForPreTraining from the same initial
   weights behind the same objective and optimiser (pretrain_vs_hf.py's adapter: logits at every
   position, those at the masked positions kept), in fp32 / under bf16 autocast;
-- `profile`: no timing, a torch.profiler table of one step's top operators.
+- `profile`, `profile-bf16`: no timing, a torch.profiler table of one step's top operators
+  (`default` / `bf16`).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from _harness import (
     transformers_copy,
 )
 
-from bertkit import BertConfig, BertForPreTraining
+from bertkit import BertConfig, BertForPreTraining, losses
 from bertkit.pretraining.dataset import PretrainingData
 from bertkit.pretraining.shards import Shards
 from bertkit.pretraining.train import PretrainingObjective
@@ -91,11 +95,16 @@ def build(args, variant: str):
     totals = [objective.counts(b).double() for b in batches]
 
     bf16 = variant.endswith("bf16")
+    # chunked-bf16: the fused MLM softmax's weight gradient one product per chunk of 64 rows,
+    # as before 2026-11-28 (losses.GRADIENT_GROUP_ROWS)
+    group = 64 if variant == "chunked-bf16" else losses.GRADIENT_GROUP_ROWS
 
     def step(i: int) -> None:
         torch.backends.mkldnn.enabled = bf16  # type: ignore[assignment]  # as the loop sets it
+        kept, losses.GRADIENT_GROUP_ROWS = losses.GRADIENT_GROUP_ROWS, group
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss, _ = objective.loss(forward, batches[i], totals[i])
+        losses.GRADIENT_GROUP_ROWS = kept
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -122,6 +131,35 @@ def step_flops(config, batches) -> tuple[float, float]:
     return flops / len(batches), tokens / len(batches)
 
 
+def products_rate(config, batches, dtype: torch.dtype, repeats: int = 3) -> float:
+    """GFLOP/s of this machine's matrix products at the step's own shapes and `dtype`: each
+    dense layer's product over a batch's real tokens (query, key, value and output H x H, the
+    feed-forward H x I and I x H, the MLM transform H x H and decoder H x V over the masked
+    positions), forward and the backward's two (the input's and the weight's gradient), timed
+    one by one (best of `repeats`) and weighted by how often a step runs each."""
+    hidden, inner, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
+    layers = config.num_hidden_layers
+    tokens = int(sum(float(b["attention_mask"].sum()) for b in batches) / len(batches))
+    masked = int(sum(float((b["labels"] != -100).sum()) for b in batches) / len(batches))
+    shapes = [(tokens, hidden, hidden, 4 * layers), (tokens, hidden, inner, layers),
+              (tokens, inner, hidden, layers), (masked, hidden, hidden, 1),
+              (masked, hidden, vocab, 1)]  # fmt: skip
+    flops = seconds = 0.0
+    for m, k, n, count in shapes:
+        for a_shape, b_shape in (((m, k), (k, n)), ((m, n), (n, k)), ((k, m), (m, n))):
+            a, b = torch.randn(a_shape, dtype=dtype), torch.randn(b_shape, dtype=dtype)
+            torch.mm(a, b)  # warm-up
+            best = min(_timed(lambda a=a, b=b: torch.mm(a, b)) for _ in range(repeats))
+            flops, seconds = flops + count * 2 * m * k * n, seconds + count * best
+    return flops / seconds / 1e9
+
+
+def _timed(run) -> float:
+    started = time.perf_counter()
+    run()
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="shards (bertkit prepare)")
@@ -134,20 +172,22 @@ def main() -> None:
         "--variants",
         nargs="+",
         default=["default", "logits", "single-adamw"],
-        help="default logits single-adamw foreach fused-adamw compile bf16 transformers "
-        "transformers-bf16 profile",
+        help="default logits single-adamw foreach fused-adamw compile bf16 chunked-bf16 transformers "
+        "transformers-bf16 profile profile-bf16",
     )
     parser.add_argument("--dropout", type=float, help="default: the config's (0.1)")
     parser.add_argument(
         "--flops",
         action="store_true",
-        help="tokens/s and model GFLOP/s of each variant against this machine's fp32 GEMM peak",
+        help="tokens/s and model GFLOP/s of each variant against this machine's fp32 GEMM peak, "
+        "and against its matrix products at the step's own shapes in the variant's precision",
     )
     args = parser.parse_args()
     print(start(args))
     torch.backends.mkldnn.enabled = False  # as the loop does for fp32 on CPU
-    if "profile" in args.variants:
-        step = build(args, "default")
+    profiled = [v for v in args.variants if v.startswith("profile")]
+    if profiled:  # profile: the default step; profile-bf16: under bf16 autocast
+        step = build(args, "bf16" if profiled[0].endswith("bf16") else "default")
         step(0)
         with torch.profiler.profile() as prof:
             step(1)
@@ -183,12 +223,23 @@ def main() -> None:
             f"a step: {flops / 1e9:.1f} GFLOP on {tokens:.0f} real tokens; fp32 GEMM peak "
             f"{peak:.0f} GFLOP/s (2048^2 torch.mm)"
         )
+        torch.backends.mkldnn.enabled = True  # (bf16 products run on oneDNN)
+        products = {
+            kind: products_rate(first.config, first.batches, dtype)
+            for kind, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
+        }
+        print(
+            "matrix products at this step's shapes: "
+            + ", ".join(f"{kind} {rate:.0f} GFLOP/s" for kind, rate in products.items())
+        )
         for variant in steps:
             seconds = middle[variant]
             rate = flops / seconds / 1e9
+            kind = "bf16" if variant.endswith("bf16") else "fp32"
             print(
                 f"{variant:8s} {tokens / seconds:,.0f} tokens/s, {rate:.0f} GFLOP/s "
-                f"({rate / peak:.0%} of peak)"
+                f"({rate / peak:.0%} of peak; {rate / products[kind]:.0%} of its {kind} "
+                "products' rate at the step's shapes)"
             )
 
 

@@ -247,6 +247,42 @@ def test_fused_vocab_cross_entropy_under_autocast_is_autocast_s_arithmetic():
             torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
 
 
+def test_fused_vocab_cross_entropy_makes_the_bf16_weight_gradient_one_product_a_group(
+    monkeypatch,
+):
+    """Under bf16 the weight's gradient is one product over a group of chunks (a bf16 (V, H)
+    product added into fp32 converts the whole matrix: once a group, not once a chunk). Within a
+    group it is autocast's own product to fp32's rounding; across groups, the groups' products
+    summed, whatever the last group's size."""
+    import itertools
+
+    from bertkit import losses
+
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(90, 16, generator=generator, requires_grad=True)
+    bias = torch.zeros(90, requires_grad=True)
+    states = torch.randn(150, 16, generator=generator).bfloat16().requires_grad_()
+    labels = torch.randint(0, 90, (150,), generator=generator)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = torch.nn.functional.linear(states, weight, bias).float()
+        plain = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+    [autocast] = torch.autograd.grad(plain, (weight,))
+    probabilities = torch.softmax(logits, -1)
+    probabilities[torch.arange(150), labels] -= 1.0
+    softmax_grad = probabilities.bfloat16()
+    for group, bounds in ((1024, [0, 150]), (64, [0, 64, 128, 150])):
+        monkeypatch.setattr(losses, "GRADIENT_GROUP_ROWS", group)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            total, _ = losses.fused_vocab_cross_entropy(states, weight, bias, labels, chunk=32)
+        [got] = torch.autograd.grad(total, (weight,))
+        by_hand = sum(
+            (softmax_grad[a:b].t() @ states[a:b]).float() for a, b in itertools.pairwise(bounds)
+        )
+        torch.testing.assert_close(got, by_hand, rtol=1e-6, atol=1e-6)  # (bf16's step: 4e-3)
+        if group == 1024:  # one group: autocast's one product
+            torch.testing.assert_close(got, autocast, rtol=1e-5, atol=1e-5)
+
+
 def test_fused_mlm_step_equals_the_logits_path():
     """A pre-training step through `fused_mlm=True` gives the loss and every gradient of the
     plain path (logits, F.cross_entropy)."""
