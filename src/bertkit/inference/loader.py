@@ -118,13 +118,13 @@ def load(
         info = {**info, "head": info.get("head", found.head)}
     name = head or head_of(path, info)
     chosen = torch.device("cpu") if backend == "onnx" else default_device(device)
+    compute = resolve_precision(precision, chosen, backend=backend)
     if backend == "onnx":
         net: Any = OnnxModel(path)
         config = read_config(path)
     else:
         net = MODEL_CLASSES[name].from_pretrained(path).to(chosen).eval()
         config = net.config
-    compute = resolve_precision(precision, chosen, backend=backend)
     if isinstance(net, torch.nn.Module):
         cast_for_inference(net, compute)
         if compiled:
