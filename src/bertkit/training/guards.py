@@ -4,6 +4,7 @@ and save) and a divergence that never reaches infinity (`Divergence`)."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from typing import Any
@@ -111,7 +112,7 @@ def weight_norm(model: torch.nn.Module) -> float:
 
 
 def check_finite_weights(
-    model: torch.nn.Module, out: Any, step: int, lr: float | None, lr_flag: str
+    model: torch.nn.Module, out: str | os.PathLike, step: int, lr: float | None, lr_flag: str
 ) -> None:
     """TrainingDiverged when a weight is NaN or infinite (checked before every save)."""
     bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
