@@ -19,7 +19,8 @@
 #      and with CUDA graphs; BERT-small in the loop by default (CUDA graphs) and compiled.
 #   6. bf16 against fp32 loss curves: BERT-mini, 300 steps, the same data and seed.
 #   7. Inference: BERT-base padded, unpadded and compiled against transformers.
-#   8. First of all, fine-tuning and predict end to end (benchmarks/gpu_smoke.sh).
+#   8. First of all, fine-tuning and predict end to end (benchmarks/gpu_smoke.sh); then (issue 61)
+#      bertkit compiled against transformers compiled, MFU by both counts.
 #
 # On the CPU machine, once (Wikipedia AA wiki_00..09 with the bert-base-uncased vocabulary,
 # 5 MB of shards in runs/gpu_pack, which the call carries):
@@ -112,6 +113,10 @@ bench=("$PY" benchmarks/gpu_throughput.py --data "$data" --out "$rows" "${device
 # fine-tuning and predict end to end on the card first (a minute): what no timed step runs;
 # then inductor's searches, which the third session's deadline cut
 step finetune_smoke bash benchmarks/gpu_smoke.sh "$data" "$work/smoke" "${smoke[@]}"
+# issue 61: compiled against compiled (until now compiled bertkit met eager transformers), BERT-base
+# phase 1 and BERT-large at 128, MFU by the strict count and the common one side by side
+step compiled_vs_compiled "${bench[@]}" --case "${base[@]}" "${large[0]}" \
+  --variants bertkit-compiled transformers-compiled --profile bertkit-compiled
 # inductor's searches (benchmarks/gpu_throughput.py's TUNED): the pointwise kernels' settings;
 # then the matrix products autotuned too (minutes of compiling)
 step base_tuned "${bench[@]}" --case "${base[@]}" --variants bertkit-compiled bertkit-tuned \

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import re
@@ -157,16 +158,21 @@ def load(port: int, clients: int, seconds: float, bodies: list[bytes],
         ))  # fmt: skip
         return time.perf_counter() - started
 
+    gc.collect()  # this process's imports (torch, numpy) out of the collector's sight: a
+    gc.freeze()  # full collection would pause every client at once and count as latency
+    cpu = time.process_time()
     try:
         import uvloop
 
         elapsed = uvloop.run(run())
     except ImportError:
         elapsed = asyncio.run(run())
+    cpu = time.process_time() - cpu
     ms = np.array(latencies) * 1000
     return {
         "requests": len(latencies),
         "rps": len(latencies) / elapsed,
+        "client_cpu": cpu / elapsed,  # the load generator's share of one core
         "p50": float(np.percentile(ms, 50)),
         "p95": float(np.percentile(ms, 95)),
         "p99": float(np.percentile(ms, 99)),

@@ -69,6 +69,24 @@ def test_openai_client_default_call_gives_sentence_transformers_vectors(encoder,
     np.testing.assert_allclose(short.data[0].embedding, first, atol=2e-6)
 
 
+def test_float_answers_are_the_base64_float32s_in_their_shortest_digits(encoder):
+    """`encoding_format: "float"` writes each float32 in the fewest digits that read back as
+    it (as OpenAI's own answers do): the numbers equal the default call's base64 float32s
+    exactly, and none has more than 9 significant digits (a float64's repr took 17)."""
+    import base64
+    import re
+
+    url, headers = encoder.url + "/v1/embeddings", {"Authorization": f"Bearer {KEY}"}
+    floats = httpx.post(url, json={"input": TEXTS, "encoding_format": "float"}, headers=headers)
+    packed = httpx.post(url, json={"input": TEXTS, "encoding_format": "base64"}, headers=headers)
+    for got, raw in zip(floats.json()["data"], packed.json()["data"], strict=True):
+        exact = np.frombuffer(base64.b64decode(raw["embedding"]), dtype="<f4")
+        assert np.array_equal(np.array(got["embedding"], dtype=np.float32), exact)
+    numbers = re.findall(rb"-?\d\.?\d*(?:e-?\d+)?", floats.content.split(b'"usage"')[0])
+    digits = [len(n.lstrip(b"-").replace(b".", b"").split(b"e")[0].lstrip(b"0")) for n in numbers]
+    assert len(numbers) > 3 * 384 and max(digits) <= 9
+
+
 def test_openai_client_token_ids_as_input(encoder, reference, minilm_dir):
     tokenizer = BertTokenizer.from_pretrained(minilm_dir)
     ids = tokenizer(TEXTS[:2])["input_ids"]  # [CLS] ... [SEP], as the model's tokenizer writes

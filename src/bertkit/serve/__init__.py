@@ -1,7 +1,8 @@
 """Serving a model over HTTP with dynamic batching: `bertkit serve MODEL`, or `serve(...)`.
 
-The web part (`bertkit.serve.app`) needs the `bertkit[serve]` extra (FastAPI, uvicorn); the
-engine (`ServedModel`: what each endpoint computes) and the batcher (`DynamicBatcher`) do not.
+The web part (`bertkit.serve.app`) needs the `bertkit[serve]` extra (FastAPI, uvicorn, orjson);
+the engine (`ServedModel`: what each endpoint computes) and the batcher (`DynamicBatcher`) do
+not.
 """
 
 from __future__ import annotations

@@ -23,9 +23,10 @@ as a list of numbers.
 from __future__ import annotations
 
 import base64
-import struct
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from bertkit.errors import InputError
 
@@ -41,14 +42,14 @@ def openai_error(status: int, message: str, code: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "code": code, "param": None}}
 
 
-def base64_floats(vector: list[float]) -> str:
+def base64_floats(vector: Any) -> str:
     """A vector as OpenAI and text-embeddings-inference send it with `encoding_format:
     "base64"`: little-endian float32, base64.
 
     >>> base64_floats([1.0, -2.0])
     'AACAPwAAAMA='
     """
-    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
 
 
 class Ids(tuple):

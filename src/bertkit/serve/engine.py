@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from bertkit._device import default_device
@@ -518,7 +519,8 @@ class ServedModel:
             return {"model": self.name, "results": results}
         if endpoint == "similarity":  # unit vectors: the cosine is the dot product
             source = results[0]
-            return [sum(a * b for a, b in zip(source, v, strict=True)) for v in results[1:]]
+            source = source.astype(np.float64)
+            return [float(source @ v.astype(np.float64)) for v in results[1:]]
         if style is not None and endpoint == "predict":
             labels = self.predictor.labels if self.predictor is not None else None
             answers = [hf_prediction(r, labels, style.top_k) for r in results]
@@ -576,7 +578,7 @@ class ServedModel:
         return self._fill_mask(items)
 
     @torch.inference_mode()
-    def _embed(self, items: list[tuple[Any, str, bool]]) -> tuple[list[list[float]], list[int]]:
+    def _embed(self, items: list[tuple[Any, str, bool]]) -> tuple[list[np.ndarray], list[int]]:
         """Each item's vector, and its pieces ([CLS] and [SEP] with)."""
         encoded = self._encode([text for text, _, _ in items])
         mask = encoded["attention_mask"]
@@ -610,7 +612,7 @@ class ServedModel:
             vector = pooled[pooling][row]
             if normalize:
                 vector = vector / vector.norm().clamp(min=1e-12)
-            vectors.append(vector.tolist())
+            vectors.append(vector.numpy())  # float32: the response writes it as it is
         return vectors, mask.sum(1).tolist()
 
     def _encode(self, texts: list[Any]) -> dict[str, torch.Tensor]:
@@ -748,10 +750,9 @@ def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _shortened(vector: list[float], dims: int | None) -> list[float]:
+def _shortened(vector: np.ndarray, dims: int | None) -> np.ndarray:
     """The first `dims` coordinates, at unit length again (Matryoshka-style); all without."""
     if dims is None or dims >= len(vector):
         return vector
     part = vector[:dims]
-    norm = sum(x * x for x in part) ** 0.5 or 1.0
-    return [x / norm for x in part]
+    return part / (float(np.linalg.norm(part)) or 1.0)
