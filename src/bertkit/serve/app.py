@@ -195,7 +195,10 @@ def _telemetry() -> dict[str, Any]:
 
     if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
         return {}
-    from opentelemetry import _logs, metrics, trace
+    try:
+        from opentelemetry import _logs, metrics, trace
+    except ImportError:  # (FastAPI's telemetry needs it; without it there is nothing to turn off)
+        return {}
 
     providers = (trace.get_tracer_provider(), metrics.get_meter_provider(),
                  _logs.get_logger_provider())  # fmt: skip
