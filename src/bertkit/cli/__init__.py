@@ -16,6 +16,8 @@ from bertkit.settings import number_type
 _PLAIN_CHECKS = {
     "size": "positive",
     "workers": "positive",
+    "top": "positive",
+    "partitions": "positive",
     "seeds": "positive",
     "steps": "positive",
     "min_frequency": "non-negative",
@@ -78,7 +80,7 @@ def _check_numbers(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bertkit.cli import training, use
+    from bertkit.cli import corpus, training, use
 
     parser = argparse.ArgumentParser(
         prog="bertkit",
@@ -87,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
-    for add in (*training.ADDERS, *use.ADDERS):
+    for add in (*training.ADDERS, *use.ADDERS, *corpus.ADDERS):
         add(commands)
     _check_numbers(parser)
     for sub_parser in commands.choices.values():

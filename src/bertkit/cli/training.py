@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -315,10 +316,25 @@ def add_finetune(commands) -> None:
 def _evaluate(args: argparse.Namespace) -> None:
     from bertkit.finetuning.evaluation import EvaluateConfig, evaluate
 
+    if args.retrieval:
+        _evaluate_retrieval(args)
+        return
     result = evaluate(args.model, args.data, from_flags(args, EvaluateConfig, progress=True))
     report = result.pop("report", None)
     print(json.dumps(result, indent=1))
     _print_reports({result.get("split", "dev"): report} if report else None)
+
+
+def _evaluate_retrieval(args: argparse.Namespace) -> None:
+    from bertkit.retrieval.beir import evaluate_retrieval
+
+    split = args.split
+    if split in ("dev", "validation") and not (Path(args.data) / "qrels" / "dev.tsv").exists():
+        print("no qrels/dev.tsv: scoring qrels/test.tsv (--split test)", file=sys.stderr)
+        split = "test"
+    result = evaluate_retrieval(args.model, args.data, split=split, top=args.top, out=args.out,
+                                batch_size=args.batch_size, device=args.device, progress=True)  # fmt: skip
+    print(json.dumps(result, indent=1))
 
 
 def add_evaluate(commands) -> None:
@@ -333,6 +349,12 @@ def add_evaluate(commands) -> None:
         "as the training files were (its labels scored when it has them)",
     )
     evaluate.add_argument("--task", type=task_name, help="default: the model's own task")
+    evaluate.add_argument(
+        "--retrieval", action="store_true",
+        help="score an embedding model's retrieval on a BEIR folder (corpus.jsonl, "
+        "queries.jsonl, qrels/SPLIT.tsv): nDCG@10, MRR@10, recall@1/10/100",
+    )  # fmt: skip
+    evaluate.add_argument("--top", type=int, default=100, help="--retrieval: documents ranked")
     add_flags(evaluate, EvaluateConfig, skip=("task", "progress"))
     evaluate.set_defaults(func=_evaluate)
 

@@ -1,0 +1,223 @@
+"""`bertkit embed`: a vector for every row of a corpus, in Parquet shards with a manifest.
+
+    embed("sentence-transformers/all-MiniLM-L6-v2", ["docs/*.jsonl"], "vectors/")
+    embed("runs/bert", ["news.csv"], "vectors/", EmbedConfig(pooling="cls", text_column="body"))
+
+The model is any that yields sentence vectors: a sentence-transformers folder or Hub name (its
+pooling and normalisation, read from its module files), a bertkit embedding folder, or any BERT
+with `pooling` cls or mean. Each shard's texts are sorted longest first before they are cut
+into batches (as sentence-transformers and the `Embedder` sort), so like lengths run together;
+the window is the shard, so memory stays bounded and a batch never mixes shards (a resumed run
+makes the same batches). Texts over the model's length are cut to it and said so per row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertkit.jobs.inputs import Columns, CorpusRow, Source
+from bertkit.settings import Settings, device_setting, nested, precision_setting, setting
+from bertkit.tasks.files import FileConfig
+
+DTYPES = ("float32", "float16")
+NORMALIZE = ("auto", "yes", "no")
+
+
+@dataclass
+class JobConfig(Settings):
+    """What every corpus job takes: its inputs' columns, its shards, resuming, who runs it."""
+
+    text_column: str = setting("text", "the column (JSON key) holding each row's text; several (title,text): joined by a space")
+    id_column: str | None = setting(
+        None, "a column of unique row ids to write (default: FILE:LINE, the row's place)"
+    )
+    keep_columns: str | None = setting(None, "columns to copy into the output: a,b,c")
+    rows_per_shard: int = setting(10_000, "rows in each output shard", check="positive")
+    batch_size: int = setting(64, "texts in a model call", check="positive")
+    max_seq_length: int | None = setting(
+        None, "tokens a text is cut to (default: the model's declared length, else its positions)",
+        check="positive",
+    )
+    resume: bool = setting(False, "continue the job OUT holds (its shards are kept)")
+    overwrite: bool = setting(False, "delete the job OUT holds and start again")
+    workers: int = setting(
+        1, "local processes sharing the cores (each loads the model once)", check="positive"
+    )
+    threads: int | None = setting(
+        None, "torch threads of each process (default: the usable cores / workers)",
+        check="positive",
+    )
+    progress: bool = setting(True, "a progress bar (rows/s, time left)")
+    device: str | None = device_setting()
+    precision: str = precision_setting()
+    reading: FileConfig = nested(
+        FileConfig,
+        helps={"format": "of the inputs (auto: by extension)"},
+    )
+
+    @property
+    def columns(self) -> Columns:
+        keep = tuple(c.strip() for c in (self.keep_columns or "").split(",") if c.strip())
+        return Columns(self.text_column, self.id_column, keep)
+
+
+@dataclass
+class EmbedConfig(JobConfig):
+    """The settings of `bertkit embed` (its flags are these fields)."""
+
+    pooling: str | None = setting(
+        None, "mean or cls (default: the folder's declared pooling, else mean)",
+        choices=("mean", "cls"),
+    )
+    normalize: str = setting(
+        "auto", "unit-length vectors: auto (as the folder declares: sentence-transformers' "
+        "Normalize module; a plain BERT: no), yes, no", choices=NORMALIZE,
+    )
+    dtype: str = setting("float32", "the vectors' type in the shards", choices=DTYPES)
+
+
+def declared_normalize(path: Path) -> bool:
+    """Whether a folder declares unit-length vectors (sentence-transformers' Normalize module in
+    modules.json)."""
+    modules = path / "modules.json"
+    if not modules.exists():
+        return False
+    try:
+        listed = json.loads(modules.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{modules}:{err.lineno}: invalid JSON: {err.msg}") from None
+    return any(str(m.get("type", "")).endswith("Normalize") for m in listed)
+
+
+class EmbeddingMapper:
+    """A loaded embedding model that turns a shard's rows into its columns: `vector` (None for
+    a row with an issue) and the rows' issues (truncation added)."""
+
+    def __init__(self, model: str | os.PathLike, config: EmbedConfig) -> None:
+        from bertkit.embedding import declared_length, read_pooling
+        from bertkit.inference.loader import load
+
+        loaded = load(model, head="BertForSentenceEmbedding", device=config.device,
+                      precision=config.precision)  # fmt: skip
+        self.loaded, self.model, self.device = loaded, loaded.model, loaded.device
+        self.tokenizer = loaded.tokenizer
+        self.model.pooling = config.pooling or read_pooling(loaded.path) or "mean"
+        self.normalize = (declared_normalize(loaded.path) if config.normalize == "auto"
+                          else config.normalize == "yes")  # fmt: skip
+        positions = loaded.config.max_position_embeddings
+        self.max_seq_length = min(
+            config.max_seq_length or declared_length(loaded.path) or positions, positions
+        )
+        self.batch_size, self.dtype = config.batch_size, config.dtype
+        self.dimension = loaded.config.hidden_size
+        self.pad_id = loaded.config.pad_token_id or 0
+        self.cls_id, self.sep_id = self.tokenizer.convert_tokens_to_ids(["[CLS]", "[SEP]"])
+
+    def describe(self) -> dict[str, Any]:
+        """What the vectors depend on, for the manifest."""
+        return {
+            "kind": "embed",
+            "pooling": self.model.pooling,
+            "normalize": self.normalize,
+            "dimension": self.dimension,
+            "dtype": self.dtype,
+            "max_seq_length": self.max_seq_length,
+            "precision": self.loaded.precision.name,
+        }
+
+    def schema_fields(self) -> list[Any]:
+        import pyarrow as pa
+
+        kind = pa.float16() if self.dtype == "float16" else pa.float32()
+        return [pa.field("vector", pa.list_(kind, self.dimension))]
+
+    def __call__(self, rows: Sequence[CorpusRow]) -> tuple[dict[str, Any], list[str | None]]:
+        import pyarrow as pa
+
+        issues = [row.issue for row in rows]
+        todo = [i for i, row in enumerate(rows) if row.text is not None]
+        ids = self.tokenizer.encode_ids([rows[i].text for i in todo]) if todo else []
+        room = self.max_seq_length - 2
+        for i, pieces in zip(todo, ids, strict=True):
+            if len(pieces) > room:
+                issues[i] = f"truncated: {len(pieces) + 2} tokens to {self.max_seq_length}"
+        inputs = [[self.cls_id, *pieces[:room], self.sep_id] for pieces in ids]
+        vectors = self.encode(inputs)
+        dtype = np.float16 if self.dtype == "float16" else np.float32
+        values = np.zeros((len(rows), self.dimension), dtype)
+        values[todo] = vectors.astype(dtype)
+        valid = np.zeros(len(rows), bool)
+        valid[todo] = True
+        flat = pa.array(values.reshape(-1))
+        column = pa.FixedSizeListArray.from_arrays(flat, self.dimension, mask=pa.array(~valid))
+        return {"vector": column}, issues
+
+    @torch.no_grad()
+    def encode(self, inputs: list[list[int]]) -> np.ndarray:
+        """(N, H) float32 vectors of token id lists ([CLS] … [SEP]), longest first in batches,
+        back in the order given."""
+        order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))
+        out = np.zeros((len(inputs), self.dimension), np.float32)
+        dtype = self.loaded.precision.dtype
+        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
+            for start in range(0, len(order), self.batch_size):
+                chosen = order[start : start + self.batch_size]
+                width = len(inputs[chosen[0]])
+                ids = torch.full((len(chosen), width), self.pad_id, dtype=torch.long)
+                mask = torch.zeros((len(chosen), width), dtype=torch.long)
+                for row, i in enumerate(chosen):
+                    ids[row, : len(inputs[i])] = torch.tensor(inputs[i])
+                    mask[row, : len(inputs[i])] = 1
+                vectors = self.model(ids.to(self.device), torch.zeros_like(ids).to(self.device),
+                                     mask.to(self.device), normalize=self.normalize)  # fmt: skip
+                out[chosen] = vectors.float().cpu().numpy()
+        return out
+
+
+@dataclass
+class EmbedJob:
+    """The embedding job, as handed to each process that runs part of it (picklable)."""
+
+    model: str
+    config: EmbedConfig
+
+    def mapper(self) -> EmbeddingMapper:
+        return EmbeddingMapper(self.model, self.config)
+
+
+def embed(
+    model: str | os.PathLike,
+    inputs: Sequence[str | os.PathLike] | None,
+    out: str | os.PathLike,
+    config: EmbedConfig | None = None,
+    *,
+    dataset: str | None = None,
+    split: str = "train",
+    ray: str | None = None,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Embed every row of `inputs` (paths or globs) or of the cached `dataset` (NAME[:CONFIG],
+    its `split`) into `out` (Parquet shards and manifest.json); `ray`: run on Ray Data ("auto"
+    or a cluster address). Returns the manifest."""
+    from bertkit.jobs.run import run_job
+    from bertkit.settings import replaced
+
+    config = replaced(config or EmbedConfig(), **settings)
+    sources = _sources(inputs, dataset, split, config.reading.format)
+    return run_job(EmbedJob(str(model), config), sources, Path(out), ray=ray)
+
+
+def _sources(inputs, dataset: str | None, split: str, format: str) -> list[Source]:
+    from bertkit.jobs.inputs import dataset_sources, expand
+
+    if bool(inputs) == bool(dataset):
+        raise ValueError("give the inputs (--input FILES) or --dataset NAME, one of the two")
+    return dataset_sources(dataset, split) if dataset else expand(inputs, format)

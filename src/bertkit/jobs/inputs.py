@@ -1,0 +1,331 @@
+"""The rows of a corpus: many files (globs; CSV, TSV, JSON Lines, JSON, Parquet, datasets
+folders) or a dataset by name, read in order, each row with a stable key, streamed.
+
+    sources = expand(["docs/*.jsonl"])
+    for row in corpus_rows(sources, "text"):
+        row.key, row.text, row.issue      # "docs/a.jsonl:7", "…", None
+
+A row's key is its `--id-column` value where one is named, else `SOURCE:LINE` (the file as
+found by the glob, the line the row starts on; a Parquet or arrow row's number). A row whose
+text is absent or not a string (`missing`) or blank (`empty`) is still a row: it is written
+with its issue, never dropped.
+
+`Position` is where a row starts (the file, the row's index in it, its line and, in JSON Lines,
+its byte offset): `corpus_rows(..., start=position)` reads from there without reading what
+comes before in JSON Lines and Parquet (other formats are read up to it), so a worker handed a
+shard opens the corpus where its shard begins.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import itertools
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from bertkit.tasks.base import DataError
+from bertkit.tasks.files import (
+    FileConfig,
+    decode_error,
+    file_format,
+    json_line,
+    missing_column,
+    read_rows,
+)
+
+READABLE = ("csv", "tsv", "jsonl", "json", "parquet", "arrow")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input file (or datasets folder): where it is, its format, the name its rows' keys
+    carry."""
+
+    path: str
+    format: str
+    name: str
+
+    def digest(self) -> str:
+        """SHA-256 of the file's bytes (a folder: of its files', in order)."""
+        digest = hashlib.sha256()
+        path = Path(self.path)
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            with open(file, "rb") as handle:
+                while chunk := handle.read(1 << 24):
+                    digest.update(chunk)
+        return digest.hexdigest()
+
+    def record(self) -> dict[str, Any]:
+        path = Path(self.path)
+        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() \
+            else path.stat().st_size  # fmt: skip
+        return {"path": self.path, "format": self.format, "bytes": size, "sha256": self.digest()}
+
+
+class CorpusRow(NamedTuple):
+    key: str  # the id column's value, else SOURCE:LINE
+    text: str | None  # None where the row has no text (its issue says why)
+    issue: str | None  # "missing", "empty", "not text: int", "truncated: N tokens to M"; None: a text to run
+    kept: dict[str, Any]  # the columns asked to be kept
+    source: int  # index of its source
+    line: int
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a row starts: its source, its index among that source's rows, its line, and
+    (JSON Lines) the byte offset of its line."""
+
+    source: int = 0
+    index: int = 0
+    line: int = 1
+    offset: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "index": self.index, "line": self.line,
+                "offset": self.offset}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which columns a job reads: the text, an optional id, the ones it keeps."""
+
+    text: str = "text"  # a column, or several joined by a space: "title,text"
+    id: str | None = None
+    keep: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        return tuple(c.strip() for c in self.text.split(",") if c.strip())
+
+
+def expand(patterns: Sequence[str | os.PathLike], format: str = "auto") -> list[Source]:
+    """The files `patterns` name (paths or globs, each glob's matches sorted), in order, once
+    each; a pattern matching nothing is a FileNotFoundError naming it."""
+    found: list[str] = []
+    for pattern in patterns:
+        text = str(pattern)
+        matches = sorted(glob.glob(text, recursive=True)) if glob.has_magic(text) else [text]
+        if not matches or not Path(matches[0]).exists():
+            raise FileNotFoundError(f"{text}: no such file" + (" (the glob matched nothing)"
+                                                              if glob.has_magic(text) else ""))
+        found += [m for m in matches if m not in found]
+    sources = []
+    for path in found:
+        kind = file_format(path, format, default="jsonl")
+        if kind not in READABLE:
+            raise DataError(path, None, f"a {kind} file holds no table of rows: give CSV, TSV, "
+                            "JSON Lines, JSON, Parquet or a datasets folder")  # fmt: skip
+        sources.append(Source(path, kind, path))
+    return sources
+
+
+def dataset_sources(name: str, split: str = "train") -> list[Source]:
+    """The cached split of a dataset by name (`NAME[:CONFIG]`), as one source named
+    NAME/SPLIT."""
+    from bertkit.tasks.named import split_file
+
+    path = split_file(name, split)
+    return [Source(str(path), "arrow", f"{name}/{split}")]
+
+
+def corpus_rows(
+    sources: Sequence[Source],
+    columns: Columns,
+    reading: FileConfig | None = None,
+    start: Position | None = None,
+) -> Iterator[CorpusRow]:
+    """Every row of `sources` in order from `start` (default: the first), as `CorpusRow`s."""
+    reading = reading or FileConfig()
+    start = start or Position()
+    for number, source in enumerate(sources):
+        if number < start.source:
+            continue
+        at = start if number == start.source else Position(number)
+        for index, line, values in _source_rows(source, columns, reading, at):
+            yield _row(source, number, index, line, values, columns)
+
+
+def positions(
+    sources: Sequence[Source], columns: Columns, reading: FileConfig, every: int
+) -> Iterator[Position]:
+    """The position of rows 0, every, 2*every, ... of the corpus (the shards' starts): one
+    streaming pass that keeps nothing but the count."""
+    count = 0
+    for number, source in enumerate(sources):
+        for index, line, offset in _source_starts(source, columns, reading):
+            if count % every == 0:
+                yield Position(number, index, line, offset)
+            count += 1
+
+
+def estimated_rows(sources: Sequence[Source]) -> int | None:
+    """The corpus's row count where it is cheap to know (Parquet and arrow metadata; newlines in
+    text files: an upper bound); None where a file cannot say."""
+    total = 0
+    for source in sources:
+        if source.format == "parquet":
+            import pyarrow.parquet as pq
+
+            total += pq.ParquetFile(source.path).metadata.num_rows
+        elif source.format in ("jsonl", "csv", "tsv"):
+            with open(source.path, "rb") as handle:
+                total += sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 24), b""))
+        else:
+            return None
+    return total
+
+
+# --------------------------------------------------------------------------- one source
+def _row(source: Source, number: int, index: int, line: int, values: dict[str, Any],
+         columns: Columns) -> CorpusRow:  # fmt: skip
+    text = _text_of(values, columns.texts)
+    issue = None
+    if text is None:
+        issue = "missing"
+    elif not isinstance(text, str):
+        issue, text = f"not text: {type(text).__name__}", None
+    elif not text.strip():
+        issue, text = "empty", None
+    if columns.id is not None:
+        key = values.get(columns.id)
+        if key is None or (isinstance(key, str) and not key.strip()):
+            raise DataError(source.path, line, f"no id in column {columns.id!r} (--id-column)")
+        key = str(key)
+    else:
+        key = f"{source.name}:{line}"
+    kept = {name: values.get(name) for name in columns.keep}
+    return CorpusRow(key, text, issue, kept, number, line)
+
+
+def _text_of(values: dict[str, Any], names: tuple[str, ...]) -> Any:
+    """The row's text: its one text column's value, or several columns' texts joined by a
+    space (BEIR's title and text), the absent and blank ones left out."""
+    if len(names) == 1:
+        return values.get(names[0])
+    found = [values.get(n) for n in names]
+    if all(v is None for v in found):
+        return None
+    texts = [v for v in found if v is not None]
+    if not all(isinstance(v, str) for v in texts):
+        return next(v for v in texts if not isinstance(v, str))
+    return " ".join(v.strip() for v in texts if v.strip())
+
+
+def _needed(columns: Columns) -> tuple[str, ...]:
+    return (*columns.texts, *([columns.id] if columns.id else []), *columns.keep)
+
+
+def _source_rows(source: Source, columns: Columns, reading: FileConfig, at: Position
+                 ) -> Iterator[tuple[int, int, dict[str, Any]]]:  # fmt: skip
+    """(index, line, values) of a source's rows from `at`."""
+    if source.format == "jsonl":
+        yield from _jsonl(source, reading, at)
+        return
+    if source.format == "parquet":
+        yield from _parquet(source, columns, at)
+        return
+    # CSV, TSV, JSON, arrow: the table's columns checked on its header; read up to `at`
+    needed = columns.texts[:1] if source.format != "json" else ()
+    optional = tuple(c for c in _needed(columns) if c not in needed)
+    rows = read_rows(source.path, needed, reading, optional=optional, format=source.format)
+    for index, row in enumerate(itertools.islice(rows, at.index, None), start=at.index):
+        yield index, row.line, row.values
+
+
+def _source_starts(source: Source, columns: Columns, reading: FileConfig
+                   ) -> Iterator[tuple[int, int, int | None]]:  # fmt: skip
+    if source.format == "jsonl":
+        for index, offset, line, _ in _jsonl_lines(source, reading, Position()):
+            yield index, line, offset
+        return
+    for index, line, _ in _source_rows(source, columns, reading, Position()):
+        yield index, line, None
+
+
+def _jsonl_lines(source: Source, reading: FileConfig, at: Position
+                 ) -> Iterator[tuple[int, int, int, bytes]]:  # fmt: skip
+    """(index, byte offset, line, raw bytes) of each non-blank line from `at`: read in binary,
+    so a position is a byte offset to seek to."""
+    encoding = reading.encoding or "utf-8"
+    if encoding.replace("_", "-").lower() not in ("utf-8", "utf8", "ascii", "latin-1", "cp1252"):
+        raise DataError(source.path, None, f"JSON Lines in {encoding}: a corpus job reads "
+                        "UTF-8, latin-1 or cp1252 JSON Lines (re-encode it as UTF-8)")  # fmt: skip
+    with open(source.path, "rb") as handle:
+        offset, line, index = 0, 1, 0
+        if at.offset is not None:
+            handle.seek(at.offset)
+            offset, line, index = at.offset, at.line, at.index
+        elif at.index:  # no offset known: read up to it
+            for index_, offset_, line_, _ in _jsonl_lines(source, reading, Position()):
+                if index_ == at.index:
+                    offset, line, index = offset_, line_, index_
+                    break
+            else:
+                return
+            handle.seek(offset)
+        for raw in handle:
+            if offset == 0 and raw.startswith(b"\xef\xbb\xbf"):
+                raw, offset = raw[3:], 3
+            if raw.strip():
+                yield index, offset, line, raw
+                index += 1
+            offset += len(raw)
+            line += 1
+
+
+def _jsonl(source: Source, reading: FileConfig, at: Position
+           ) -> Iterator[tuple[int, int, dict[str, Any]]]:  # fmt: skip
+    encoding = reading.encoding or "utf-8"
+    for index, _, line, raw in _jsonl_lines(source, reading, at):
+        try:
+            text = raw.decode("utf-8" if encoding.lower() in ("utf-8", "utf8") else encoding)
+        except UnicodeDecodeError:
+            raise decode_error(Path(source.path), encoding) from None
+        value = json_line(source.path, line, text)
+        if not isinstance(value, dict):
+            value = {"text": value} if isinstance(value, str) else {}
+        yield index, line, value
+
+
+def _parquet(source: Source, columns: Columns, at: Position
+             ) -> Iterator[tuple[int, int, dict[str, Any]]]:  # fmt: skip
+    """A Parquet file's rows from row `at.index`, skipping whole row groups before it."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError("reading Parquet needs pyarrow: pip install 'bertkit[parquet]'") from None
+    try:
+        file = pq.ParquetFile(source.path)
+    except pa.ArrowInvalid as err:
+        raise DataError(source.path, None, f"not a Parquet file ({err})") from None
+    found = list(file.schema_arrow.names)
+    for name in columns.texts[:1]:
+        if name not in found:
+            raise DataError(source.path, None, missing_column(name, found))
+    wanted = [c for c in dict.fromkeys(_needed(columns)) if c in found]
+    first, groups = 0, []
+    for group in range(file.metadata.num_row_groups):
+        rows = file.metadata.row_group(group).num_rows
+        if first + rows > at.index or groups:
+            groups.append(group)
+        else:
+            first += rows
+    index = first
+    for batch in file.iter_batches(65536, row_groups=groups, columns=wanted):
+        for values in batch.to_pylist():
+            if index >= at.index:
+                yield index, index + 1, values
+            index += 1
+
+
+def manifest_inputs(sources: Sequence[Source]) -> list[dict[str, Any]]:
+    """What the manifest records of each input (path, format, bytes, SHA-256)."""
+    return [source.record() for source in sources]

@@ -1,0 +1,97 @@
+"""A corpus job on Ray Data (`--ray [ADDRESS]`, extra `bertkit[ray]`).
+
+The shards still to write become a Ray dataset of their starting positions; `map_batches` hands
+them, one at a time, to a pool of actors that each load the model once, read their shard's rows
+from its position, and write it (atomically) into the output folder — a folder every node sees
+(a shared file system). Ray restarts an actor whose process died and retries its shard, and a
+job started again skips the shards already written, so a lost node loses no work. The driver
+writes the manifest once every shard is in.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from bertkit.jobs.inputs import Position
+
+
+def _ray():
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError:
+        raise ImportError("--ray needs Ray Data: pip install 'bertkit[ray]'") from None
+    return ray
+
+
+class ShardWorker:
+    """One actor of the pool: the model loaded once, shards written as they come."""
+
+    def __init__(self, job: Any, sources: list, out: str, threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        self.job, self.sources, self.out = job, sources, Path(out)
+        self.mapper = job.mapper()
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        from bertkit.jobs.run import process_shard, shard_rows
+
+        written = []
+        for number, source, index, line, offset in zip(
+            batch["shard"], batch["source"], batch["index"], batch["line"], batch["offset"],
+            strict=True,
+        ):  # fmt: skip
+            start = Position(int(source), int(index), int(line),
+                             None if offset is None or offset < 0 else int(offset))  # fmt: skip
+            rows = shard_rows(self.sources, self.job.config, start)
+            written.append(process_shard(self.mapper, self.sources, self.out, int(number), rows))
+        return {"shard": list(batch["shard"]), "rows": written, "pid": [os.getpid()] * len(written)}
+
+
+def run_on_ray(job: Any, sources: list, out: Path, starts: list[Position], todo: list[int],
+               address: str, threads: int, bar: Any) -> list[int]:  # fmt: skip
+    """Write the shards `todo` on the Ray cluster at `address` ("auto": the one this machine
+    is in, else a new local one); the pids of the processes that wrote them."""
+    ray = _ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=None if address in ("auto", "local") and not _cluster_here() else address,
+                 log_to_driver=False, include_dashboard=False)  # fmt: skip
+    try:
+        if not todo:
+            return []
+        items = [{"shard": k, "source": starts[k].source, "index": starts[k].index,
+                  "line": starts[k].line,
+                  "offset": -1 if starts[k].offset is None else starts[k].offset}
+                 for k in todo]  # fmt: skip
+        cpus = ray.cluster_resources().get("CPU", 1)
+        actors = max(1, min(len(todo), job.config.workers if job.config.workers > 1
+                            else int(cpus // threads)))  # fmt: skip
+        import logging
+
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False  # (the job's own bar counts rows)
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        dataset = ray.data.from_items(items, override_num_blocks=len(items))
+        results = dataset.map_batches(
+            ShardWorker, fn_constructor_args=(job, list(sources), str(out.resolve()), threads),
+            batch_size=1, concurrency=actors, num_cpus=threads,
+            max_restarts=-1, max_task_retries=-1,
+        )  # fmt: skip
+        pids = []
+        for row in results.iter_rows():
+            pids.append(int(row["pid"]))
+            if bar is not None:
+                bar.update(int(row["rows"]))
+        return pids
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _cluster_here() -> bool:
+    """Whether this machine is in a Ray cluster (`ray start` was run here)."""
+    return Path("/tmp/ray/ray_current_cluster").exists() or bool(os.environ.get("RAY_ADDRESS"))
