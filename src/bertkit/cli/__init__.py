@@ -17,6 +17,7 @@ _PLAIN_CHECKS = {
     "size": "positive",
     "workers": "positive",
     "top": "positive",
+    "rows_per_shard": "positive",
     "partitions": "positive",
     "seeds": "positive",
     "steps": "positive",

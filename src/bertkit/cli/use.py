@@ -15,10 +15,19 @@ from bertkit.settings import QUANTIZATIONS, add_flags, command, from_flags
 def _predict(args: argparse.Namespace) -> None:
     from bertkit.inference.predict import PredictConfig, Predictor, predict_file
 
+    if args.input is not None and (args.text or args.question or args.context):
+        raise ValueError("give texts on the command line or --input FILE, not both")
+    if not _fine_tuned(args.model):
+        _predict_by_embedding(args)
+        return
+    if args.input is not None and _folder(args.output):
+        _predict_corpus(args)
+        return
+    if args.input is not None and len(args.input) > 1:
+        raise ValueError("several --input files are predicted into a folder: --output FOLDER")
     predictor = Predictor(args.model, from_flags(args, PredictConfig, progress=not args.quiet))
     if args.input is not None:
-        if args.text or args.question or args.context:
-            raise ValueError("give texts on the command line or --input FILE, not both")
+        args.input = args.input[0]
         count = predict_file(predictor, args.input, args.output)
         if count == 0:  # (a header alone: its columns were never checked against the model's)
             print(f"warning: {args.input}: no rows to predict", file=sys.stderr)
@@ -28,6 +37,74 @@ def _predict(args: argparse.Namespace) -> None:
     items = predictor.items_from(None, args.text, args.question, args.context)
     for result in predictor(items):
         print(json.dumps(result, ensure_ascii=False))
+
+
+def _fine_tuned(model: str) -> bool:
+    """Whether `model` is a fine-tuned folder (its task record); an embedding model (a
+    sentence-transformers folder) is not, and anything else is refused here by name."""
+    from bertkit._io import TASK_FILE
+    from bertkit.hub import model_dir
+
+    path = model_dir(model)
+    if (path / TASK_FILE).exists() or not path.is_dir():
+        return True  # (a missing folder: the loader names what is missing)
+    if (path / "modules.json").exists():
+        return False
+    raise ValueError(
+        f"{model}: neither a fine-tuned bertkit model (no {TASK_FILE}) nor a sentence-embedding "
+        f"model (no modules.json): fine-tune it first (bertkit finetune TASK --model {model} "
+        f"...), or embed texts with it: bertkit embed --model {model} --pooling mean ..."
+    )
+
+
+def _folder(output: str | None) -> bool:
+    """An --output that names a folder: one that exists, ends in /, or has no extension."""
+    from pathlib import Path
+
+    if output in (None, "-"):
+        return False
+    path = Path(output)
+    return path.is_dir() or str(output).endswith("/") or path.suffix == ""
+
+
+def _job_settings(args: argparse.Namespace) -> dict:
+    return dict(
+        text_column=args.text_column or "text", batch_size=args.batch_size, device=args.device,
+        precision=args.precision, progress=not args.quiet, rows_per_shard=args.rows_per_shard,
+        id_column=args.id_column, keep_columns=args.keep_columns, resume=args.resume,
+        overwrite=args.overwrite, workers=args.workers,
+    )  # fmt: skip
+
+
+def _predict_corpus(args: argparse.Namespace) -> None:
+    from bertkit.jobs.predict import PredictJobConfig, predict_corpus
+
+    config = PredictJobConfig(**_job_settings(args), text_pair_column=args.text_pair_column,
+                              rerank=args.rerank)  # fmt: skip
+    manifest = predict_corpus(args.model, args.input, args.output, config, ray=args.ray)
+    print(f"wrote {args.output}: {manifest['rows']:,} rows in {len(manifest['shards'])} shards",
+          file=sys.stderr)  # fmt: skip
+
+
+def _predict_by_embedding(args: argparse.Namespace) -> None:
+    """A sentence-embedding model's answer is its vector: a folder of shards (`embed`), JSON
+    lines of each row with its vector, or each text given with its vector."""
+    from bertkit.jobs.embed import EmbedConfig, EmbeddingMapper, embed, embed_to_file
+
+    config = EmbedConfig(**_job_settings(args))
+    if args.input is not None and _folder(args.output):
+        manifest = embed(args.model, args.input, args.output, config, ray=args.ray)
+        print(f"wrote {args.output}: {manifest['rows']:,} vectors", file=sys.stderr)
+    elif args.input is not None:
+        count = embed_to_file(args.model, args.input, args.output, config)
+        if args.output not in (None, "-"):
+            print(f"wrote {args.output} ({count:,} rows)", file=sys.stderr)
+    else:
+        if not args.text:
+            raise ValueError("give texts to embed, or --input FILE")
+        vectors = EmbeddingMapper(args.model, config).embed_texts(list(args.text))
+        for text, vector in zip(args.text, vectors, strict=True):
+            print(json.dumps({"text": text, "vector": vector.tolist()}, ensure_ascii=False))
 
 
 def add_predict(commands) -> None:
@@ -40,6 +117,7 @@ def add_predict(commands) -> None:
     predict.add_argument("--context", help="SQuAD: the paragraph")
     predict.add_argument(
         "--input",
+        nargs="+",
         help="a file to predict row by row, streaming: CSV, TSV, JSON Lines, JSON, Parquet, a "
         "datasets folder; the task's own files (GLUE's TSV, SQuAD's JSON, SWAG's CSV, a "
         "tagger's CoNLL columns); - reads stdin, one text a line. JSON lines may be "
@@ -49,8 +127,23 @@ def add_predict(commands) -> None:
     predict.add_argument(
         "--output",
         help="with --input: .jsonl or .csv/.tsv to write (input columns, then the answer), or a "
-        "tagger's .conll (a word a line, the file's tag, the predicted one); default: JSON "
-        "lines on stdout",
+        "tagger's .conll (a word a line, the file's tag, the predicted one); a FOLDER (no "
+        "extension): Parquet shards and a manifest, resumable, for corpora of any size (several "
+        "--input files or globs); default: JSON lines on stdout",
+    )
+    corpus = predict.add_argument_group("with --output FOLDER (a corpus job, as bertkit embed)")
+    corpus.add_argument("--rows-per-shard", type=int, default=10_000, help="rows a shard")
+    corpus.add_argument("--id-column", help="a column of row ids (default: FILE:LINE)")
+    corpus.add_argument("--keep-columns", help="columns to copy into the shards: a,b")
+    corpus.add_argument("--resume", action="store_true", help="continue the job in FOLDER")
+    corpus.add_argument("--overwrite", action="store_true", help="start the job in FOLDER again")
+    corpus.add_argument("--workers", type=int, default=1, help="local processes")
+    corpus.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        metavar="ADDRESS",
+        help="run on a Ray cluster (pip install 'bertkit[ray]')",
     )
     predict.add_argument("--quiet", action="store_true", help="no progress bar")
     add_flags(predict, PredictConfig, skip=("progress",))

@@ -7,7 +7,8 @@ writes the same folder whichever runs it:
     vectors/
       manifest.json           the model and its digest, pooling, normalisation, dimension,
                               precision, the inputs' digests, rows per shard, each shard's rows
-                              and digest, every row with an issue (empty, missing, truncated)
+                              and digest, the count of each issue
+      issues.jsonl            every row with an issue (empty, missing, truncated), a line
       part-00000.parquet      rows 0 .. R-1 of the inputs in order: id, vector (or the
       part-00001.parquet      answer's columns), the kept columns, issue
 

@@ -35,7 +35,10 @@ NORMALIZE = ("auto", "yes", "no")
 class JobConfig(Settings):
     """What every corpus job takes: its inputs' columns, its shards, resuming, who runs it."""
 
-    text_column: str = setting("text", "the column (JSON key) holding each row's text; several (title,text): joined by a space")
+    text_column: str = setting(
+        "text",
+        "the column (JSON key) holding each row's text; several (title,text): joined by a space",
+    )
     id_column: str | None = setting(
         None, "a column of unique row ids to write (default: FILE:LINE, the row's place)"
     )
@@ -43,7 +46,8 @@ class JobConfig(Settings):
     rows_per_shard: int = setting(10_000, "rows in each output shard", check="positive")
     batch_size: int = setting(64, "texts in a model call", check="positive")
     max_seq_length: int | None = setting(
-        None, "tokens a text is cut to (default: the model's declared length, else its positions)",
+        None,
+        "tokens a text is cut to (default: the model's declared length, else its positions)",
         check="positive",
     )
     resume: bool = setting(False, "continue the job OUT holds (its shards are kept)")
@@ -52,7 +56,8 @@ class JobConfig(Settings):
         1, "local processes sharing the cores (each loads the model once)", check="positive"
     )
     threads: int | None = setting(
-        None, "torch threads of each process (default: the usable cores / workers)",
+        None,
+        "torch threads of each process (default: the usable cores / workers)",
         check="positive",
     )
     progress: bool = setting(True, "a progress bar (rows/s, time left)")
@@ -74,12 +79,15 @@ class EmbedConfig(JobConfig):
     """The settings of `bertkit embed` (its flags are these fields)."""
 
     pooling: str | None = setting(
-        None, "mean or cls (default: the folder's declared pooling, else mean)",
+        None,
+        "mean or cls (default: the folder's declared pooling, else mean)",
         choices=("mean", "cls"),
     )
     normalize: str = setting(
-        "auto", "unit-length vectors: auto (as the folder declares: sentence-transformers' "
-        "Normalize module; a plain BERT: no), yes, no", choices=NORMALIZE,
+        "auto",
+        "unit-length vectors: auto (as the folder declares: sentence-transformers' "
+        "Normalize module; a plain BERT: no), yes, no",
+        choices=NORMALIZE,
     )
     dtype: str = setting("float32", "the vectors' type in the shards", choices=DTYPES)
 
@@ -119,7 +127,8 @@ class EmbeddingMapper:
         self.batch_size, self.dtype = config.batch_size, config.dtype
         self.dimension = loaded.config.hidden_size
         self.pad_id = loaded.config.pad_token_id or 0
-        self.cls_id, self.sep_id = self.tokenizer.convert_tokens_to_ids(["[CLS]", "[SEP]"])
+        vocab = self.tokenizer.vocab
+        self.cls_id, self.sep_id = vocab["[CLS]"], vocab["[SEP]"]
 
     def describe(self) -> dict[str, Any]:
         """What the vectors depend on, for the manifest."""
@@ -144,12 +153,10 @@ class EmbeddingMapper:
 
         issues = [row.issue for row in rows]
         todo = [i for i, row in enumerate(rows) if row.text is not None]
-        ids = self.tokenizer.encode_ids([rows[i].text for i in todo]) if todo else []
-        room = self.max_seq_length - 2
-        for i, pieces in zip(todo, ids, strict=True):
-            if len(pieces) > room:
-                issues[i] = f"truncated: {len(pieces) + 2} tokens to {self.max_seq_length}"
-        inputs = [[self.cls_id, *pieces[:room], self.sep_id] for pieces in ids]
+        inputs, lengths = self.inputs([str(rows[i].text) for i in todo])
+        for i, length in zip(todo, lengths, strict=True):
+            if length > self.max_seq_length:
+                issues[i] = f"truncated: {length} tokens to {self.max_seq_length}"
         vectors = self.encode(inputs)
         dtype = np.float16 if self.dtype == "float16" else np.float32
         values = np.zeros((len(rows), self.dimension), dtype)
@@ -159,6 +166,18 @@ class EmbeddingMapper:
         flat = pa.array(values.reshape(-1))
         column = pa.FixedSizeListArray.from_arrays(flat, self.dimension, mask=pa.array(~valid))
         return {"vector": column}, issues
+
+    def inputs(self, texts: Sequence[str]) -> tuple[list[list[int]], list[int]]:
+        """Each text's ids as the model reads it ([CLS] … [SEP], cut to `max_seq_length`), and
+        its length before the cut."""
+        pieces = self.tokenizer.encode_ids(list(texts)) if texts else []
+        room = self.max_seq_length - 2
+        inputs = [[self.cls_id, *ids[:room], self.sep_id] for ids in pieces]
+        return inputs, [len(ids) + 2 for ids in pieces]
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """(N, H) float32 vectors of `texts` (queries, texts given on the command line)."""
+        return self.encode(self.inputs(texts)[0])
 
     @torch.no_grad()
     def encode(self, inputs: list[list[int]]) -> np.ndarray:
@@ -221,3 +240,38 @@ def _sources(inputs, dataset: str | None, split: str, format: str) -> list[Sourc
     if bool(inputs) == bool(dataset):
         raise ValueError("give the inputs (--input FILES) or --dataset NAME, one of the two")
     return dataset_sources(dataset, split) if dataset else expand(inputs, format)
+
+
+def embed_to_file(
+    model: str | os.PathLike,
+    inputs: Sequence[str | os.PathLike],
+    output: str | os.PathLike | None,
+    config: EmbedConfig | None = None,
+    *,
+    chunk: int = 2048,
+) -> int:
+    """Each row of `inputs` with its vector, as JSON Lines in `output` (None or "-": stdout),
+    `chunk` rows at a time: the small-file form of `embed` (what `bertkit predict` writes for
+    an embedding model given a file). Rows with an issue get `"vector": null` and their
+    `issue`. Returns the rows written."""
+    import itertools
+
+    from bertkit.inference.predict import _Writer
+    from bertkit.jobs.inputs import corpus_rows
+
+    config = config or EmbedConfig()
+    mapper = EmbeddingMapper(model, config)
+    sources = _sources(inputs, None, "train", config.reading.format)
+    rows = corpus_rows(sources, config.columns, config.reading)
+    target = None if output is None or str(output) == "-" else Path(output)
+    written = 0
+    with _Writer(target, "jsonl") as writer:
+        while batch := list(itertools.islice(rows, chunk)):
+            columns, issues = mapper(batch)
+            for row, vector, issue in zip(batch, columns["vector"].to_pylist(), issues,
+                                          strict=True):  # fmt: skip
+                record = {"id": row.key, config.text_column: row.text, **row.kept,
+                          "vector": vector}  # fmt: skip
+                writer.write(record | ({"issue": issue} if issue else {}))
+            written += len(batch)
+    return written

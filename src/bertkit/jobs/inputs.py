@@ -21,7 +21,6 @@ from __future__ import annotations
 import glob
 import hashlib
 import itertools
-import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -71,10 +70,13 @@ class Source:
 class CorpusRow(NamedTuple):
     key: str  # the id column's value, else SOURCE:LINE
     text: str | None  # None where the row has no text (its issue says why)
-    issue: str | None  # "missing", "empty", "not text: int", "truncated: N tokens to M"; None: a text to run
+    issue: (
+        str | None
+    )  # "missing", "empty", "not text: int", "truncated: N tokens to M"; None: a text to run
     kept: dict[str, Any]  # the columns asked to be kept
     source: int  # index of its source
     line: int
+    name: str  # its source's name (the file as found)
 
 
 @dataclass(frozen=True)
@@ -113,8 +115,10 @@ def expand(patterns: Sequence[str | os.PathLike], format: str = "auto") -> list[
         text = str(pattern)
         matches = sorted(glob.glob(text, recursive=True)) if glob.has_magic(text) else [text]
         if not matches or not Path(matches[0]).exists():
-            raise FileNotFoundError(f"{text}: no such file" + (" (the glob matched nothing)"
-                                                              if glob.has_magic(text) else ""))
+            raise FileNotFoundError(
+                f"{text}: no such file"
+                + (" (the glob matched nothing)" if glob.has_magic(text) else "")
+            )
         found += [m for m in matches if m not in found]
     sources = []
     for path in found:
@@ -176,7 +180,9 @@ def estimated_rows(sources: Sequence[Source]) -> int | None:
             total += pq.ParquetFile(source.path).metadata.num_rows
         elif source.format in ("jsonl", "csv", "tsv"):
             with open(source.path, "rb") as handle:
-                total += sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 24), b""))
+                total += sum(
+                    chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 24), b"")
+                )
         else:
             return None
     return total
@@ -201,7 +207,7 @@ def _row(source: Source, number: int, index: int, line: int, values: dict[str, A
     else:
         key = f"{source.name}:{line}"
     kept = {name: values.get(name) for name in columns.keep}
-    return CorpusRow(key, text, issue, kept, number, line)
+    return CorpusRow(key, text, issue, kept, number, line, source.name)
 
 
 def _text_of(values: dict[str, Any], names: tuple[str, ...]) -> Any:
@@ -311,7 +317,7 @@ def _parquet(source: Source, columns: Columns, at: Position
         if name not in found:
             raise DataError(source.path, None, missing_column(name, found))
     wanted = [c for c in dict.fromkeys(_needed(columns)) if c in found]
-    first, groups = 0, []
+    first, groups = 0, list[int]()
     for group in range(file.metadata.num_row_groups):
         rows = file.metadata.row_group(group).num_rows
         if first + rows > at.index or groups:

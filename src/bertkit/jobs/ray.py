@@ -20,7 +20,7 @@ from bertkit.jobs.inputs import Position
 def _ray():
     try:
         import ray
-        import ray.data  # noqa: F401
+        import ray.data
     except ImportError:
         raise ImportError("--ray needs Ray Data: pip install 'bertkit[ray]'") from None
     return ray
@@ -47,7 +47,7 @@ class ShardWorker:
             start = Position(int(source), int(index), int(line),
                              None if offset is None or offset < 0 else int(offset))  # fmt: skip
             rows = shard_rows(self.sources, self.job.config, start)
-            written.append(process_shard(self.mapper, self.sources, self.out, int(number), rows))
+            written.append(process_shard(self.mapper, self.out, int(number), rows))
         return {"shard": list(batch["shard"]), "rows": written, "pid": [os.getpid()] * len(written)}
 
 

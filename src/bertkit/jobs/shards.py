@@ -19,6 +19,7 @@ from typing import Any
 from bertkit._io import atomic_path, atomic_write_text, sha256_of
 
 MANIFEST = "manifest.json"
+ISSUES = "issues.jsonl"
 FORMAT = "bertkit-corpus-job/1"
 
 
@@ -82,6 +83,7 @@ def start(directory: Path, plan: dict[str, Any], *, resume: bool, overwrite: boo
             for path in directory.glob("part-*.parquet"):
                 path.unlink()
             (directory / MANIFEST).unlink(missing_ok=True)
+            (directory / ISSUES).unlink(missing_ok=True)
             found, shards = None, set()
         elif not resume:
             raise FileExistsError(
@@ -134,33 +136,41 @@ def differ(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
 
 
 def finish(directory: Path, plan: dict[str, Any], count: int) -> dict[str, Any]:
-    """Write the complete manifest: every shard's rows and SHA-256, the rows with an issue.
-    Reads only the shards' `id`/`issue` columns and their footers (constant memory in the
-    corpus)."""
+    """Write the complete manifest: every shard's rows and SHA-256, the count of each issue,
+    and every row with an issue in `issues.jsonl` beside it ({"id", "source", "line",
+    "issue"} a line). Reads only the shards' small columns and their footers, and streams the
+    issues out: constant memory in the corpus."""
     import pyarrow.parquet as pq
 
-    shards, issues, rows = [], [], 0
+    shards, rows = [], 0
     totals: dict[str, int] = {}
-    for number in range(count):
-        path = directory / shard_name(number)
-        if not path.exists():
-            raise RuntimeError(f"{path}: missing at the end of the job (written by no worker)")
-        file = pq.ParquetFile(path)
-        table = file.read(columns=["id", "issue", "source", "line"])
-        shards.append({"file": path.name, "rows": table.num_rows, "first_row": rows,
-                       "sha256": sha256_of(path)})  # fmt: skip
-        rows += table.num_rows
-        for key, issue, source, line in zip(*(table.column(c).to_pylist() for c in
-                                              ("id", "issue", "source", "line")), strict=True):  # fmt: skip
-            if issue is None:
-                continue
-            kind = issue.split(":", 1)[0]
-            totals[kind] = totals.get(kind, 0) + 1
-            issues.append({"id": key, "source": source, "line": line, "issue": issue})
+    with atomic_path(directory / ISSUES) as tmp, open(tmp, "w", encoding="utf-8") as listed:
+        for number in range(count):
+            path = directory / shard_name(number)
+            if not path.exists():
+                raise RuntimeError(f"{path}: missing at the end of the job (no worker wrote it)")
+            table = pq.ParquetFile(path).read(columns=["id", "issue", "source", "line"])
+            shards.append({"file": path.name, "rows": table.num_rows, "first_row": rows,
+                           "sha256": sha256_of(path)})  # fmt: skip
+            rows += table.num_rows
+            columns = [table.column(c).to_pylist() for c in ("id", "issue", "source", "line")]
+            for key, issue, source, line in zip(*columns, strict=True):
+                if issue is None:
+                    continue
+                kind = issue.split(":", 1)[0]
+                totals[kind] = totals.get(kind, 0) + 1
+                record = {"id": key, "source": source, "line": line, "issue": issue}
+                listed.write(json.dumps(record, ensure_ascii=False) + "\n")
     manifest = {"format": FORMAT, "complete": True, "plan": plan, "rows": rows,
-                "shards": shards, "issues": totals, "rows_with_issues": issues}  # fmt: skip
+                "shards": shards, "issues": totals, "rows_with_issues": ISSUES}  # fmt: skip
     atomic_write_text(directory / MANIFEST, _dumps(manifest))
     return manifest
+
+
+def issues(directory: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows with an issue a finished job listed (issues.jsonl)."""
+    path = Path(directory) / ISSUES
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 def _dumps(value: Any) -> str:
@@ -173,5 +183,7 @@ def vectors(directory: str | os.PathLike, columns: Sequence[str] = ("id", "vecto
     import pyarrow.parquet as pq
 
     directory = Path(directory)
-    tables = [pq.read_table(p, columns=list(columns)) for p in sorted(directory.glob("part-*.parquet"))]
+    tables = [
+        pq.read_table(p, columns=list(columns)) for p in sorted(directory.glob("part-*.parquet"))
+    ]
     return pa.concat_tables(tables) if tables else None

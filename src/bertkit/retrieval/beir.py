@@ -161,9 +161,7 @@ def evaluate_retrieval(
             pooling=plan["pooling"], normalize="yes" if plan["normalize"] else "no",
             max_seq_length=plan["max_seq_length"], batch_size=batch_size, device=device))  # fmt: skip
         names = sorted(queries)
-        room = encoder.max_seq_length - 2
-        pieces = encoder.tokenizer.encode_ids([queries[q] for q in names])
-        vectors_q = encoder.encode([[encoder.cls_id, *p[:room], encoder.sep_id] for p in pieces])
+        vectors_q = encoder.embed_texts([queries[q] for q in names])
         ids, scores = exact_top(vectors, vectors_q, top)
     ranking = dict(zip(names, ids, strict=True))
     result = {**scores_of(ranking, qrels), "queries": len(qrels), "documents": manifest["rows"],

@@ -57,7 +57,6 @@ def build_index(
 ) -> int:
     """A LanceDB table at `table` (NAME.lance) of the finished job in `vectors`, shard by shard;
     `ann` auto|yes|no. Returns the rows indexed."""
-    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -92,7 +91,9 @@ def build_index(
     if created is None:
         raise ValueError(f"{folder}: no row has a vector: nothing to index")
     if ann == "yes" or (ann == "auto" and rows >= ANN_FROM):
-        count = partitions or max(1, min(rows // 256, round(math.sqrt(rows))))  # (lance trains on 256 a partition)
+        count = partitions or max(
+            1, min(rows // 256, round(math.sqrt(rows)))
+        )  # (lance trains on 256 a partition)
         dimension = plan["dimension"]
         created.create_index(
             metric="cosine", vector_column_name="vector", num_partitions=count,
@@ -143,10 +144,7 @@ class Searcher:
                                  "no text column (embed with --keep-columns text)")  # fmt: skip
 
     def embed_queries(self, queries: list[str]) -> np.ndarray:
-        ids = self.encoder.tokenizer.encode_ids(queries)
-        room = self.encoder.max_seq_length - 2
-        cls, sep = self.encoder.cls_id, self.encoder.sep_id
-        return self.encoder.encode([[cls, *p[:room], sep] for p in ids])
+        return self.encoder.embed_texts(queries)
 
     def __call__(self, query: str, top: int = 10, *, exact: bool = False,
                  candidates: int | None = None) -> list[dict[str, Any]]:  # fmt: skip

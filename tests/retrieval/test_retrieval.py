@@ -1,0 +1,137 @@
+"""Retrieval over a corpus job's vectors: a LanceDB table and its search (exact, ANN, reranked),
+and retrieval scored in BEIR's layout, equal to trec_eval's own figures (pytrec_eval)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertkit import cli
+from bertkit.jobs import shards
+from bertkit.jobs.embed import embed
+from bertkit.retrieval.beir import evaluate_retrieval, read_qrels, scores_of
+
+from helpers import WORDS
+
+
+def corpus(path: Path, count: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    texts = [" ".join(rng.choices(WORDS, k=rng.randint(4, 12))) for _ in range(count)]
+    path.write_text("".join(json.dumps({"text": t, "n": i}) + "\n" for i, t in enumerate(texts)))
+    return texts
+
+
+@pytest.fixture
+def lancedb():
+    return pytest.importorskip("lancedb")
+
+
+def test_an_index_answers_as_exact_search_does(words_model, lancedb, tmp_path, capsys):
+    """`bertkit index` then `bertkit search`: the nearest rows by cosine, as numpy finds them
+    over the shards; a row's own text finds it first; kept columns come back; the ANN index
+    (IVF-PQ) finds most of the exact top ten; rows without a vector are not in the table."""
+    texts = corpus(tmp_path / "docs.jsonl", 1200)
+    (tmp_path / "docs.jsonl").open("a").write(json.dumps({"text": " "}) + "\n")
+    out = tmp_path / "vectors"
+    embed(words_model, [tmp_path / "docs.jsonl"], out, pooling="mean", normalize="yes",
+          keep_columns="text", progress=False)  # fmt: skip
+    assert cli.main(["index", str(out), "--out", str(tmp_path / "docs.lance"), "--ann",
+                     "no"]) == 0  # fmt: skip
+    assert "1,200 rows" in capsys.readouterr().err
+    table = shards.vectors(out, ("id", "vector"))
+    ids = table.column("id").to_pylist()[:1200]
+    matrix = np.array(table.column("vector").to_pylist()[:1200], np.float32)
+    from bertkit.retrieval.index import Searcher, build_index
+
+    searcher = Searcher(tmp_path / "docs.lance")
+    query = texts[17]
+    hits = searcher(query, top=5)
+    exact = np.argsort(-(matrix @ searcher.embed_queries([query])[0]), kind="stable")[:5]
+    assert [h["id"] for h in hits] == [ids[i] for i in exact]
+    assert hits[0]["text"] == query and hits[0]["score"] == pytest.approx(1.0, abs=1e-5)
+    assert cli.main(["search", "--index", str(tmp_path / "docs.lance"), query, "--top", "2"]) == 0
+    printed = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [p["id"] for p in printed] == [h["id"] for h in hits[:2]]
+
+    assert build_index(out, tmp_path / "ann.lance", ann="yes", partitions=4) == 1200
+    ann = Searcher(tmp_path / "ann.lance")
+    assert ann.indexed
+    found = []
+    for i in range(0, 1200, 60):
+        exact = set(np.argsort(-(matrix @ matrix[i]), kind="stable")[:10])
+        found.append(len(exact & {ids.index(h["id"]) for h in ann(texts[i], top=10)}) / 10)
+    assert np.mean(found) >= 0.8, found
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        build_index(out, tmp_path / "ann.lance")
+
+
+def beir_folder(root: Path, count: int = 60) -> Path:
+    """A BEIR folder: documents of toy words, each query a few words of one document (judged
+    2), with a second document judged 1 for some, and one judged 0."""
+    rng = random.Random(1)
+    docs = [" ".join(rng.choices(WORDS, k=rng.randint(5, 14))) for _ in range(count)]
+    (root / "qrels").mkdir(parents=True)
+    with open(root / "corpus.jsonl", "w") as handle:
+        for i, text in enumerate(docs):
+            handle.write(json.dumps({"_id": f"d{i}", "title": f"t{i % 3}", "text": text}) + "\n")
+    lines, queries = ["query-id\tcorpus-id\tscore"], []
+    for q in range(0, count, 3):
+        words = docs[q].split()
+        queries.append({"_id": f"q{q}", "text": " ".join(words[:4])})
+        lines.append(f"q{q}\td{q}\t2")
+        if q % 2 == 0:
+            lines.append(f"q{q}\td{(q + 1) % count}\t1")
+        if q % 5 == 0:
+            lines.append(f"q{q}\td{(q + 2) % count}\t0")
+    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    (root / "qrels" / "test.tsv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_retrieval_scored_in_beirs_layout_equals_trec_eval(words_model, tmp_path, capsys):
+    """`bertkit evaluate --retrieval` on a BEIR folder: nDCG@10 (graded), MRR@10 and recall@k
+    of the run it writes equal pytrec_eval's (trec_eval's own code) on that run."""
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    data = beir_folder(tmp_path / "beir")
+    out = tmp_path / "scored"
+    argv = ["evaluate", "--retrieval", "--model", str(words_model), "--data", str(data),
+            "--out", str(out)]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    result = json.loads(capsys.readouterr().out)
+    assert result["queries"] == 20 and result["documents"] == 60
+    assert result == json.loads((out / "results.json").read_text())
+    run: dict[str, dict[str, float]] = {}
+    for line in (out / "run.tsv").read_text().splitlines():
+        query, _, document, rank, _score, _ = line.split()
+        run.setdefault(query, {})[document] = 1000.0 - int(rank)  # our order, no ties
+    qrels = read_qrels(data / "qrels" / "test.tsv")
+    measures = {"ndcg_cut.10", "recip_rank", "recall.1", "recall.10", "recall.100"}
+    theirs = pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(
+        {q: dict(sorted(d.items(), key=lambda kv: -kv[1])[:10]) for q, d in run.items()}
+    )
+    full = pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(run)
+
+    def mean(table, name):
+        return round(float(np.mean([v[name] for v in table.values()])), 4)
+
+    assert result["ndcg@10"] == mean(full, "ndcg_cut_10")
+    assert result["mrr@10"] == mean(theirs, "recip_rank")
+    for k in (1, 10, 100):
+        assert result[f"recall@{k}"] == mean(full, f"recall_{k}")
+    assert 0.0 < result["ndcg@10"] < 1.0  # neither nothing nor everything found
+    again = evaluate_retrieval(words_model, data, out=out)  # the corpus's vectors resumed
+    assert again == result
+
+
+def test_the_measures_by_hand():
+    qrels = {"q1": {"a": 2, "b": 1, "c": 0}, "q2": {"x": 1}}
+    ranking = {"q1": ["c", "b", "a"], "q2": ["y"] * 10 + ["x"]}
+    scores = scores_of(ranking, qrels, cutoffs=(1, 10, 100))
+    ideal = 2 + 1 / np.log2(3)
+    assert scores["ndcg@10"] == round((1 / np.log2(3) + 2 / 2) / ideal / 2, 4)
+    assert scores["mrr@10"] == round((1 / 2) / 2, 4)  # q2's hit is 11th: nothing within ten
+    assert (scores["recall@1"], scores["recall@10"], scores["recall@100"]) == (0.0, 0.5, 1.0)
