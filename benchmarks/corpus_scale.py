@@ -8,8 +8,8 @@ Ray cluster of two nodes against one process.
   `bertkit index` (IVF-PQ, its defaults) and, for `--queries` held-out passages (the next ones
   after the corpus) as queries, the overlap of the index's top ten with exact search's
   (recall@10 against exact), and the seconds a query takes each way.
-- `ray`: the same job on a Ray cluster of two nodes on loopback (`ray start --head`, a second
-  `ray start --address`, one CPU each: one actor of one thread per node), against one process
+- `ray`: the same job on a Ray cluster of two nodes on loopback (`ray start --head` on
+  127.0.0.2, a second `ray start --address` on 127.0.0.3, one CPU each: one actor of one thread per node), against one process
   of two threads (the usable cores), in alternating order; rows/s of each, and whether the
   shards are equal as (id, vector) pairs to a one-process run of one thread.
 """
@@ -94,11 +94,15 @@ def on_ray(model: str, scratch: Path, count: int, rounds: int) -> dict:
     file = passages(count, scratch)
     ray = str(Path(sys.executable).parent / "ray")
     port = free_port()
-    address = f"127.0.0.1:{port}"
-    common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
-    subprocess.run([ray, "start", "--head", "--port", str(port), "--include-dashboard", "false",
-                    *common], check=True, capture_output=True)  # fmt: skip
-    subprocess.run([ray, "start", "--address", address, *common], check=True, capture_output=True)
+    # each node on a loopback address of its own: Ray swaps 127.0.0.1 and localhost for this
+    # machine's outward address, and would talk to itself through that
+    address = f"127.0.0.2:{port}"
+    common = ["--num-cpus", "1", "--disable-usage-stats"]
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # a loopback cluster of this benchmark alone
+    head = ["--head", "--port", str(port), "--include-dashboard", "false",
+            "--node-ip-address", "127.0.0.2"]  # fmt: skip
+    for node in (head, ["--address", address, "--node-ip-address", "127.0.0.3"]):
+        subprocess.run([ray, "start", *node, *common], check=True, capture_output=True)
     seconds: dict[str, list[float]] = {"one process": [], "ray, two nodes": []}
     try:
         for _ in range(rounds):

@@ -26,3 +26,8 @@ class InputError(ValueError):
     def __init__(self, message: str, status: int = 422) -> None:
         super().__init__(message)
         self.status = status
+
+
+class JobFailed(RuntimeError):
+    """A corpus job's worker (a local process, a Ray actor) failed past its retries; the shards
+    written are kept, and `--resume` continues."""

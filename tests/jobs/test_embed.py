@@ -106,10 +106,12 @@ def test_rows_of_many_files_in_order_each_from_its_own_position(tmp_path):
         handle.write("\n\n")  # blank lines are no rows
     pq.write_table(pa.table({"text": [f"pq {i}" for i in range(30)]}),
                    tmp_path / "in" / "c.parquet", row_group_size=7)  # fmt: skip
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"text": ["ds 0", "ds 1"]}).save_to_disk(tmp_path / "in" / "d")
     sources = expand([str(tmp_path / "in" / "*")])
-    assert [Path(s.path).name for s in sources] == ["a.csv", "b.jsonl", "c.parquet"]
+    assert [Path(s.path).name for s in sources] == ["a.csv", "b.jsonl", "c.parquet", "d"]
     everything = list(corpus_rows(sources, Columns()))
-    assert len(everything) == 3 + 24 + 30
+    assert len(everything) == 3 + 24 + 30 + 2 and everything[-1].text == "ds 1"
     assert [(Path(r.key).name, r.text, r.issue) for r in everything[:7]] == [
         ("a.csv:2", "one", None), ("a.csv:3", "two\nlines", None), ("a.csv:5", "three", None),
         ("b.jsonl:1", "four", None), ("b.jsonl:2", None, "missing"),
@@ -167,7 +169,7 @@ def test_a_job_killed_at_any_write_or_moment_resumes_to_the_same_bytes(words_mod
 
     def run(out, kill_at=0, when="before", *extra, wait=True):
         argv = [sys.executable, str(driver), "embed", "--model", str(words_model), "--input",
-                str(source), "--out", str(out), "--pooling", "mean", "--rows-per-shard", "50",
+                str(source), "--out", str(out), "--pooling", "mean", "--rows-per-shard", "100",
                 "--threads", "1", "--quiet", *extra]  # fmt: skip
         env = {**os.environ, "KILL_AT": str(kill_at), "KILL_WHEN": when,
                "WRITES": str(tmp_path / "writes")}  # fmt: skip
@@ -181,9 +183,9 @@ def test_a_job_killed_at_any_write_or_moment_resumes_to_the_same_bytes(words_mod
     whole = run(tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     expected = files(tmp_path / "whole")
-    assert len([n for n in expected if n.endswith(".parquet")]) == 8
+    assert len([n for n in expected if n.endswith(".parquet")]) == 4
     writes = (tmp_path / "writes").read_text().splitlines()
-    assert writes[0] == "manifest.json" and writes[-1] == "manifest.json" and len(writes) == 11
+    assert writes[0] == "manifest.json" and writes[-1] == "manifest.json" and len(writes) == 7
     points = [(n, "before") for n in range(1, len(writes) + 1)] + [(len(writes), "after")]
     for at, when in points:
         out = tmp_path / f"killed_{at}_{when}"
@@ -193,11 +195,11 @@ def test_a_job_killed_at_any_write_or_moment_resumes_to_the_same_bytes(words_mod
         assert resumed.returncode == 0, (at, when, resumed.stderr[-3000:])
         assert files(out) == expected, (at, when)
     rng = random.Random(0)
-    for attempt in range(3):
+    for attempt in range(2):
         out = tmp_path / f"timed_{attempt}"
         process = run(out, wait=False)
         try:
-            process.wait(timeout=rng.uniform(2.0, 6.0))
+            process.wait(timeout=rng.uniform(2.5, 5.0))
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
@@ -235,7 +237,7 @@ def test_predict_with_a_plain_bert_names_what_to_run(words_model, capsys):
 def test_a_classifier_predicts_a_corpus_into_shards(topics_model, tmp_path):
     """`predict --input FILES --output FOLDER` with a fine-tuned classifier: the answers of
     `predict --output file.jsonl` as shard columns, the same rows, a blank row said."""
-    rows = [{"headline": t} for t in texts(30)]
+    rows = [{"headline": t, "n": i} for i, t in enumerate(texts(30))]
     rows[4]["headline"] = ""
     source = write_rows(tmp_path / "news.csv", rows)
     base = ["predict", "--model", str(topics_model), "--input", str(source), "--text-column",

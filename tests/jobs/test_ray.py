@@ -28,23 +28,30 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    """A head node and a second node, one CPU each, on 127.0.0.1; stopped after."""
+def cluster(tmp_path, monkeypatch):
+    """A head node (127.0.0.2) and a second node (127.0.0.3), one CPU each; stopped after. Without
+    token authentication (a loopback cluster of this test alone): a head that finds a token
+    file from an earlier `ray.init` would otherwise ask one of the second node."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     pytest.importorskip("ray")
     ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
     assert ray, "the ray command (pip install 'bertkit[ray]')"
     port = free_port()
-    address = f"127.0.0.1:{port}"
-    common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    # each node on a loopback address of its own: Ray swaps 127.0.0.1 and localhost for this
+    # machine's outward address, and would talk to itself through that
+    address = f"127.0.0.2:{port}"
+    common = ["--num-cpus", "1", "--disable-usage-stats"]
+    head = ["--head", "--port", str(port), "--include-dashboard", "false",
+            "--node-ip-address", "127.0.0.2"]  # fmt: skip
+    second = ["--address", address, "--node-ip-address", "127.0.0.3"]
     try:
-        subprocess.run([ray, "start", "--head", "--port", str(port), "--include-dashboard",
-                        "false", *common], check=True, capture_output=True, env=env, timeout=120)  # fmt: skip
-        subprocess.run([ray, "start", "--address", address, *common], check=True,
-                       capture_output=True, env=env, timeout=120)  # fmt: skip
+        for node in (head, second):
+            subprocess.run([ray, "start", *node, *common], check=True, capture_output=True,
+                           timeout=120)  # fmt: skip
         yield address
     finally:
-        subprocess.run([ray, "stop", "--force"], capture_output=True, env=env, timeout=120)
+        subprocess.run([ray, "stop", "--force"], capture_output=True, timeout=120)
 
 
 def worker_pids() -> list[int]:
@@ -67,8 +74,7 @@ def test_a_two_node_ray_job_with_a_worker_killed_equals_one_process(cluster, wor
     argv = [sys.executable, "-m", "bertkit.cli", "embed", "--model", str(words_model), "--input",
             str(source), "--out", str(out), "--pooling", "mean", "--threads", "1",
             "--rows-per-shard", "25", "--ray", cluster, "--quiet"]  # fmt: skip
-    job = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True,
-                           env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})  # fmt: skip
+    job = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     killed = None
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and job.poll() is None:

@@ -115,14 +115,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    from bertkit.errors import TrainingDiverged, TrainingInterrupted
+    from bertkit.errors import JobFailed, TrainingDiverged, TrainingInterrupted
 
     try:
         args.func(args)
     except TrainingInterrupted as err:
         _fatal(f"bertkit {args.command}: {err}")
         return err.exit_code
-    except (ValueError, OSError, ImportError, TrainingDiverged) as err:
+    except (ValueError, OSError, ImportError, TrainingDiverged, JobFailed) as err:
         # OSError: missing files, full disk; ImportError: an optional extra not installed
         _fatal(f"bertkit {args.command}: error: {err}")
         return 2

@@ -64,7 +64,7 @@ class Source:
         path = Path(self.path)
         size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() \
             else path.stat().st_size  # fmt: skip
-        return {"path": self.path, "format": self.format, "bytes": size, "sha256": self.digest()}
+        return {"path": self.name, "format": self.format, "bytes": size, "sha256": self.digest()}
 
 
 class CorpusRow(NamedTuple):
@@ -126,7 +126,8 @@ def expand(patterns: Sequence[str | os.PathLike], format: str = "auto") -> list[
         if kind not in READABLE:
             raise DataError(path, None, f"a {kind} file holds no table of rows: give CSV, TSV, "
                             "JSON Lines, JSON, Parquet or a datasets folder")  # fmt: skip
-        sources.append(Source(path, kind, path))
+        # the path absolute (a Ray worker runs elsewhere), the name as found (the rows' keys)
+        sources.append(Source(os.path.abspath(path), kind, path))
     return sources
 
 

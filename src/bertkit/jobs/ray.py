@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from bertkit.errors import JobFailed
 from bertkit.jobs.inputs import Position
 
 
@@ -54,12 +55,15 @@ class ShardWorker:
 def run_on_ray(job: Any, sources: list, out: Path, starts: list[Position], todo: list[int],
                address: str, threads: int, bar: Any) -> list[int]:  # fmt: skip
     """Write the shards `todo` on the Ray cluster at `address` ("auto": the one this machine
-    is in, else a new local one); the pids of the processes that wrote them."""
+    is in, else a new local one), each actor of `threads` torch threads (the job's `threads`
+    unset: the CPUs of the cluster's narrowest node, one actor a node); the pids of the
+    processes that wrote them."""
     ray = _ray()
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=None if address in ("auto", "local") and not _cluster_here() else address,
-                 log_to_driver=False, include_dashboard=False)  # fmt: skip
+        at = None if address in ("auto", "local") and not _cluster_here() else address
+        ray.init(address=at, log_to_driver=False, include_dashboard=False,
+                 **_loopback(address))  # fmt: skip
     try:
         if not todo:
             return []
@@ -68,28 +72,50 @@ def run_on_ray(job: Any, sources: list, out: Path, starts: list[Position], todo:
                   "offset": -1 if starts[k].offset is None else starts[k].offset}
                  for k in todo]  # fmt: skip
         cpus = ray.cluster_resources().get("CPU", 1)
+        if job.config.threads is None:  # one actor a node, as wide as the narrowest node
+            widths = [n["Resources"].get("CPU", 1) for n in ray.nodes() if n.get("Alive")]
+            threads = max(1, int(min(widths or [1])))
         actors = max(1, min(len(todo), job.config.workers if job.config.workers > 1
                             else int(cpus // threads)))  # fmt: skip
         import logging
 
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False  # (the job's own bar counts rows)
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
         dataset = ray.data.from_items(items, override_num_blocks=len(items))
         results = dataset.map_batches(
             ShardWorker, fn_constructor_args=(job, list(sources), str(out.resolve()), threads),
-            batch_size=1, concurrency=actors, num_cpus=threads,
+            batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=threads,
             max_restarts=-1, max_task_retries=-1,
         )  # fmt: skip
         pids = []
-        for row in results.iter_rows():
-            pids.append(int(row["pid"]))
-            if bar is not None:
-                bar.update(int(row["rows"]))
+        try:
+            for row in results.iter_rows():
+                pids.append(int(row["pid"]))
+                if bar is not None:
+                    bar.update(int(row["rows"]))
+        except ray.exceptions.RayError as err:  # a worker's own error, past Ray's retries
+            said = [line for line in str(err).splitlines() if line.strip()]
+            raise JobFailed(f"{out}: a Ray worker failed: {said[-1] if said else err} (what "
+                               "was written is kept: run again with --resume)") from None  # fmt: skip
         return pids
     finally:
         if started_here:
             ray.shutdown()
+
+
+def _loopback(address: str) -> dict[str, str]:
+    """A cluster on this machine's loopback addresses (127.0.0.2:PORT, a test's): the driver
+    joins it there too. Ray would otherwise take this machine's outward address for its own,
+    and talk to the cluster through it."""
+    import ipaddress
+
+    host = address.rsplit(":", 1)[0].strip("[]")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return {}
+    return {"_node_ip_address": host} if loopback else {}
 
 
 def _cluster_here() -> bool:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from bertkit.errors import JobFailed
 from bertkit.jobs import shards
 from bertkit.jobs.inputs import (
     CorpusRow,
@@ -230,7 +231,7 @@ def _run_processes(job: Job, sources, out: Path, starts, todo: list[int], thread
                 process.kill()
     failed = [p.exitcode for p in processes if p.exitcode != 0]
     if failed:
-        raise RuntimeError(
+        raise JobFailed(
             f"{out}: {len(failed)} of {workers} workers failed (exit {failed[0]}); what they "
             "wrote is kept: run again with --resume"
         )

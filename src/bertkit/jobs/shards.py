@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bertkit._io import atomic_path, atomic_write_text, sha256_of
+from bertkit.errors import JobFailed
 
 MANIFEST = "manifest.json"
 ISSUES = "issues.jsonl"
@@ -148,7 +149,7 @@ def finish(directory: Path, plan: dict[str, Any], count: int) -> dict[str, Any]:
         for number in range(count):
             path = directory / shard_name(number)
             if not path.exists():
-                raise RuntimeError(f"{path}: missing at the end of the job (no worker wrote it)")
+                raise JobFailed(f"{path}: missing at the end of the job (no worker wrote it)")
             table = pq.ParquetFile(path).read(columns=["id", "issue", "source", "line"])
             shards.append({"file": path.name, "rows": table.num_rows, "first_row": rows,
                            "sha256": sha256_of(path)})  # fmt: skip

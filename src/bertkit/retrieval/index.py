@@ -91,14 +91,13 @@ def build_index(
     if created is None:
         raise ValueError(f"{folder}: no row has a vector: nothing to index")
     if ann == "yes" or (ann == "auto" and rows >= ANN_FROM):
-        count = partitions or max(
-            1, min(rows // 256, round(math.sqrt(rows)))
-        )  # (lance trains on 256 a partition)
-        dimension = plan["dimension"]
-        created.create_index(
-            metric="cosine", vector_column_name="vector", num_partitions=count,
-            num_sub_vectors=_sub_vectors(dimension), index_type="IVF_PQ",
-        )  # fmt: skip
+        from lancedb.index import IvfPq
+
+        # about √rows partitions, no fewer than 256 rows each (what LanceDB trains one on)
+        count = partitions or max(1, min(rows // 256, round(math.sqrt(rows))))
+        config = IvfPq(distance_type="cosine", num_partitions=count,
+                       num_sub_vectors=_sub_vectors(plan["dimension"]))  # fmt: skip
+        created.create_index("vector", config=config)
     return rows
 
 

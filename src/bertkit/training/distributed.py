@@ -45,14 +45,56 @@ def setup(device: str | None = None) -> Distributed:
         torch.cuda.set_device(chosen)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if chosen.type == "cuda" else "gloo"
-        # torchrun's elastic agent lends the workers its rendezvous store and keeps it across
-        # restarts, so a restarted group read the addresses the killed workers had published
-        # and could not connect ("Connection refused"): each attempt keeps to keys of its own
-        store, rank, world_size = next(dist.rendezvous("env://"))
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        dist.init_process_group(backend, store=dist.PrefixStore(f"bertkit/attempt{attempt}", store),
-                                rank=rank, world_size=world_size)  # fmt: skip
+        shared, rank, world_size = next(dist.rendezvous("env://"))
+        store = attempt_store(shared, rank, world_size)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
     return Distributed(rank, world_size, local_rank, chosen)
+
+
+ATTEMPT_KEY = "bertkit/attempt_store"
+
+
+def attempt_store(shared: dist.Store, rank: int, world_size: int,
+                  timeout: float = 600.0) -> dist.Store:  # fmt: skip
+    """A store of this attempt's workers alone, which every node finds the same way.
+
+    torchrun's elastic agent lends the workers its rendezvous store and keeps it across
+    restarts, so a restarted group would read the addresses the killed workers had published
+    and fail to connect ("Gloo connectFullMesh failed ... Connection refused"). Keys of each
+    attempt's own (a prefix from TORCHELASTIC_RESTART_COUNT) are no cure across nodes: only the
+    agent whose worker failed counts a restart, the others restart without counting, so the
+    nodes' counts differ and their halves of the group waited under different keys for ever.
+    Instead rank 0 starts a new store each attempt and publishes its address and a fresh
+    nonce under one key of the shared store; the other ranks read that key until it names a
+    store that answers with its nonce (an address left by a killed attempt refuses the
+    connection; the new rank 0 overwrites it)."""
+    import secrets
+    import time
+    from datetime import timedelta
+
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")  # where node rank 0 (rank 0's) runs
+    if rank == 0:
+        own = dist.TCPStore(host, 0, world_size, is_master=True,
+                            timeout=timedelta(seconds=timeout), wait_for_workers=False)  # fmt: skip
+        nonce = secrets.token_hex(8)
+        own.set("bertkit/nonce", nonce)
+        shared.set(ATTEMPT_KEY, f"{host} {own.port} {nonce}")
+        return own
+    deadline = time.monotonic() + timeout
+    while True:
+        host, port, nonce = shared.get(ATTEMPT_KEY).decode().split()
+        try:
+            client = dist.TCPStore(host, int(port), world_size, is_master=False,
+                                   timeout=timedelta(seconds=5))  # fmt: skip
+            if client.get("bertkit/nonce").decode() == nonce:
+                client.set_timeout(timedelta(seconds=timeout))
+                return client
+        except (RuntimeError, dist.DistError):  # refused, or gone: a killed attempt's
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no store of this attempt from rank 0 in {timeout:.0f} s "
+                               f"(the last address published: {host}:{port})")  # fmt: skip
+        time.sleep(0.5)
 
 
 def wrap(model: nn.Module, info: Distributed) -> nn.Module:
