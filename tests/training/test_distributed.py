@@ -102,3 +102,86 @@ def test_an_elastic_torchrun_restarts_a_killed_worker_to_the_same_bytes(setup, t
     a = (tmp_path / "killed" / "model.safetensors").read_bytes()
     assert a == (tmp_path / "whole" / "model.safetensors").read_bytes()
     assert losses(tmp_path / "killed") == losses(tmp_path / "whole")
+
+
+class TwoNodes:
+    """A pre-training run by two torchrun agents on loopback (`--nnodes 2 --nproc_per_node 1`,
+    c10d rendezvous, `--max-restarts 2`, the command's own --resume), each agent's output in
+    a file of its own."""
+
+    def __init__(self, setup, root) -> None:
+        self.root = root
+        self.common = [*map(str, tiny_cli_args(setup, steps=300, config=setup / "nodrop.json",
+                                               save_every=50)), "--resume"]  # fmt: skip
+        # LOGLEVEL=INFO: the agents say each rendezvous they complete (each start of workers)
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
+                    "LOGLEVEL": "INFO"}  # fmt: skip
+
+    def start(self, out):
+        port, agents = _free_port(), []
+        for node in (0, 1):
+            output = open(self.root / f"{out.name}.node{node}.txt", "w")  # a full pipe blocks
+            agents.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                 "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                 f"127.0.0.1:{port}", "--rdzv-id", out.name, "--local-addr", "127.0.0.1",
+                 "--max-restarts", "2", "-m", "bertkit.cli", "pretrain", "--out", str(out),
+                 *self.common],
+                env=self.env, stdout=output, stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+            # node 0 hosts the rendezvous store
+            if node == 0:
+                import time
+
+                time.sleep(1.0)
+        return agents
+
+    def said(self, out, node) -> str:
+        return (self.root / f"{out.name}.node{node}.txt").read_text()
+
+
+@pytest.fixture(scope="module")
+def two_nodes_whole(setup, tmp_path_factory):
+    root = tmp_path_factory.mktemp("two_nodes")
+    runner = TwoNodes(setup, root)
+    agents = runner.start(root / "whole")
+    for node, agent in enumerate(agents):
+        assert agent.wait(timeout=600) == 0, runner.said(root / "whole", node)[-4000:]
+    return runner, root / "whole"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("node", [0, 1])
+def test_a_two_node_elastic_run_restarts_either_nodes_killed_worker(two_nodes_whole, node):
+    """Two torchrun agents on loopback, one worker each; node `node`'s worker SIGKILLed past the
+    checkpoint of step 100: both nodes restart once and the run ends with the bytes and losses
+    of a run never killed. Before, only the failed node's agent counted the restart, the nodes'
+    TORCHELASTIC_RESTART_COUNT differed, and the group's keys built from it did too: node 0's
+    kill hung both restarted workers in init_process_group, node 1's spent a second restart."""
+    import json
+    import signal
+    import time
+
+    runner, whole = two_nodes_whole
+    out = runner.root / f"killed_node{node}"
+    agents = runner.start(out)
+    log = out / "log.jsonl"
+    deadline = time.monotonic() + 300
+    steps: list[int] = []
+    while not steps or max(steps) < 120:  # past the checkpoint of step 100, before the end
+        assert all(a.poll() is None for a in agents) and time.monotonic() < deadline, \
+            runner.said(out, node)[-4000:]  # fmt: skip
+        time.sleep(0.01)
+        if log.exists():
+            steps = [json.loads(x)["step"] for x in log.read_text().splitlines() if x.strip()]
+    worker = subprocess.run(["pgrep", "-P", str(agents[node].pid)], capture_output=True,
+                            text=True).stdout.split()[-1]  # fmt: skip
+    os.kill(int(worker), signal.SIGKILL)
+    for number, agent in enumerate(agents):
+        assert agent.wait(timeout=600) == 0, runner.said(out, number)[-4000:]
+    killed_said = runner.said(out, node)
+    assert max(steps) < 300 and killed_said.count("(exitcode: -9)") == 1
+    for number in (0, 1):  # one restart each: the first workers and the restarted ones
+        assert runner.said(out, number).count("Rendezvous complete for workers") == 2, number
+    assert (out / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()
+    assert losses(out) == losses(whole)

@@ -84,10 +84,12 @@ def run_on_ray(job: Any, sources: list, out: Path, starts: list[Position], todo:
         context.enable_progress_bars = False  # (the job's own bar counts rows)
         dataset = ray.data.from_items(items, override_num_blocks=len(items))
         results = dataset.map_batches(
-            ShardWorker, fn_constructor_args=(job, list(sources), str(out.resolve()), threads),
-            batch_size=1, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=threads,
-            max_restarts=-1, max_task_retries=-1,
-        )  # fmt: skip
+            ShardWorker,
+            fn_constructor_args=(job, list(sources), str(out.resolve()), threads),
+            batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=actors),
+            num_cpus=threads,
+        )  # fmt: skip  (Ray Data's actors restart and retry their task without end by default)
         pids = []
         try:
             for row in results.iter_rows():
