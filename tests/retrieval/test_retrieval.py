@@ -69,6 +69,18 @@ def test_an_index_answers_as_exact_search_does(words_model, lancedb, tmp_path, c
         build_index(out, tmp_path / "ann.lance")
 
 
+def test_embed_then_index_in_one_command(words_model, lancedb, tmp_path, capsys):
+    """`bertkit embed --index NAME.lance`: the vectors, then their table, and a search of it."""
+    texts = corpus(tmp_path / "docs.jsonl", 40)
+    argv = ["embed", "--model", str(words_model), "--input", str(tmp_path / "docs.jsonl"),
+            "--pooling", "mean", "--keep-columns", "text", "--out", str(tmp_path / "v"),
+            "--index", str(tmp_path / "t.lance"), "--quiet"]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert "40 rows" in capsys.readouterr().err
+    assert cli.main(["search", "--index", str(tmp_path / "t.lance"), texts[3], "--top", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] == texts[3]
+
+
 def beir_folder(root: Path, count: int = 60) -> Path:
     """A BEIR folder: documents of toy words, each query a few words of one document (judged
     2), with a second document judged 1 for some, and one judged 0."""
