@@ -43,21 +43,35 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str = "mea
     return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
 
 
+def _declared(file: Path) -> Any:
+    """A sentence-transformers module file's JSON; None where the folder has no such file."""
+    if not file.exists():
+        return None
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file}:{err.lineno}: invalid JSON: {err.msg}") from None
+
+
 def read_pooling(path: str | os.PathLike) -> str | None:
     """The pooling a sentence-transformers folder declares (1_Pooling/config.json); None where
     it declares none."""
     file = Path(path) / POOLING_DIR / "config.json"
-    if not file.exists():
+    settings = _declared(file)
+    if settings is None:
         return None
-    try:
-        settings = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file}:{err.lineno}: invalid JSON: {err.msg}") from None
     if settings.get("pooling_mode_mean_tokens"):
         return "mean"
     if settings.get("pooling_mode_cls_token"):
         return "cls"
     raise ValueError(f"{file}: a pooling bertkit does not have (it has mean and cls)")
+
+
+def declared_normalize(path: str | os.PathLike) -> bool:
+    """Whether a folder declares unit-length vectors (sentence-transformers' Normalize module in
+    modules.json)."""
+    modules = _declared(Path(path) / "modules.json") or []
+    return any(str(m.get("type", "")).endswith("Normalize") for m in modules)
 
 
 class BertForSentenceEmbedding(BertPreTrainedModel):

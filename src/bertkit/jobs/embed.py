@@ -13,7 +13,6 @@ makes the same batches). Texts over the model's length are cut to it and said so
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -92,25 +91,12 @@ class EmbedConfig(JobConfig):
     dtype: str = setting("float32", "the vectors' type in the shards", choices=DTYPES)
 
 
-def declared_normalize(path: Path) -> bool:
-    """Whether a folder declares unit-length vectors (sentence-transformers' Normalize module in
-    modules.json)."""
-    modules = path / "modules.json"
-    if not modules.exists():
-        return False
-    try:
-        listed = json.loads(modules.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{modules}:{err.lineno}: invalid JSON: {err.msg}") from None
-    return any(str(m.get("type", "")).endswith("Normalize") for m in listed)
-
-
 class EmbeddingMapper:
     """A loaded embedding model that turns a shard's rows into its columns: `vector` (None for
     a row with an issue) and the rows' issues (truncation added)."""
 
     def __init__(self, model: str | os.PathLike, config: EmbedConfig) -> None:
-        from bertkit.embedding import declared_length, read_pooling
+        from bertkit.embedding import declared_length, declared_normalize, read_pooling
         from bertkit.inference.loader import load
 
         loaded = load(model, head="BertForSentenceEmbedding", device=config.device,
