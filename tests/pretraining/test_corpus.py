@@ -53,3 +53,81 @@ def test_bad_corpus_input_is_reported_with_file_line_and_offset(tmp_path):
         list(read_documents([tmp_path / "w"]))
     with pytest.raises(FileNotFoundError, match="corpus file not found"):
         list(read_documents([tmp_path / "missing.txt"]))
+
+
+def test_corpora_as_published_make_the_shards_plain_json_lines_make(tmp_path):
+    """The same documents as JSON Lines compressed with gzip, zstd, bz2 and xz (C4, Dolma, the
+    Pile), as Parquet with its text in a column named otherwise (found: the only string
+    column), and as a datasets folder: `prepare` makes the very shard bytes plain JSON Lines
+    make, and `vocab` reads them too."""
+    import bz2
+    import gzip
+    import lzma
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bertkit import cli
+    from bertkit.pretraining.shards import prepare_shards
+
+    from helpers import synthetic_tokenizer
+
+    rng = random.Random(0)
+    texts = []
+    for _ in range(60):
+        paragraphs = [" ".join(f"w{rng.randrange(400)}" for _ in range(rng.randint(3, 12))) + "."
+                      for _ in range(rng.randint(1, 4))]  # fmt: skip
+        texts.append("\n\n".join(paragraphs) if rng.random() < 0.5 else "\n".join(paragraphs))
+    texts[5] = ""  # an empty document: skipped and counted alike
+    plain = "".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(texts)).encode()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "c.jsonl").write_bytes(plain)
+    (corpus / "c.json.gz").write_bytes(gzip.compress(plain))
+    (corpus / "c.jsonl.bz2").write_bytes(bz2.compress(plain))
+    (corpus / "c.jsonl.xz").write_bytes(lzma.compress(plain))
+    zstandard = pytest.importorskip("zstandard")
+    (corpus / "c.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(plain))
+    pq.write_table(pa.table({"content": texts, "n": list(range(len(texts)))}),
+                   corpus / "c.parquet", row_group_size=16)  # fmt: skip
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(corpus / "folder"))
+    tokenizer = synthetic_tokenizer()
+
+    def shard_bytes(source):
+        out = tmp_path / f"shards-{source.name}"
+        meta = prepare_shards([source], tokenizer, out, workers=1, progress=False)
+        assert meta["skipped"]["empty_documents"] == 1, source
+        return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name != "meta.json"}
+
+    expected = shard_bytes(corpus / "c.jsonl")
+    assert len(expected) >= 3
+    for name in ("c.json.gz", "c.jsonl.bz2", "c.jsonl.xz", "c.jsonl.zst", "c.parquet", "folder"):
+        assert shard_bytes(corpus / name) == expected, name
+    assert cli.main(["vocab", str(corpus / "c.parquet"), "--size", "120", "--out",
+                     str(tmp_path / "vocab")]) == 0  # fmt: skip
+
+
+def test_a_file_that_is_not_what_it_claims_is_named_with_the_flag(tmp_path):
+    """A binary file read as text, a .parquet that is not Parquet, a table without a text
+    column: each said with what it is and what to pass (it was "not UTF-8 at byte offset 1")."""
+    import gzip
+
+    from bertkit.pretraining.corpus import raw_documents
+
+    (tmp_path / "corpus.bin").write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(
+        ValueError, match=r"corpus.bin: not text .*JSON Lines .*gzip, zstd.*--format"
+    ):
+        list(raw_documents([tmp_path / "corpus.bin"]))
+    (tmp_path / "corpus.parquet").write_bytes(gzip.compress(b'{"text": "a"}\n'))
+    with pytest.raises(ValueError, match=r"corpus.parquet: named .parquet but not parquet"):
+        list(raw_documents([tmp_path / "corpus.parquet"]))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"a": ["x"], "b": ["y"]}), tmp_path / "two.parquet")
+    with pytest.raises(ValueError, match=r"which column holds the text\? .*--text-column"):
+        list(raw_documents([tmp_path / "two.parquet"]))
+    assert list(raw_documents([tmp_path / "two.parquet"], text_column="b")) == [(["y"], True)]

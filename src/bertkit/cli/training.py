@@ -20,7 +20,8 @@ def _vocab(args: argparse.Namespace) -> None:
     # read as `prepare` reads: WikiExtractor's <doc ...> lines, JSONL keys and Google's blank
     # lines are markup, not text to learn pieces from
     stats = CorpusStats()
-    documents = raw_documents(args.corpus, format=args.format, on_error=args.on_error, stats=stats)
+    documents = raw_documents(_corpus(args), format=args.format, on_error=args.on_error,
+                              stats=stats, text_column=args.text_column)  # fmt: skip
     texts = (unit for units, _ in documents for unit in units)
     tokenizer = train_vocab(
         texts=texts,
@@ -36,6 +37,34 @@ def _vocab(args: argparse.Namespace) -> None:
     )
 
 
+def _corpus(args: argparse.Namespace) -> list[str]:
+    """The corpus files given, or the cached split of --dataset."""
+    if bool(args.corpus) == bool(args.dataset):
+        raise ValueError("give the corpus (files or folders) or --dataset NAME, one of the two")
+    if args.dataset:
+        from bertkit.tasks.named import split_file
+
+        return [str(split_file(args.dataset, args.split))]
+    return list(args.corpus)
+
+
+def _add_corpus(parser, help: str) -> None:
+    from bertkit.pretraining.corpus import FORMATS
+
+    parser.add_argument("corpus", nargs="*", help=help)
+    parser.add_argument(
+        "--format", default="auto", choices=FORMATS,
+        help="corpus layout (default: detected; JSON Lines and text may be gzip, zstd, bz2 or "
+        "xz compressed)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--text-column", help="Parquet, datasets folders, JSON Lines: the column holding the "
+        "text (default: text, else a table's only string column)",
+    )  # fmt: skip
+    parser.add_argument("--dataset", help="a dataset by name (NAME[:CONFIG]), from the local cache")
+    parser.add_argument("--split", default="train", help="with --dataset: the split")
+
+
 def _add_on_error(parser) -> None:
     parser.add_argument(
         "--on-error",
@@ -47,16 +76,9 @@ def _add_on_error(parser) -> None:
 
 
 def add_vocab(commands) -> None:
-    from bertkit.pretraining.corpus import FORMATS
 
     vocab = commands.add_parser("vocab", help="train a WordPiece vocabulary from text files")
-    vocab.add_argument("corpus", nargs="+", help="corpus files or directories (as for prepare)")
-    vocab.add_argument(
-        "--format",
-        default="auto",
-        choices=FORMATS,
-        help="corpus layout, as for prepare (default: detected)",
-    )
+    _add_corpus(vocab, "corpus files or directories (as for prepare)")
     vocab.add_argument("--size", type=int, default=30522, help="vocabulary size (default 30522)")
     vocab.add_argument("--out", required=True, help="directory for vocab.txt")
     vocab.add_argument("--cased", action="store_true", help="keep case and accents")
@@ -97,13 +119,14 @@ def _prepare(args: argparse.Namespace) -> None:
 
     tokenizer = BertTokenizer.from_pretrained(args.vocab)
     meta = prepare_shards(
-        args.corpus,
+        _corpus(args),
         tokenizer,
         args.out,
         workers=args.workers,
         format=args.format,
         on_error=args.on_error,
         overwrite=args.overwrite,
+        text_column=args.text_column,
     )
     mb = meta["source_bytes"] / 1e6
     print(
@@ -115,14 +138,13 @@ def _prepare(args: argparse.Namespace) -> None:
 
 
 def add_prepare(commands) -> None:
-    from bertkit.pretraining.corpus import FORMATS
 
     prepare = commands.add_parser("prepare", help="tokenise a corpus into pre-training shards")
-    prepare.add_argument("corpus", nargs="+", help="corpus files or directories")
+    _add_corpus(prepare, "corpus files or directories: text, WikiExtractor output, JSON Lines "
+                "(compressed or not), Parquet, datasets folders")  # fmt: skip
     prepare.add_argument("--vocab", required=True, help="directory with vocab.txt (or the file)")
     prepare.add_argument("--out", required=True, help="output shards directory")
     prepare.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
-    prepare.add_argument("--format", default="auto", choices=FORMATS)
     _add_on_error(prepare)
     prepare.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     prepare.set_defaults(func=_prepare)

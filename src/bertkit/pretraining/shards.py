@@ -178,8 +178,10 @@ def prepare_shards(
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     overwrite: bool = False,
     progress: bool = True,
+    text_column: str | None = None,
 ) -> dict[str, Any]:
-    """Tokenise `corpus` (files or directories) into shards in `out_dir`; returns the metadata."""
+    """Tokenise `corpus` (files or directories) into shards in `out_dir`; returns the metadata.
+    `text_column`: the column (Parquet, datasets folders) or JSON key holding the text."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True / --overwrite)")
@@ -188,7 +190,8 @@ def prepare_shards(
     workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32)
     stats = CorpusStats()
-    chunks = _chunks(raw_documents(files, format=format, on_error=on_error, stats=stats))
+    chunks = _chunks(raw_documents(files, format=format, on_error=on_error, stats=stats,
+                                   text_column=text_column))  # fmt: skip
     bar = _progress(total_bytes, progress)
 
     def encoded() -> Iterator[EncodedChunk]:
