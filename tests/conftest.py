@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,3 +159,37 @@ def tagger(words_model, tmp_path_factory) -> Path:
     data = DataConfig(train=str(root / "train.txt"), validation=str(root / "train.txt"))
     finetune("token-classification", words_model, data, root / "run", FinetuneConfig(**OWN_QUICK))
     return root / "run"
+
+
+# --------------------------------------------------------------------------- a Ray cluster
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def ray_cluster(tmp_path, monkeypatch):
+    """A head node (127.0.0.2) and a second node (127.0.0.3), one CPU each; stopped after. Without
+    token authentication (a loopback cluster of this test alone): a head that finds a token
+    file from an earlier `ray.init` would otherwise ask one of the second node."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    pytest.importorskip("ray")
+    ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
+    assert ray, "the ray command (pip install 'bertkit[ray]')"
+    port = _free_port()
+    # each node on a loopback address of its own: Ray swaps 127.0.0.1 and localhost for this
+    # machine's outward address, and would talk to itself through that
+    address = f"127.0.0.2:{port}"
+    common = ["--num-cpus", "1", "--disable-usage-stats"]
+    head = ["--head", "--port", str(port), "--include-dashboard", "false",
+            "--node-ip-address", "127.0.0.2"]  # fmt: skip
+    second = ["--address", address, "--node-ip-address", "127.0.0.3"]
+    try:
+        for node in (head, second):
+            subprocess.run([ray, "start", *node, *common], check=True, capture_output=True,
+                           timeout=120)  # fmt: skip
+        yield address
+    finally:
+        subprocess.run([ray, "stop", "--force"], capture_output=True, timeout=120)

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -21,39 +18,6 @@ from bertkit.jobs.embed import embed
 from helpers import WORDS
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture
-def cluster(tmp_path, monkeypatch):
-    """A head node (127.0.0.2) and a second node (127.0.0.3), one CPU each; stopped after. Without
-    token authentication (a loopback cluster of this test alone): a head that finds a token
-    file from an earlier `ray.init` would otherwise ask one of the second node."""
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    pytest.importorskip("ray")
-    ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
-    assert ray, "the ray command (pip install 'bertkit[ray]')"
-    port = free_port()
-    # each node on a loopback address of its own: Ray swaps 127.0.0.1 and localhost for this
-    # machine's outward address, and would talk to itself through that
-    address = f"127.0.0.2:{port}"
-    common = ["--num-cpus", "1", "--disable-usage-stats"]
-    head = ["--head", "--port", str(port), "--include-dashboard", "false",
-            "--node-ip-address", "127.0.0.2"]  # fmt: skip
-    second = ["--address", address, "--node-ip-address", "127.0.0.3"]
-    try:
-        for node in (head, second):
-            subprocess.run([ray, "start", *node, *common], check=True, capture_output=True,
-                           timeout=120)  # fmt: skip
-        yield address
-    finally:
-        subprocess.run([ray, "stop", "--force"], capture_output=True, timeout=120)
-
-
 def worker_pids() -> list[int]:
     """The processes of the job's actors (Ray names them after the class)."""
     found = subprocess.run(["pgrep", "-f", "ShardWorker"], capture_output=True, text=True)
@@ -61,7 +25,9 @@ def worker_pids() -> list[int]:
 
 
 @pytest.mark.slow  # a Ray cluster of two nodes
-def test_a_two_node_ray_job_with_a_worker_killed_equals_one_process(cluster, words_model, tmp_path):
+def test_a_two_node_ray_job_with_a_worker_killed_equals_one_process(
+    ray_cluster, words_model, tmp_path
+):
     import random
 
     rng = random.Random(0)
@@ -73,7 +39,7 @@ def test_a_two_node_ray_job_with_a_worker_killed_equals_one_process(cluster, wor
     out = tmp_path / "on_ray"
     argv = [sys.executable, "-m", "bertkit.cli", "embed", "--model", str(words_model), "--input",
             str(source), "--out", str(out), "--pooling", "mean", "--threads", "1",
-            "--rows-per-shard", "25", "--ray", cluster, "--quiet"]  # fmt: skip
+            "--rows-per-shard", "25", "--ray", ray_cluster, "--quiet"]  # fmt: skip
     job = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     killed = None
     deadline = time.monotonic() + 240

@@ -19,6 +19,7 @@ _PLAIN_CHECKS = {
     "top": "positive",
     "rows_per_shard": "positive",
     "partitions": "positive",
+    "parts": "positive",
     "seeds": "positive",
     "steps": "positive",
     "min_frequency": "non-negative",

@@ -114,20 +114,35 @@ def add_convert(commands) -> None:
 
 # --------------------------------------------------------------------------- prepare, pretrain
 def _prepare(args: argparse.Namespace) -> None:
+    from bertkit.pretraining import parts
     from bertkit.pretraining.shards import prepare_shards
     from bertkit.tokenizer import BertTokenizer
 
-    tokenizer = BertTokenizer.from_pretrained(args.vocab)
-    meta = prepare_shards(
-        _corpus(args),
-        tokenizer,
-        args.out,
-        workers=args.workers,
-        format=args.format,
-        on_error=args.on_error,
-        overwrite=args.overwrite,
-        text_column=args.text_column,
-    )
+    if args.merge:
+        if args.corpus or args.dataset or args.part or args.ray:
+            raise ValueError(
+                "--merge takes the parts' folders alone: not a corpus, --part or --ray"
+            )
+        meta = parts.merge_parts(args.merge, args.out, overwrite=args.overwrite)
+        print(f"wrote {args.out}: {meta['num_documents']:,} documents, {meta['num_tokens']:,} "
+              f"tokens in {len(meta['shards'])} shards from {len(args.merge)} parts")  # fmt: skip
+        return
+    if args.vocab is None:
+        raise ValueError("--vocab: the vocabulary to tokenise with (a folder with vocab.txt)")
+    settings = dict(format=args.format, on_error=args.on_error, text_column=args.text_column)
+    if args.ray:
+        meta = parts.prepare_on_ray(_corpus(args), args.vocab, args.out, address=args.ray,
+                                    parts=args.parts, overwrite=args.overwrite, **settings)  # fmt: skip
+    else:
+        meta = prepare_shards(
+            _corpus(args),
+            BertTokenizer.from_pretrained(args.vocab),
+            args.out,
+            workers=args.workers,
+            overwrite=args.overwrite,
+            part=parts.parse_part(args.part) if args.part else None,
+            **settings,
+        )
     mb = meta["source_bytes"] / 1e6
     print(
         f"wrote {args.out}: {meta['num_documents']:,} documents, {meta['num_sentences']:,} "
@@ -142,11 +157,20 @@ def add_prepare(commands) -> None:
     prepare = commands.add_parser("prepare", help="tokenise a corpus into pre-training shards")
     _add_corpus(prepare, "corpus files or directories: text, WikiExtractor output, JSON Lines "
                 "(compressed or not), Parquet, datasets folders")  # fmt: skip
-    prepare.add_argument("--vocab", required=True, help="directory with vocab.txt (or the file)")
+    prepare.add_argument("--vocab", help="directory with vocab.txt (or the file)")
     prepare.add_argument("--out", required=True, help="output shards directory")
     prepare.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
     _add_on_error(prepare)
     prepare.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    beyond = prepare.add_argument_group("beyond one machine")
+    beyond.add_argument("--part", metavar="I/N",
+                        help="only part I of N (0 <= I < N) of the corpus's files, to --merge")  # fmt: skip
+    beyond.add_argument("--merge", nargs="+", metavar="PART",
+                        help="merge the folders --part wrote (every digest checked) into --out")  # fmt: skip
+    beyond.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS",
+                        help="tokenise the parts on a Ray cluster, then merge (pip install "
+                        "'bertkit[ray]')")  # fmt: skip
+    beyond.add_argument("--parts", type=int, help="with --ray: parts (default: the cluster's CPUs)")
     prepare.set_defaults(func=_prepare)
 
 

@@ -179,13 +179,21 @@ def prepare_shards(
     overwrite: bool = False,
     progress: bool = True,
     text_column: str | None = None,
+    part: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Tokenise `corpus` (files or directories) into shards in `out_dir`; returns the metadata.
-    `text_column`: the column (Parquet, datasets folders) or JSON key holding the text."""
+    `text_column`: the column (Parquet, datasets folders) or JSON key holding the text;
+    `part` (I, N): only part I of N of the corpus's files, for `parts.merge_parts`."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir}: already exists (pass overwrite=True / --overwrite)")
     files = expand_paths(corpus)
+    recorded: dict[str, Any] = {}
+    if part is not None:
+        from bertkit.pretraining.parts import corpus_record, part_files
+
+        recorded = {"part": {"index": part[0], "of": part[1], "corpus": corpus_record(files)}}
+        files = part_files(files, *part)
     total_bytes = sum(f.stat().st_size for f in files)
     workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32)
@@ -207,6 +215,7 @@ def prepare_shards(
         "sources": [str(f) for f in files],
         "source_bytes": total_bytes,
         "workers": workers,
+        **recorded,
     }
     return write_shards(
         encoded(),
