@@ -85,3 +85,37 @@ def test_a_dataset_by_name_from_the_cache(words_model, tmp_path):
     wrong[wrong.index("test")] = "dev"
     done = subprocess.run(wrong, env=env, capture_output=True, text=True)
     assert "--dataset topics has no split 'dev' (its splits: train, test)" in done.stderr
+
+
+def test_a_corpus_by_name_from_the_cache(words_model, tmp_path):
+    """`prepare --dataset NAME` and `embed --dataset NAME` read a split from the cache: the
+    shards its rows make as JSON Lines, and a vector for every row."""
+    from helpers import synthetic_tokenizer
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    texts = [" ".join(f"w{(i * 7 + j) % 400}" for j in range(5 + i % 9)) + "." for i in range(40)]
+    cached_dataset(cache, "corpus", "plain_text", {"train": [{"text": t, "label": 0}
+                                                             for t in texts]}, ["x"])  # fmt: skip
+    env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1"}  # fmt: skip
+    synthetic_tokenizer().save_pretrained(tmp_path / "vocab")
+    (tmp_path / "plain.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    cli = [sys.executable, "-m", "bertkit.cli"]
+    runs = {
+        "named": [*cli, "prepare", "--dataset", "corpus", "--split", "train"],
+        "plain": [*cli, "prepare", str(tmp_path / "plain.jsonl")],
+    }
+    for name, command in runs.items():
+        done = subprocess.run([*command, "--vocab", str(tmp_path / "vocab"), "--out",
+                               str(tmp_path / name)], env=env, capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    for kind in ("tokens", "sentences", "documents"):
+        name = f"shard-00000.{kind}"
+        assert (tmp_path / "named" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
+    done = subprocess.run([*cli, "embed", "--model", str(words_model), "--dataset", "corpus",
+                           "--pooling", "mean", "--out", str(tmp_path / "vectors"), "--quiet"],
+                          env=env, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = json.loads((tmp_path / "vectors" / "manifest.json").read_text())
+    assert manifest["rows"] == 40 and manifest["plan"]["inputs"][0]["path"] == "corpus/train"
