@@ -31,3 +31,42 @@ def as_float64(value: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
     if isinstance(value, torch.Tensor) and value.device == like.device:
         return value.to(torch.float64)
     return torch.full((), float(value), dtype=torch.float64, device=like.device)
+
+
+def usable_cpus(cgroup: str | None = "/sys/fs/cgroup") -> tuple[int, str]:
+    """How many CPUs this process may keep busy, and why: its affinity (`taskset`, a
+    container's cpuset), capped by the CPU quota of its cgroup (a container's `--cpus`: v2's
+    `cpu.max`, "200000 100000" = 2 CPUs; v1's `cpu.cfs_quota_us` / `cpu.cfs_period_us`), never
+    the host's count, which a container on a large host would otherwise take for its own.
+
+    >>> usable_cpus(None)[0] >= 1
+    True
+    """
+    import math
+    import os
+    from pathlib import Path
+
+    try:
+        count, why = len(os.sched_getaffinity(0)), "the CPUs of this process's affinity"
+    except AttributeError:  # pragma: no cover - not Linux
+        count, why = os.cpu_count() or 1, "the machine's CPUs"
+    if cgroup is None:
+        return count, why
+    root = Path(cgroup)
+    quota = period = None
+    try:
+        if (root / "cpu.max").exists():  # cgroup v2
+            limit, _, each = (root / "cpu.max").read_text().strip().partition(" ")
+            if limit != "max":
+                quota, period = float(limit), float(each or 100_000)
+        elif (root / "cpu" / "cpu.cfs_quota_us").exists():  # cgroup v1
+            value = float((root / "cpu" / "cpu.cfs_quota_us").read_text())
+            if value > 0:
+                quota = value
+                period = float((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return count, why
+    if quota and period and math.ceil(quota / period) < count:
+        count = max(1, math.ceil(quota / period))
+        why = f"the cgroup's CPU quota ({quota:.0f} us each {period:.0f} us)"
+    return count, why

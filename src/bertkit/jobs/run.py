@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -43,11 +42,11 @@ class Job(Protocol):
 
 
 def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity), not the host's count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    """The CPUs this process may use: its affinity and its cgroup's quota, not the host's
+    count (`_device.usable_cpus`)."""
+    from bertkit._device import usable_cpus as usable
+
+    return usable()[0]
 
 
 def weights_digest(path: Path) -> str:
