@@ -74,6 +74,17 @@ def alternate(
     return times
 
 
+def emit(report: dict, out) -> None:
+    """Print a benchmark's figures as JSON and, where `out` (a path) is given, write them
+    there."""
+    import json
+
+    print(json.dumps(report, indent=1))
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1) + "\n")
+
+
 def medians(times: dict[str, list[float]]) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
 

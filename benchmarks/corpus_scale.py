@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _harness import emit
 from embed_corpus import passages
 from machine import line as machine_line
 
@@ -157,10 +158,7 @@ def main() -> None:
         print(json.dumps(report["recall"]), flush=True)
     if "ray" in args.parts:
         report["ray"] = on_ray(model, args.scratch, args.ray_passages, args.rounds)
-    print(json.dumps(report, indent=1))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _harness import emit
 from machine import line as machine_line
 
 
@@ -233,10 +234,7 @@ def main() -> None:
         for count in (int(c) for c in args.memory.split(",")):
             report["memory"][count] = memory(standin, passages(count, args.scratch), args.scratch)
             print(f"memory at {count:,} rows: {report['memory'][count]}", flush=True)
-    print(json.dumps(report, indent=1))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    emit(report, args.out)
 
 
 def _bf16(run):

@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _harness import emit
 from machine import line as machine_line
 
 PEAK = (
@@ -104,10 +105,7 @@ def main() -> None:
             "same_shards_as_jsonl": found == expected,
         }
         print(name, report["formats"][name], flush=True)
-    print(json.dumps(report, indent=1))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    emit(report, args.out)
 
 
 if __name__ == "__main__":
