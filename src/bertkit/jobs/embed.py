@@ -128,12 +128,6 @@ class EmbeddingMapper:
             "precision": self.loaded.precision.name,
         }
 
-    def schema_fields(self) -> list[Any]:
-        import pyarrow as pa
-
-        kind = pa.float16() if self.dtype == "float16" else pa.float32()
-        return [pa.field("vector", pa.list_(kind, self.dimension))]
-
     def __call__(self, rows: Sequence[CorpusRow]) -> tuple[dict[str, Any], list[str | None]]:
         import pyarrow as pa
 

@@ -49,30 +49,28 @@ class Source:
     format: str
     name: str
 
-    def digest(self) -> str:
-        """SHA-256 of the file's bytes (a folder: of its files', in order)."""
-        digest = hashlib.sha256()
+    def record(self) -> dict[str, Any]:
+        """What the manifest records of it: its name, format, bytes and SHA-256 (a folder: of
+        its files', in order), and its newlines (a text file's upper bound on its rows), all
+        from one read of the bytes."""
+        digest, size, lines = hashlib.sha256(), 0, 0
         path = Path(self.path)
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         for file in files:
             with open(file, "rb") as handle:
                 while chunk := handle.read(1 << 24):
                     digest.update(chunk)
-        return digest.hexdigest()
-
-    def record(self) -> dict[str, Any]:
-        path = Path(self.path)
-        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() \
-            else path.stat().st_size  # fmt: skip
-        return {"path": self.name, "format": self.format, "bytes": size, "sha256": self.digest()}
+                    size += len(chunk)
+                    lines += chunk.count(b"\n")
+        return {"path": self.name, "format": self.format, "bytes": size,
+                "sha256": digest.hexdigest(), "lines": lines}  # fmt: skip
 
 
 class CorpusRow(NamedTuple):
     key: str  # the id column's value, else SOURCE:LINE
     text: str | None  # None where the row has no text (its issue says why)
-    issue: (
-        str | None
-    )  # "missing", "empty", "not text: int", "truncated: N tokens to M"; None: a text to run
+    # "missing", "empty", "not text: int", "truncated: N tokens to M"; None: a text to run
+    issue: str | None
     kept: dict[str, Any]  # the columns asked to be kept
     source: int  # index of its source
     line: int
@@ -170,20 +168,17 @@ def positions(
             count += 1
 
 
-def estimated_rows(sources: Sequence[Source]) -> int | None:
-    """The corpus's row count where it is cheap to know (Parquet and arrow metadata; newlines in
-    text files: an upper bound); None where a file cannot say."""
+def estimated_rows(sources: Sequence[Source], records: Sequence[dict[str, Any]]) -> int | None:
+    """The corpus's row count where it is cheap to know: Parquet's metadata, a text file's
+    newlines (`Source.record`'s: an upper bound); None where a file cannot say."""
     total = 0
-    for source in sources:
+    for source, record in zip(sources, records, strict=True):
         if source.format == "parquet":
             import pyarrow.parquet as pq
 
             total += pq.ParquetFile(source.path).metadata.num_rows
         elif source.format in ("jsonl", "csv", "tsv"):
-            with open(source.path, "rb") as handle:
-                total += sum(
-                    chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 24), b"")
-                )
+            total += record["lines"]
         else:
             return None
     return total

@@ -95,7 +95,7 @@ def run_job(job: Job, sources: Sequence[Source], out: Path, *, ray: str | None =
     mapper = job.mapper()
     plan = plan_of(job, mapper, sources)
     done = shards.start(out, plan, resume=config.resume, overwrite=config.overwrite)
-    bar = _bar(config.progress, estimated_rows(sources), job)
+    bar = _bar(config.progress, estimated_rows(sources, plan["inputs"]), job)
     try:
         if ray is None and workers == 1:
             count = _run_here(mapper, sources, config, out, done, bar)
