@@ -70,3 +70,21 @@ def usable_cpus(cgroup: str | None = "/sys/fs/cgroup") -> tuple[int, str]:
         count = max(1, math.ceil(quota / period))
         why = f"the cgroup's CPU quota ({quota:.0f} us each {period:.0f} us)"
     return count, why
+
+
+def fit_threads() -> int:
+    """torch's threads, lowered to the CPUs this process may use (`usable_cpus`) where torch
+    would run more: OpenMP counts the affinity but not a container's CPU quota, so in a
+    2-CPU container on a 64-core host torch runs 64 threads on 2 CPUs' worth of time, each
+    operation waiting for its slowest. The user's own count (OMP_NUM_THREADS) is kept. The
+    default of every command and of the Python API (`predict`, `embed`, training, `serve`)."""
+    import os
+
+    import torch
+
+    if os.environ.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    usable = usable_cpus()[0]
+    if torch.get_num_threads() > usable:
+        torch.set_num_threads(usable)
+    return torch.get_num_threads()

@@ -116,9 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    from bertkit._device import fit_threads
     from bertkit.errors import JobFailed, TrainingDiverged, TrainingInterrupted
 
     try:
+        fit_threads()
         args.func(args)
     except TrainingInterrupted as err:
         _fatal(f"bertkit {args.command}: {err}")

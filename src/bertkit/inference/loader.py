@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertkit._device import default_device
+from bertkit._device import default_device, fit_threads
 from bertkit._io import TASK_FILE
 from bertkit.checkpoint import HF_CONFIG, read_config
 from bertkit.config import BertConfig
@@ -110,6 +110,7 @@ def load(
     read the record as this task's. `precision` auto|fp32|bf16|fp16, `backend` torch|onnx and
     `compile` off|on as `bertkit predict` takes them (checked before anything loads)."""
     compiled = inference_compile(compile, backend)
+    fit_threads()
     path = model_dir(model)  # a folder, or a Hub name
     found: Task | None = None
     info: dict[str, Any] = {}

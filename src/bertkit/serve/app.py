@@ -39,11 +39,13 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
+from bertkit._device import usable_cpus
 from bertkit.errors import InputError
 from bertkit.serve.batcher import BatchStats, DynamicBatcher, QueueFull, Stopped
 from bertkit.serve.clients import openai_error
 from bertkit.serve.config import ServeConfig
 from bertkit.serve.connections import GuardedHTTP, descriptors_for
+from bertkit.serve.cores import CoreShare
 from bertkit.serve.engine import ENDPOINTS, ServedModel
 from bertkit.serve.metrics import Metrics
 
@@ -78,6 +80,7 @@ class Service:
         # running torch ops would keep a second OpenMP team, whose workers spin on the cores
         # the first needs (measured: a Predictor call 6.0 -> 7.2 ms on 2 cores).
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="bertkit-model")
+        self.cores: CoreShare | None = None
         self.model = self.executor.submit(self._load, model_path).result()
         self.metrics.forward_passes = 0  # the warm-up is not served traffic
         self.batchers: dict[str, DynamicBatcher] = {}
@@ -85,17 +88,28 @@ class Service:
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def _load(self, path: str) -> ServedModel:
-        _threads(self.config)  # this thread's OpenMP team (the model's calls run here)
+        self.cores = _threads(self.config)  # this thread's OpenMP team (the model runs here)
         model = ServedModel(path, self.config, on_forward=self.metrics.forward)
         model.warm()
         return model
+
+    def _run(self, endpoint: str, items: list[Any]) -> list[Any]:
+        """A batch on the inference thread, with as many threads as the CPUs others leave
+        free (`cores.CoreShare`)."""
+        if self.cores is not None:
+            import torch
+
+            threads = self.cores.threads()
+            if threads != torch.get_num_threads():
+                torch.set_num_threads(threads)
+        return self.model.run(endpoint, items)
 
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         for endpoint, ok in self.model.endpoints.items():
             if ok:
                 self.batchers[endpoint] = DynamicBatcher(
-                    functools.partial(self.model.run, endpoint),
+                    functools.partial(self._run, endpoint),
                     self.executor,
                     self.config,
                     on_batch=functools.partial(self._batched, endpoint),
@@ -103,7 +117,7 @@ class Service:
                 self.batchers[endpoint].start()
 
     def _batched(self, endpoint: str, stats: BatchStats) -> None:
-        self.metrics.batch(f"/{endpoint}", stats.inputs, stats.seconds)
+        self.metrics.batch(f"/{endpoint}", stats.inputs, stats.seconds, stats.waited)
 
     def drain(self) -> None:
         """Shutting down: refuse new work, run what waits at once."""
@@ -116,6 +130,18 @@ class Service:
         await asyncio.gather(*(b.stop() for b in self.batchers.values()))
         self.executor.shutdown(wait=True)
         self.model.close()
+
+    def threads(self) -> dict[str, Any]:
+        """The model's threads now, and why: the usable CPUs and what others keep busy."""
+        import torch
+
+        if self.cores is not None:
+            return self.cores.info()
+        usable, why = usable_cpus()
+        return {"usable": usable, "why": why, "now": torch.get_num_threads(), "adaptive": False,
+                "set_by": "--threads" if self.config.threads else "OMP_NUM_THREADS"
+                if os.environ.get("OMP_NUM_THREADS") else f"{self.config.workers} "
+                "workers" if self.config.workers > 1 else f"the {self.config.backend} backend"}  # fmt: skip
 
     @property
     def ready(self) -> bool:
@@ -337,7 +363,7 @@ def _add_status_routes(app: FastAPI, service: Service) -> None:
         settings = asdict(service.config)
         if settings.get("api_key"):  # never the key itself
             settings["api_key"] = "(set)"
-        return service.model.info() | {"settings": settings}
+        return service.model.info() | {"settings": settings, "threads": service.threads()}
 
     @app.get("/metrics", summary="Prometheus text: requests, latency, batch sizes, queue depth")
     async def metrics() -> Response:
@@ -566,11 +592,25 @@ def serve(model: str | os.PathLike, config: ServeConfig | None = None, *,
     server.run()
 
 
-def _threads(config: ServeConfig) -> None:
+def _threads(config: ServeConfig) -> CoreShare | None:
+    """Set this thread's torch threads: `--threads`, else the CPUs this process may use
+    (affinity, cgroup quota) shared among the workers. One worker on torch adapts the count
+    to what other processes leave free (`CoreShare`, returned); workers of one server would
+    count each other as others, and an ONNX session's threads are fixed when it opens."""
     import torch
 
-    threads = config.threads or max(1, (os.cpu_count() or 1) // config.workers)
-    torch.set_num_threads(threads)
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+        return None
+    if os.environ.get("OMP_NUM_THREADS"):  # the user's (torch has read it)
+        return None
+    usable, why = usable_cpus()
+    if config.workers > 1 or config.backend != "torch":
+        torch.set_num_threads(max(1, usable // config.workers))
+        return None
+    cores = CoreShare(usable, why)
+    torch.set_num_threads(cores.threads())
+    return cores
 
 
 def _guard(config: ServeConfig) -> None:

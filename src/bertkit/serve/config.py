@@ -50,7 +50,11 @@ class ServeConfig(Settings):
     workers: int = setting(1, "server processes, each with its own copy of the model",
                            check="positive")  # fmt: skip
     threads: int | None = setting(
-        None, "torch threads per worker (default: the CPU count / workers)", check="positive"
+        None,
+        "torch threads per worker (default: the CPUs this process may use, by its affinity and "
+        "cgroup quota, shared among the workers; one torch worker then computes each batch "
+        "with those other processes leave free)",
+        check="positive",
     )
     device: str | None = device_setting()
     api_key: str | None = setting(

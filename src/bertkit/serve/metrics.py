@@ -58,6 +58,7 @@ class Metrics:
         self.latency: dict[str, _Histogram] = defaultdict(lambda: _Histogram(LATENCY_BUCKETS))
         self.batch_size: dict[str, _Histogram] = defaultdict(lambda: _Histogram(BATCH_BUCKETS))
         self.batch_seconds: dict[str, _Histogram] = defaultdict(lambda: _Histogram(LATENCY_BUCKETS))
+        self.batch_wait: dict[str, _Histogram] = defaultdict(lambda: _Histogram(LATENCY_BUCKETS))
         self.forward_passes = 0
 
     def request(self, endpoint: str, code: int, seconds: float, inputs: int = 0) -> None:
@@ -66,10 +67,11 @@ class Metrics:
             self.inputs[endpoint] += inputs
             self.latency[endpoint].observe(seconds)
 
-    def batch(self, endpoint: str, inputs: int, seconds: float) -> None:
+    def batch(self, endpoint: str, inputs: int, seconds: float, waited: float = 0.0) -> None:
         with self._lock:
             self.batch_size[endpoint].observe(inputs)
             self.batch_seconds[endpoint].observe(seconds)
+            self.batch_wait[endpoint].observe(waited)
 
     def forward(self) -> None:
         with self._lock:
@@ -92,6 +94,9 @@ class Metrics:
                  _by_endpoint(self.batch_size)),
                 ("batch_duration_seconds", "histogram", "Time of one batch on the model.",
                  _by_endpoint(self.batch_seconds)),
+                ("batch_wait_seconds", "histogram",
+                 "Time a batch's oldest input waited in the queue before the batch ran.",
+                 _by_endpoint(self.batch_wait)),
                 ("forward_passes_total", "counter", "Forward passes of the model.",
                  [("", self.forward_passes)]),
                 ("queue_depth", "gauge", "Inputs waiting for the model, by endpoint.",

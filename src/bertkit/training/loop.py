@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-from bertkit._device import to_device
+from bertkit._device import fit_threads, to_device
 from bertkit._io import DIGEST_FILE, MODEL_FILE, STATE_FILE, run_lock, sha256_of
 from bertkit.errors import TrainingDiverged, TrainingInterrupted
 from bertkit.precision import resolve_precision
@@ -94,6 +94,7 @@ class Trainer:
         steps and at the end); `on_entry` sees every log entry (train and eval) as it is
         written, on rank 0; `flags`: how the run's command spells its settings ({name: flag},
         `settings.flat`), for the messages that name one (default: the settings' own)."""
+        fit_threads()
         self.flags = flags or {}
         self.config = config
         self.on_entry = on_entry
