@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from bertkit.jobs.inputs import Columns, CorpusRow, Source
 from bertkit.settings import Settings, device_setting, nested, precision_setting, setting
@@ -96,25 +95,21 @@ class EmbeddingMapper:
     a row with an issue) and the rows' issues (truncation added)."""
 
     def __init__(self, model: str | os.PathLike, config: EmbedConfig) -> None:
-        from bertkit.embedding import declared_length, declared_normalize, read_pooling
-        from bertkit.inference.loader import load
+        from bertkit.embedding import declared_length, declared_normalize
+        from bertkit.inference.embedder import Embedder
 
-        loaded = load(model, head="BertForSentenceEmbedding", device=config.device,
-                      precision=config.precision)  # fmt: skip
-        self.loaded, self.model, self.device = loaded, loaded.model, loaded.device
-        self.tokenizer = loaded.tokenizer
-        self.model.pooling = config.pooling or read_pooling(loaded.path) or "mean"
-        self.normalize = (declared_normalize(loaded.path) if config.normalize == "auto"
-                          else config.normalize == "yes")  # fmt: skip
-        positions = loaded.config.max_position_embeddings
-        self.max_seq_length = min(
-            config.max_seq_length or declared_length(loaded.path) or positions, positions
+        embedder = Embedder(model, device=config.device, batch_size=config.batch_size,
+                            precision=config.precision, pooling=config.pooling)  # fmt: skip
+        self.embedder, self.loaded, self.model = embedder, embedder.loaded, embedder.model
+        path, positions = embedder.loaded.path, embedder.loaded.config.max_position_embeddings
+        embedder.normalize = (declared_normalize(path) if config.normalize == "auto"
+                              else config.normalize == "yes")  # fmt: skip
+        # a corpus is cut where the folder says, else at the positions (not the API's 128)
+        embedder.max_seq_length = min(
+            config.max_seq_length or declared_length(path) or positions, positions
         )
-        self.batch_size, self.dtype = config.batch_size, config.dtype
-        self.dimension = loaded.config.hidden_size
-        self.pad_id = loaded.config.pad_token_id or 0
-        vocab = self.tokenizer.vocab
-        self.cls_id, self.sep_id = vocab["[CLS]"], vocab["[SEP]"]
+        self.normalize, self.max_seq_length = embedder.normalize, embedder.max_seq_length
+        self.dtype, self.dimension = config.dtype, embedder.dimension
 
     def describe(self) -> dict[str, Any]:
         """What the vectors depend on, for the manifest."""
@@ -148,37 +143,14 @@ class EmbeddingMapper:
         return {"vector": column}, issues
 
     def inputs(self, texts: Sequence[str]) -> tuple[list[list[int]], list[int]]:
-        """Each text's ids as the model reads it ([CLS] … [SEP], cut to `max_seq_length`), and
-        its length before the cut."""
-        pieces = self.tokenizer.encode_ids(list(texts)) if texts else []
-        room = self.max_seq_length - 2
-        inputs = [[self.cls_id, *ids[:room], self.sep_id] for ids in pieces]
-        return inputs, [len(ids) + 2 for ids in pieces]
+        return self.embedder.inputs(texts)
 
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         """(N, H) float32 vectors of `texts` (queries, texts given on the command line)."""
-        return self.encode(self.inputs(texts)[0])
+        return self.embedder(texts)
 
-    @torch.no_grad()
     def encode(self, inputs: list[list[int]]) -> np.ndarray:
-        """(N, H) float32 vectors of token id lists ([CLS] … [SEP]), longest first in batches,
-        back in the order given."""
-        order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))
-        out = np.zeros((len(inputs), self.dimension), np.float32)
-        dtype = self.loaded.precision.dtype
-        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
-            for start in range(0, len(order), self.batch_size):
-                chosen = order[start : start + self.batch_size]
-                width = len(inputs[chosen[0]])
-                ids = torch.full((len(chosen), width), self.pad_id, dtype=torch.long)
-                mask = torch.zeros((len(chosen), width), dtype=torch.long)
-                for row, i in enumerate(chosen):
-                    ids[row, : len(inputs[i])] = torch.tensor(inputs[i])
-                    mask[row, : len(inputs[i])] = 1
-                vectors = self.model(ids.to(self.device), torch.zeros_like(ids).to(self.device),
-                                     mask.to(self.device), normalize=self.normalize)  # fmt: skip
-                out[chosen] = vectors.float().cpu().numpy()
-        return out
+        return self.embedder.encode(inputs)
 
 
 @dataclass
