@@ -67,6 +67,7 @@ def free_port() -> int:
 class Server:
     def __init__(self, name: str, command: list[str], port: int, env=None) -> None:
         self.name, self.port = name, port
+        self.thread_changes = 0  # bertkit's, as /info last said
         self.log = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
                                         env=env)  # fmt: skip
@@ -100,7 +101,12 @@ class Server:
 
         text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=10).text
         found = {}
-        for name in ("bertkit_batch_size_sum", "bertkit_batch_size_count"):
+        for name in (
+            "bertkit_batch_size_sum",
+            "bertkit_batch_size_count",
+            "bertkit_batch_wait_seconds_sum",
+            "bertkit_batch_wait_seconds_count",
+        ):
             match = re.search(rf'^{name}{{endpoint="{path}"}} (\S+)$', text, re.MULTILINE)
             found[name] = float(match.group(1)) if match else 0.0
         return found
@@ -329,6 +335,15 @@ def batch_size(server: Server, path: str, before: dict[str, float] | None) -> fl
     batches = after["bertkit_batch_size_count"] - before["bertkit_batch_size_count"]
     inputs = after["bertkit_batch_size_sum"] - before["bertkit_batch_size_sum"]
     return inputs / batches if batches else float("nan")
+
+
+def batch_wait(server: Server, path: str, before: dict[str, float]) -> float:
+    """bertkit's mean seconds a batch's oldest request waited in the queue on `path` since
+    `before` (its /metrics then)."""
+    after = server.metrics(path)
+    batches = after["bertkit_batch_wait_seconds_count"] - before["bertkit_batch_wait_seconds_count"]
+    waited = after["bertkit_batch_wait_seconds_sum"] - before["bertkit_batch_wait_seconds_sum"]
+    return waited / batches if batches else float("nan")
 
 
 def report(figures, bare, args, machine: str) -> None:
