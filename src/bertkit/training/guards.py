@@ -117,7 +117,15 @@ def check_finite_weights(
     """TrainingDiverged when a weight is NaN or infinite (checked before every save)."""
     bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
-        raise TrainingDiverged(
-            f"{out}: weights became NaN or infinite by step {step} (e.g. {bad[:3]}); not saved: "
-            f"the last checkpoint written is kept. Lower {lr_flag} (it was {lr:g})"
-        )
+        raise diverged(out, f"weights became NaN or infinite by step {step} (e.g. {bad[:3]})",
+                       "not saved", lr_flag, lr)  # fmt: skip
+
+
+def diverged(out: str | os.PathLike, what: str, done: str, lr_flag: str,
+             peak: float | None) -> TrainingDiverged:  # fmt: skip
+    """The one message of a run that diverged: where, what, what was done about it (the last
+    checkpoint is always kept), and the flag to lower, from what."""
+    peak_was = f" (the peak was {peak:g})" if peak is not None else ""
+    return TrainingDiverged(
+        f"{out}: {what}; {done}, the last checkpoint is kept. Lower {lr_flag}{peak_was}"
+    )

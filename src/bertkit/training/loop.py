@@ -27,12 +27,18 @@ import torch
 
 from bertkit._device import fit_threads, to_device
 from bertkit._io import DIGEST_FILE, MODEL_FILE, STATE_FILE, run_lock, sha256_of
-from bertkit.errors import TrainingDiverged, TrainingInterrupted
+from bertkit.errors import TrainingInterrupted
 from bertkit.precision import resolve_precision
 from bertkit.settings import flag as settings_flag
 from bertkit.training import distributed
 from bertkit.training.config import TrainingConfig, compile_seconds, compiles
-from bertkit.training.guards import Divergence, StopSignals, check_finite_weights, weight_norm
+from bertkit.training.guards import (
+    Divergence,
+    StopSignals,
+    check_finite_weights,
+    diverged,
+    weight_norm,
+)
 from bertkit.training.host_memory import heap_kept, onednn_off
 from bertkit.training.optim import BudgetSchedule, build_optimizer, build_schedule
 from bertkit.training.run_folder import (
@@ -42,12 +48,11 @@ from bertkit.training.run_folder import (
     clear_leftovers,
     format_figures,
     read_state,
-    restore_rng,
-    rng_state,
     stale_model,
     write_run_record,
     write_state,
 )
+from bertkit.training.state import Progress, TrainState
 
 logger = logging.getLogger("bertkit")
 
@@ -74,6 +79,12 @@ class Data(Protocol):
     def next_batch(self) -> dict[str, torch.Tensor]: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def _counter(name: str) -> property:
+    """A Trainer attribute that is its `progress`'s counter `name`."""
+    return property(lambda self: getattr(self.progress, name),
+                    lambda self, value: setattr(self.progress, name, value))  # fmt: skip
 
 
 class Trainer:
@@ -110,14 +121,9 @@ class Trainer:
             self.optimizer, config.optim, config.max_steps, config.budget_seconds
         )
         self.wrapped = distributed.wrap(self.model, self.dist)
-        self.step = 0
-        self.stopped = False  # an evaluation returned "stop": True (early stopping)
+        self.progress = Progress()  # the step, training seconds, tokens, early stop (`state`)
         self.divergence = Divergence()
-        self.tokens_seen = 0  # real (unpadded) tokens so far: this rank's times the world size
-        self.train_seconds = 0.0  # time in training steps (what a budget counts), all sessions
-        # wall-clock seconds of the work this state holds: before this process (from the
-        # checkpoint) plus since this trainer was made
-        self.seconds_before, self._clock = 0.0, time.perf_counter()
+        self._clock = time.perf_counter()  # (`seconds`: the checkpoint's plus this session's)
         self.compiled = compiles(config.compile, self.dist.device)
         if config.compile == "graphs":  # (the run made the model's shapes static)
             self.model.compile(mode="reduce-overhead")
@@ -126,6 +132,21 @@ class Trainer:
         self.precision = resolve_precision(config.precision, self.dist.device)
         self.dtype = self.precision.dtype
         self.scaler = torch.amp.GradScaler(enabled=self.dtype == torch.float16)
+        # what a checkpoint holds besides the model file, saved and restored as one
+        self.state = TrainState(self.progress, model=self.model, optimizer=self.optimizer,
+                                schedule=self.schedule, scaler=self.scaler, data=self.data,
+                                divergence=self.divergence)  # fmt: skip
+
+    # the run's counters, kept in `progress` (saved with the state)
+    step = _counter("step")
+    train_seconds = _counter("train_seconds")  # in training steps (what a budget counts)
+    tokens_seen = _counter("tokens_seen")  # real tokens: this rank's times the world size
+    stopped = _counter("stopped")  # an evaluation returned "stop": True (early stopping)
+
+    @property
+    def seconds_before(self) -> float:
+        """Wall-clock seconds of the work the loaded checkpoint holds."""
+        return self.state.seconds_before
 
     # ------------------------------------------------------------------ state
     def save(self) -> None:
@@ -141,22 +162,8 @@ class Trainer:
                 self.save_model(self.model, self.out_dir)
                 if (self.out_dir / MODEL_FILE).exists():
                     model_digest = sha256_of(self.out_dir / MODEL_FILE)
-            state = {
-                "step": self.step,
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "schedule": self.schedule.state_dict(),
-                "scaler": self.scaler.state_dict(),
-                "data": self.data.state_dict(),
-                "rng": rng_state(),
-                "config": asdict(self.config),
-                "schedule_values": self.config.schedule_values(),
-                "seconds": self.seconds,
-                "train_seconds": self.train_seconds,
-                "tokens_seen": self.tokens_seen,
-                "stopped": self.stopped,
-                "divergence": self.divergence.state_dict(),
-            }
+            state = self.state.state_dict(self.seconds, config=asdict(self.config),
+                                          schedule_values=self.config.schedule_values())  # fmt: skip
             write_state(self.out_dir, state, model_digest)
             write_run_record(self.out_dir, self.config.identity, self.step)
         distributed.barrier(self.dist)
@@ -165,24 +172,7 @@ class Trainer:
         state = read_state(self.out_dir, self.config.schedule_values(), self.flag)
         if state is None:
             return False
-        try:
-            self.model.load_state_dict(state["model"])
-        except RuntimeError as err:
-            raise ValueError(
-                f"{self.out_dir / STATE_FILE}: the checkpoint does not fit this model (another "
-                f"config?): {err}"
-            ) from None
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.schedule.load_state_dict(state["schedule"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.data.load_state_dict(state["data"])
-        restore_rng(state["rng"])
-        self.step = int(state["step"])
-        self.seconds_before = float(state.get("seconds", 0.0))
-        self.train_seconds = float(state.get("train_seconds", 0.0))
-        self.tokens_seen = int(state.get("tokens_seen", 0))
-        self.stopped = bool(state.get("stopped", False))
-        self.divergence.load_state_dict(state.get("divergence", {}))
+        self.state.load_state_dict(state, self.out_dir / STATE_FILE)
         return True
 
     def finished(self) -> bool:
@@ -300,11 +290,13 @@ class Trainer:
         # an overflow only skips the step: the scaler's job.
         check = self.dist.device.type == "cpu" or (self.step + 1) % config.log_every == 0
         if check and not self.scaler.is_enabled() and not torch.isfinite(norm):
-            raise TrainingDiverged(
-                f"{self.out_dir}: the loss or its gradient is NaN or infinite at step "
-                f"{self.step + 1} (learning rate {self.schedule.get_last_lr()[0]:g}); "
-                "stopped before this step touched the weights, the last checkpoint is kept. "
-                f"Lower {self.flag('learning_rate')} (the peak was {config.optim.learning_rate:g})"
+            raise diverged(
+                self.out_dir,
+                f"the loss or its gradient is NaN or infinite at step {self.step + 1} (learning "
+                f"rate {self.schedule.get_last_lr()[0]:g})",
+                "stopped before this step touched the weights",
+                self.flag("learning_rate"),
+                config.optim.learning_rate,
             )
         window.norms = norm if window.norms is None else window.norms + norm
         self.scaler.step(self.optimizer)
@@ -367,11 +359,8 @@ class Trainer:
         self._tell(entry)
         why = self.divergence.check(float(entry["loss"]), weight_norm(self.model))
         if why is not None:
-            raise TrainingDiverged(
-                f"{self.out_dir}: {why}, at step {self.step} (learning rate {lr:g}); "
-                f"stopped, the last checkpoint is kept. Lower {self.flag('learning_rate')} (the peak was "
-                f"{self.config.optim.learning_rate:g})"
-            )
+            raise diverged(self.out_dir, f"{why}, at step {self.step} (learning rate {lr:g})",
+                           "stopped", self.flag("learning_rate"), self.config.optim.learning_rate)  # fmt: skip
         if bar is not None:
             bar.set_postfix(loss=f"{entry['loss']:.4f}", tok_s=f"{entry['tokens_per_s']:.0f}")
         window.restart()
