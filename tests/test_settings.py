@@ -200,3 +200,23 @@ def test_both_runs_nest_one_compute_setting_read_and_set_by_name():
         assert [helps[n] for n in names] == [
             a.help for a in commands["pretrain"]._actions if a.dest in names
         ]
+
+
+def test_the_packages_names_are_listed_once_and_typed_the_same():
+    """`bertkit`'s public names: `_EXPORTS` (name -> module, imported on first use) is the one
+    list; `__all__` is made from it, and the imports static checkers read (TYPE_CHECKING) name
+    the same names from the same modules."""
+    import ast
+    import importlib
+
+    import bertkit
+
+    assert bertkit.__all__ == list(bertkit._EXPORTS)
+    tree = ast.parse(importlib.util.find_spec("bertkit").loader.get_source("bertkit"))
+    checking = next(
+        n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)
+    )
+    typed = {alias.name: node.module for node in checking.body for alias in node.names}
+    assert typed == bertkit._EXPORTS
+    for name, module in bertkit._EXPORTS.items():
+        assert getattr(bertkit, name) is getattr(importlib.import_module(module), name)

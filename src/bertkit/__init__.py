@@ -35,30 +35,7 @@ _EXPORTS = {
     "similarity": "bertkit.inference.insight",
     "attention": "bertkit.inference.insight",
 }
-__all__ = [
-    "BertConfig",
-    "BertTokenizer",
-    "train_vocab",
-    "BertModel",
-    "BertModelOutput",
-    "BertForPreTraining",
-    "BertForMaskedLM",
-    "BertForSequenceClassification",
-    "BertForTokenClassification",
-    "BertForQuestionAnswering",
-    "BertForMultipleChoice",
-    "finetune",
-    "FinetuneConfig",
-    "DataConfig",
-    "Predictor",
-    "PredictConfig",
-    "FileConfig",
-    "Embedder",
-    "extract",
-    "FillMask",
-    "similarity",
-    "attention",
-]
+__all__ = list(_EXPORTS)  # (the imports under TYPE_CHECKING name the same: a test checks)
 
 
 def __getattr__(name: str) -> Any:
@@ -73,8 +50,9 @@ def __dir__() -> list[str]:
     return sorted(list(globals()) + __all__)
 
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # what static checkers read (F401 off for this file: pyproject)
     from bertkit.config import BertConfig
+    from bertkit.finetuning.train import FinetuneConfig, finetune
     from bertkit.heads import (
         BertForMaskedLM,
         BertForMultipleChoice,
@@ -84,6 +62,7 @@ if TYPE_CHECKING:
         BertForTokenClassification,
     )
     from bertkit.inference.embedder import Embedder
+    from bertkit.inference.features import extract
     from bertkit.inference.fill_mask import FillMask
     from bertkit.inference.insight import attention, similarity
     from bertkit.inference.predict import PredictConfig, Predictor

@@ -115,5 +115,15 @@ def test_predictor_onnx_backend_and_int8(tokenizer, tmp_path, capsys):
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out)["label"] == onnx_answers[0]["label"]
     assert main(["export", "--onnx", str(source), str(tmp_path / "fp32")]) == 2  # not empty
+    # the model as every command takes it (--model, --out; --onnx the default): the same model
+    assert main(["export", "--model", str(source), "--out", str(tmp_path / "flags")]) == 0
+    assert Predictor(tmp_path / "flags", backend="onnx")(pairs) == onnx_answers
+    capsys.readouterr()
+    assert main(["export", str(source), str(tmp_path / "x"), "--out", "y"]) == 2
+    assert "give one output folder" in capsys.readouterr().err
+    assert (
+        main(["export", "--model", str(source), str(tmp_path / "other"), str(tmp_path / "y")]) == 2
+    )
+    assert "two models given" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="no ONNX model"):
         Predictor(source, backend="onnx")

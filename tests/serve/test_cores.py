@@ -160,3 +160,24 @@ def test_commands_and_the_api_never_run_more_threads_than_the_usable_cpus(monkey
         assert _device.fit_threads() == 4
     finally:
         torch.set_num_threads(before)
+
+
+def test_serve_takes_the_model_as_every_command_does():
+    """`bertkit serve --model M` as the other commands spell it, `bertkit serve M` as before;
+    both at once, or neither, is refused by name; --help lists every route."""
+    from bertkit.cli import build_parser
+    from bertkit.cli.use import model_of
+    from bertkit.serve.config import ENDPOINTS
+
+    parser = build_parser()
+    assert model_of(parser.parse_args(["serve", "--model", "runs/a"]), "serve") == "runs/a"
+    assert model_of(parser.parse_args(["serve", "runs/a", "--port", "9"]), "serve") == "runs/a"
+    with pytest.raises(ValueError, match="two models given"):
+        model_of(parser.parse_args(["serve", "runs/a", "--model", "runs/b"]), "serve")
+    with pytest.raises(ValueError, match="give the model: bertkit serve --model MODEL"):
+        model_of(parser.parse_args(["serve"]), "serve")
+    subcommands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    described = subcommands["serve"].description or ""
+    help_line = next(a.help for a in parser._subparsers._group_actions[0]._choices_actions
+                     if a.dest == "serve")  # fmt: skip
+    assert all(f"/{e}" in help_line + described for e in ENDPOINTS), help_line

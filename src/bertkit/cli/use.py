@@ -153,19 +153,40 @@ def add_predict(commands) -> None:
 def _export(args: argparse.Namespace) -> None:
     from bertkit.inference.export import export_onnx
 
+    model = model_of(args, "export")
+    outs = {o for o in (args.out, args.out_positional) if o is not None}
+    if len(outs) != 1:
+        raise ValueError("give one output folder: bertkit export --model MODEL --out FOLDER")
     path = export_onnx(
-        args.model, args.out, quantize=args.quantize, opset=args.opset, overwrite=args.overwrite
+        model, outs.pop(), quantize=args.quantize, opset=args.opset, overwrite=args.overwrite
     )
     print(f"wrote {path}" + (" (int8)" if args.quantize else ""))
+
+
+def model_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    """The model as every command takes it, `--model M`, and, for the commands that took it so
+    first, as the first word (`bertkit serve M`); `model_of` reads either."""
+    parser.add_argument("--model", dest="model_flag", metavar="MODEL", help=help)
+    parser.add_argument("model", nargs="?", help="the same as --model (the older spelling)")
+
+
+def model_of(args: argparse.Namespace, parser_name: str) -> str:
+    given = {m for m in (args.model_flag, args.model) if m is not None}
+    if not given:
+        raise ValueError(f"give the model: bertkit {parser_name} --model MODEL")
+    if len(given) > 1:
+        raise ValueError(f"two models given ({args.model_flag} and {args.model}): give one")
+    return given.pop()
 
 
 def add_export(commands) -> None:
     export = commands.add_parser("export", help="export a checkpoint for serving (ONNX)")
     export.add_argument(
-        "--onnx", action="store_true", required=True, help="to ONNX (the one format)"
+        "--onnx", action="store_true", help="to ONNX (the one format, and the default)"
     )
-    export.add_argument("model", help="a checkpoint directory (a fine-tuned model or an encoder)")
-    export.add_argument("out", help="output folder (model.onnx + what Predictor needs)")
+    model_argument(export, "a checkpoint directory (a fine-tuned model or an encoder)")
+    export.add_argument("out_positional", nargs="?", metavar="OUT", help="the same as --out")
+    export.add_argument("--out", help="output folder (model.onnx + what Predictor needs)")
     export.add_argument(
         "--quantize", choices=QUANTIZATIONS, help="int8 dynamic quantisation of the linear layers"
     )
@@ -177,16 +198,16 @@ def add_export(commands) -> None:
 def _serve(args: argparse.Namespace) -> None:
     from bertkit.serve import ServeConfig, serve
 
-    serve(args.model, from_flags(args, ServeConfig), access_log=args.verbose)
+    serve(model_of(args, "serve"), from_flags(args, ServeConfig), access_log=args.verbose)
 
 
 def add_serve(commands) -> None:
-    from bertkit.serve.config import ServeConfig
+    from bertkit.serve.config import ENDPOINTS, ServeConfig
 
-    serve = command(
-        commands, "serve", "an HTTP API with dynamic batching (/predict, /embed, /fill-mask)"
-    )
-    serve.add_argument("model", help="a fine-tuned model, an encoder, or an ONNX export")
+    routes = ", ".join(f"/{e}" for e in ENDPOINTS)
+    serve = command(commands, "serve", f"an HTTP API with dynamic batching ({routes}, and / as "
+                    "the model's own route; each as the model allows)")  # fmt: skip
+    model_argument(serve, "a fine-tuned model, an encoder, or an ONNX export (folder or Hub name)")
     add_flags(serve, ServeConfig)
     serve.set_defaults(func=_serve)
 

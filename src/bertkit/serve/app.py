@@ -43,10 +43,10 @@ from bertkit._device import usable_cpus
 from bertkit.errors import InputError
 from bertkit.serve.batcher import BatchStats, DynamicBatcher, QueueFull, Stopped
 from bertkit.serve.clients import openai_error
-from bertkit.serve.config import ServeConfig
+from bertkit.serve.config import ENDPOINTS, ServeConfig
 from bertkit.serve.connections import GuardedHTTP, descriptors_for
 from bertkit.serve.cores import CoreShare
-from bertkit.serve.engine import ENDPOINTS, ServedModel
+from bertkit.serve.engine import ServedModel
 from bertkit.serve.metrics import Metrics
 
 log = logging.getLogger("bertkit.serve")

@@ -54,8 +54,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ENDPOINTS = ("predict", "embed", "v1/embeddings", "rerank", "v1/rerank", "similarity", "fill-mask")
-
 
 class _Counting:
     """A model that reports each call (ONNX Runtime sessions have no forward hooks)."""
