@@ -392,11 +392,40 @@ def write_rows(path, rows):
 
 
 # A driver for `bertkit` that kills itself at the n-th file put in place (KILL_AT), 'before' the
-# rename with the new file cut to half its bytes or 'after' it (KILL_WHEN); it writes the names
-# of the files a whole run put in place to WRITES.
+# rename with the new file cut to half its bytes or 'after' it (KILL_WHEN), or inside the n-th
+# log.jsonl append with half the line written (KILL_WHEN=log); it writes the names of the files
+# a whole run put in place to WRITES, and, where TRAINED is set, a line to that file for each
+# training batch this process takes (a resumed run takes only the batches after its checkpoint).
 KILLER = """
 import os, signal, sys
 from pathlib import Path
+
+from bertkit.tasks.base import FinetuneData
+from bertkit.training.run_folder import RunLog
+
+real_next, real_write, appends = FinetuneData.next_batch, RunLog.write, []
+
+
+def next_batch(self):
+    if os.environ.get("TRAINED"):
+        with open(os.environ["TRAINED"], "a") as trained:
+            trained.write(f"{os.getpid()}\\n")
+    return real_next(self)
+
+
+def write(self, entry):
+    appends.append(entry)
+    if len(appends) == int(os.environ["KILL_AT"]) and os.environ.get("KILL_WHEN") == "log":
+        import json
+
+        line = json.dumps(entry) + "\\n"
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(line[: len(line) // 2])
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_write(self, entry)
+
+
+FinetuneData.next_batch, RunLog.write = next_batch, write
 
 # SIGKILL this process at the n-th file put in place (bertkit._io's atomic rename): 'before'
 # it, with the new file cut to half its bytes (a write cut short), or 'after' it
@@ -421,5 +450,6 @@ from bertkit.cli import main
 
 code = main(sys.argv[1:])
 Path(os.environ["WRITES"]).write_text("\\n".join(names))
+Path(os.environ["WRITES"] + ".log").write_text(str(len(appends)))
 sys.exit(code)
 """

@@ -40,8 +40,8 @@ def test_the_single_label_floor_is_below_a_bag_of_words():
 
 
 def test_the_multi_label_floor_is_below_a_bag_of_words():
-    # floor 0.85 micro-F1: test_multi_label_thresholds_chosen_on_validation
-    train, dev = topic_rows(200, seed=0, topics=2), topic_rows(48, seed=1, topics=2)
+    # floor 0.85 micro-F1 on a test split: test_multi_label_thresholds_chosen_on_validation
+    train, dev = topic_rows(200, seed=0, topics=2), topic_rows(48, seed=2, topics=2)
     labels = MultiLabelBinarizer().fit([r["topic"] for r in train])
     vectorizer, x = _words([r["headline"] for r in train])
     model = OneVsRestClassifier(LogisticRegression(max_iter=1000))

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from bertkit import BertModel, BertTokenizer, cli
 from bertkit.checkpoint import convert
@@ -37,8 +38,18 @@ def hub(tmp_path, monkeypatch):
 def test_a_model_by_its_hub_name_everywhere_a_folder_is_taken(words_model, hub, tmp_path, capsys):
     cache(hub, "acme/words-bert", words_model)
     assert model_dir("acme/words-bert").is_dir()
-    assert BertModel.from_pretrained("acme/words-bert").config.hidden_size > 0
-    assert BertTokenizer.from_pretrained("acme/words-bert").vocab_size > 0
+    # by name: the folder's own weights and vocabulary, not some other model's or a fresh one's
+    by_name, folder = (
+        BertModel.from_pretrained("acme/words-bert"),
+        BertModel.from_pretrained(words_model),
+    )
+    assert by_name.config.to_dict() == folder.config.to_dict()
+    theirs = folder.state_dict()
+    assert by_name.state_dict().keys() == theirs.keys()
+    assert all(torch.equal(v, theirs[k]) for k, v in by_name.state_dict().items())
+    assert BertTokenizer.from_pretrained("acme/words-bert").vocab == (
+        BertTokenizer.from_pretrained(words_model).vocab
+    )
     rows = topic_rows(60)
     train = tmp_path / "train.csv"
     train.write_text("headline,topic\n" + "".join(f"{r['headline']},{r['topic']}\n" for r in rows))

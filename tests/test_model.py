@@ -243,13 +243,13 @@ def test_a_batch_without_padding_attends_without_a_mask_and_gathers_nothing(
     monkeypatch.setattr(model_module.F, "scaled_dot_product_attention", spy)
     with torch.no_grad():
         padded = model(**full)
-        assert all(m is not None for m in masks)
+        assert masks and all(m is not None for m in masks)
         masks.clear()
         packed = model(**full, unpad=True)
         assert masks and all(m is None for m in masks)
         masks.clear()
         model(**tiny_batch, unpad=True)  # padding: masked as before
-        assert all(m is not None for m in masks)
+        assert masks and all(m is not None for m in masks)
         causal = model(**full, unpad=True, causal=True)
     close(packed.last_hidden_state, padded.last_hidden_state)
     close(causal.last_hidden_state, model(**full, causal=True).last_hidden_state)

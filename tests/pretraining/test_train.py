@@ -4,6 +4,7 @@ import dataclasses
 import json
 import subprocess
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -91,6 +92,30 @@ def test_ablation_objectives_train(setup, tmp_path, objective):
     assert config["architectures"] == ["BertForMaskedLM"] and config["is_decoder"] == (
         objective == "ltr"
     )
+    # what the objective trained: left to right, a token's prediction never sees the tokens
+    # after it; masked LM, every token sees both sides (a changed last token moves the first)
+    from bertkit.heads import BertForMaskedLM
+
+    model = BertForMaskedLM.from_pretrained(tmp_path / objective).eval()
+    ids = torch.randint(
+        5, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0)
+    )
+    changed = ids.clone()
+    changed[0, -1] = (ids[0, -1] + 1 - 5) % (model.config.vocab_size - 5) + 5
+    with torch.no_grad():
+        before, after = model(ids).logits, model(changed).logits
+    earlier_moved = (before[0, :-1] - after[0, :-1]).abs().max().item()
+    assert (before[0, -1] - after[0, -1]).abs().max().item() > 1e-4  # the changed token's own
+    if objective == "ltr":
+        assert earlier_moved == 0.0, earlier_moved
+    else:
+        assert earlier_moved > 1e-4, earlier_moved
+    losses = [
+        e["mlm_loss"] if "mlm_loss" in e else e["loss"]
+        for e in entries
+        if e.get("split", "train") == "train"
+    ]
+    assert len(losses) >= 2 and all(np.isfinite(losses)), entries
 
 
 def test_two_phases_continue_with_a_fresh_schedule_and_resume(setup, tmp_path):

@@ -297,10 +297,17 @@ def test_precision_follows_the_hardware_for_serving_and_prediction(topics_model,
                                         "why": "bf16 autocast: this CPU has AVX512-BF16"}  # fmt: skip
     assert Predictor(topics_model).precision.name == "bf16"
     assert Predictor(topics_model, precision="fp32").precision.name == "fp32"
-    for got, want in zip(bf16.run("predict", HEADLINES), fp32.run("predict", HEADLINES),
-                         strict=True):  # fmt: skip
+    computed = []  # what the first dense layer computed in, per call
+    layer = next(m for m in bf16.predictor.model.modules() if isinstance(m, torch.nn.Linear))
+    layer.register_forward_hook(lambda module, args, out: computed.append(out.dtype))
+    answers = bf16.run("predict", HEADLINES)
+    assert computed and set(computed) == {torch.bfloat16}, computed
+    differ = 0
+    for got, want in zip(answers, fp32.run("predict", HEADLINES), strict=True):
         for label, p in want["probabilities"].items():
             assert got["probabilities"][label] == pytest.approx(p, abs=0.05)
+            differ += got["probabilities"][label] != p
+    assert differ, "bf16 answered fp32's probabilities to the bit: it did not run in bf16"
     with pytest.raises(ValueError, match="fp16 on a CPU"):
         ServedModel(topics_model, precision="fp16")
 

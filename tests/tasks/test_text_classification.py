@@ -144,16 +144,22 @@ def test_every_format_reads_the_same_examples(tmp_path):
 
 def test_multi_label_thresholds_chosen_on_validation(words_model, tmp_path, transformers):
     train_rows, dev_rows = topic_rows(200, seed=0, topics=2), topic_rows(48, seed=1, topics=2)
+    test_rows = topic_rows(48, seed=2, topics=2)  # never seen by the thresholds' tuning
     data = DataConfig(train=str(write_jsonl(tmp_path / "train.jsonl", train_rows)),
                       validation=str(write_jsonl(tmp_path / "dev.jsonl", dev_rows)),
+                      test=str(write_jsonl(tmp_path / "test.jsonl", test_rows)),
                       text_column="headline", label_column="topic")  # fmt: skip
     out = tmp_path / "run"
     results = finetune("text-classification", words_model, data, out,
                        FinetuneConfig(**OWN_QUICK | {"epochs": 10}))  # fmt: skip
     assert results["read"]["train"]["problem"] == "multi-label"
-    # seeds 42-47 read 0.887-1.0 (parity masks: 0.874-1.0): one seed in six lands below 0.9;
-    # a bag of words reaches >= 0.95 on these rows (test_floors.py)
-    assert results["dev"]["micro_f1"] >= 0.85
+    # scored on rows the thresholds were not tuned on, against the trivial answer (every label:
+    # each row has 2 of the 3, so micro-F1 0.8); a bag of words reaches >= 0.95 on these rows
+    # (test_floors.py)
+    gold = sum(len(r["topic"]) for r in test_rows)
+    every = 2 * gold / (3 * len(test_rows) + gold)  # precision gold/3n, recall 1
+    assert every == pytest.approx(0.8)
+    assert results["test"]["micro_f1"] >= max(0.85, every + 0.05), results["test"]
     info = json.loads((out / "bertkit_task.json").read_text())
     thresholds = info["thresholds"]
     assert set(thresholds) == {"business", "sports", "tech"}

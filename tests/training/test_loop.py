@@ -335,6 +335,8 @@ def test_bf16_autocast_trains_on_cpu_close_to_fp32(setup, tmp_path):
     second = [e["loss"] for e in bf16 if e["split"] == "train"]
     assert len(first) == len(second) == 4 and np.isfinite(second).all()
     assert np.allclose(first, second, rtol=0.02)  # bf16 keeps 8 bits of mantissa
+    # and it did compute in bf16: the same seed in fp32 would give fp32's losses to the bit
+    assert all(a != b for a, b in zip(first, second, strict=True)), (first, second)
     weights = load_file(tmp_path / "bf16" / "model.safetensors")
     assert all(v.dtype == torch.float32 for v in weights.values())  # master weights stay fp32
 
