@@ -625,12 +625,18 @@ def _app_from_env():
     return create_app(Service(settings["model"], config))
 
 
+def _threads_line(threads: dict[str, Any]) -> str:
+    line = f"{threads['now']} threads of {threads['usable']} usable CPUs ({threads['why']})"
+    return line + (", fewer while other processes keep them busy" if threads["adaptive"] else "")
+
+
 def _banner(model: str, config: ServeConfig, service: Service | None) -> str:
     what = ", ".join(service.model.info()["endpoints"]) if service else f"{config.workers} workers"
     return (
         f"bertkit serve: {model} ({what}; {config.backend}"
         f"{' ' + config.quantize if config.quantize else ''}"
-        f"{'; ' + service.model.precision.reason if service else ''}) on "
+        f"{'; ' + service.model.precision.reason if service else ''}"
+        f"{'; ' + _threads_line(service.threads()) if service else ''}) on "
         f"http://{config.host}:{config.port} (docs: /docs)"
         + (
             f"; at most {GuardedHTTP.max_connections} connections (the open-file limit)"
