@@ -345,8 +345,11 @@ def report(runs: dict, args) -> None:
         kind, n = key.split()
         for name, by_load in runs.items():
             rounds = by_load[key]
-            med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]
-                   if all(isinstance(r[k], (int, float)) for r in rounds)}
+            med = {
+                k: statistics.median(r[k] for r in rounds)
+                for k in rounds[0]
+                if all(isinstance(r[k], (int, float)) for r in rounds)
+            }
 
             def against(other: list[dict], field: str, rounds: list[dict] = rounds) -> float:
                 return statistics.median(r[field] / o[field]
