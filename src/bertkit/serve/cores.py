@@ -7,9 +7,11 @@ runs each operation as a team, so the team goes at the pace of its slowest membe
 another process (a batch job, or the application calling the server on the same cores) holds
 one of those CPUs, the thread that shares it is descheduled for whole time slices while the
 others spin at the barrier waiting for it: on 2 cores of a Zen 3, one busy process beside the
-server cut `bertkit serve` from 246 to 88 requests/s with two threads, while one thread served
-167; with a Python client on the same cores (64 httpx connections, 66-94% of a core) two
-threads served 52 requests/s and one 89, the client then being what limits the rate.
+server cut `bertkit serve` from 280 requests/s alone to 98 with a fixed team of two (the
+model's CPU per request 6.7 -> 12.9 ms at the same batches); with the count from here, 178.
+Beside a Python client on the same cores (64 httpx connections) two threads left the client
+66% of a core and served 47 requests/s; one, 75, the client then at 95% of a core and what
+limits the rate.
 
 So before each batch the inference thread asks `threads()`: every `window` seconds it reads
 the time the CPUs of this process's affinity were busy (/proc/stat, per CPU) less this
