@@ -3,7 +3,7 @@
     BERTKIT_DATA=../shared/data python benchmarks/finetune_vs_hf.py --tasks mrpc rte stsb cola \\
         sst2 conll2003 squad1 --seeds 3 --out runs/finetune_bench [--resume] [--parallel]
 
-Both sides run `bertkit.finetuning.train.finetune_seeds` with the paper's default hyperparameters on the
+Both sides run `bertkit.finetuning.runs.finetune_seeds` with the paper's default hyperparameters on the
 same features, batches, seeds, optimiser, schedule and (parity mode) dropout masks; only the
 model differs: bertkit's head class, or transformers' class of the same name started from the same initial weights
 (the encoder from the checkpoint, the head from bertkit's seeded initialisation). So the dev
@@ -26,7 +26,8 @@ import torch
 from _harness import TransformersHead
 from task_data import task_data
 
-from bertkit.finetuning.train import FinetuneConfig, build_model, finetune_seeds
+from bertkit.finetuning.runs import finetune_seeds
+from bertkit.finetuning.train import FinetuneConfig, build_model
 from bertkit.tasks.squad import split_by_article
 
 
