@@ -74,9 +74,9 @@ def usable_cpus(cgroup: str | None = "/sys/fs/cgroup") -> tuple[int, str]:
 
 def fit_threads() -> int:
     """torch's threads, lowered to the CPUs this process may use (`usable_cpus`) where torch
-    would run more: OpenMP counts the affinity but not a container's CPU quota, so in a
-    2-CPU container on a 64-core host torch runs 64 threads on 2 CPUs' worth of time, each
-    operation waiting for its slowest. The user's own count (OMP_NUM_THREADS) is kept. The
+    would run more: torch's default follows the affinity (`taskset -c 0`: one thread) but
+    reads no container CPU quota, so a 2-CPU quota on a large host would leave it one thread
+    per host core on 2 CPUs' worth of time, each operation waiting for its slowest. The user's own count (OMP_NUM_THREADS) is kept. The
     default of every command and of the Python API (`predict`, `embed`, training, `serve`)."""
     import os
 

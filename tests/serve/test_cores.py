@@ -126,15 +126,24 @@ def test_the_servers_thread_choice(monkeypatch):
     monkeypatch.setattr(app, "usable_cpus", lambda: (3, "the cgroup's CPU quota (fake)"))
     monkeypatch.setattr(cores_module, "usable_cpus", lambda cgroup=None: (3, "fake"))
     try:
-        assert app._threads(ServeConfig(threads=1)) is None and torch.get_num_threads() == 1
-        assert app._threads(ServeConfig(workers=3)) is None and torch.get_num_threads() == 1
-        assert app._threads(ServeConfig(backend="onnx")) is None and torch.get_num_threads() == 3
+
+        def fixed(config):  # the count it sets, and what set it (None: adapts)
+            share = app._threads(config)
+            assert share.current == torch.get_num_threads()
+            return torch.get_num_threads(), share.set_by
+
+        assert fixed(ServeConfig(threads=1)) == (1, "--threads")
+        assert fixed(ServeConfig(workers=3)) == (1, "3 workers")
+        assert fixed(ServeConfig(backend="onnx")) == (3, "the onnx backend")
         share = app._threads(ServeConfig())
-        assert share is not None and share.usable == 3 and torch.get_num_threads() == 3
-        assert share.why == "the cgroup's CPU quota (fake)"
+        assert share.set_by is None and share.usable == 3 and torch.get_num_threads() == 3
+        assert share.why == "the cgroup's CPU quota (fake)" and share.info()["adaptive"]
         monkeypatch.setenv("OMP_NUM_THREADS", "2")
         torch.set_num_threads(2)
-        assert app._threads(ServeConfig()) is None and torch.get_num_threads() == 2
+        assert fixed(ServeConfig()) == (2, "OMP_NUM_THREADS")
+        assert app._threads(ServeConfig()).info() == {
+            "usable": 3, "why": "the cgroup's CPU quota (fake)", "now": 2, "adaptive": False,
+            "set_by": "OMP_NUM_THREADS"}  # fmt: skip
     finally:
         torch.set_num_threads(before)
 

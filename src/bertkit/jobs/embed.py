@@ -128,11 +128,11 @@ class EmbeddingMapper:
 
         issues = [row.issue for row in rows]
         todo = [i for i, row in enumerate(rows) if row.text is not None]
-        inputs, lengths = self.inputs([str(rows[i].text) for i in todo])
+        inputs, lengths = self.embedder.inputs([str(rows[i].text) for i in todo])
         for i, length in zip(todo, lengths, strict=True):
             if length > self.max_seq_length:
                 issues[i] = f"truncated: {length} tokens to {self.max_seq_length}"
-        vectors = self.encode(inputs)
+        vectors = self.embedder.encode(inputs)
         dtype = np.float16 if self.dtype == "float16" else np.float32
         values = np.zeros((len(rows), self.dimension), dtype)
         values[todo] = vectors.astype(dtype)
@@ -142,15 +142,9 @@ class EmbeddingMapper:
         column = pa.FixedSizeListArray.from_arrays(flat, self.dimension, mask=pa.array(~valid))
         return {"vector": column}, issues
 
-    def inputs(self, texts: Sequence[str]) -> tuple[list[list[int]], list[int]]:
-        return self.embedder.inputs(texts)
-
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         """(N, H) float32 vectors of `texts` (queries, texts given on the command line)."""
         return self.embedder(texts)
-
-    def encode(self, inputs: list[list[int]]) -> np.ndarray:
-        return self.embedder.encode(inputs)
 
 
 @dataclass

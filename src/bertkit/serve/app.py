@@ -80,7 +80,6 @@ class Service:
         # running torch ops would keep a second OpenMP team, whose workers spin on the cores
         # the first needs (measured: a Predictor call 6.0 -> 7.2 ms on 2 cores).
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="bertkit-model")
-        self.cores: CoreShare | None = None
         self.model = self.executor.submit(self._load, model_path).result()
         self.metrics.forward_passes = 0  # the warm-up is not served traffic
         self.batchers: dict[str, DynamicBatcher] = {}
@@ -95,13 +94,12 @@ class Service:
 
     def _run(self, endpoint: str, items: list[Any]) -> list[Any]:
         """A batch on the inference thread, with as many threads as the CPUs others leave
-        free (`cores.CoreShare`)."""
-        if self.cores is not None:
-            import torch
+        free (`cores.CoreShare`; a fixed count stays as set)."""
+        import torch
 
-            threads = self.cores.threads()
-            if threads != torch.get_num_threads():
-                torch.set_num_threads(threads)
+        threads = self.cores.threads()
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
         return self.model.run(endpoint, items)
 
     def start(self) -> None:
@@ -130,18 +128,6 @@ class Service:
         await asyncio.gather(*(b.stop() for b in self.batchers.values()))
         self.executor.shutdown(wait=True)
         self.model.close()
-
-    def threads(self) -> dict[str, Any]:
-        """The model's threads now, and why: the usable CPUs and what others keep busy."""
-        import torch
-
-        if self.cores is not None:
-            return self.cores.info()
-        usable, why = usable_cpus()
-        return {"usable": usable, "why": why, "now": torch.get_num_threads(), "adaptive": False,
-                "set_by": "--threads" if self.config.threads else "OMP_NUM_THREADS"
-                if os.environ.get("OMP_NUM_THREADS") else f"{self.config.workers} "
-                "workers" if self.config.workers > 1 else f"the {self.config.backend} backend"}  # fmt: skip
 
     @property
     def ready(self) -> bool:
@@ -363,7 +349,7 @@ def _add_status_routes(app: FastAPI, service: Service) -> None:
         settings = asdict(service.config)
         if settings.get("api_key"):  # never the key itself
             settings["api_key"] = "(set)"
-        return service.model.info() | {"settings": settings, "threads": service.threads()}
+        return service.model.info() | {"settings": settings, "threads": service.cores.info()}
 
     @app.get("/metrics", summary="Prometheus text: requests, latency, batch sizes, queue depth")
     async def metrics() -> Response:
@@ -592,23 +578,26 @@ def serve(model: str | os.PathLike, config: ServeConfig | None = None, *,
     server.run()
 
 
-def _threads(config: ServeConfig) -> CoreShare | None:
-    """Set this thread's torch threads: `--threads`, else the CPUs this process may use
-    (affinity, cgroup quota) shared among the workers. One worker on torch adapts the count
-    to what other processes leave free (`CoreShare`, returned); workers of one server would
-    count each other as others, and an ONNX session's threads are fixed when it opens."""
+def _threads(config: ServeConfig) -> CoreShare:
+    """Set this thread's torch threads and say how they are chosen: `--threads` or
+    OMP_NUM_THREADS as given; else the CPUs this process may use (affinity, cgroup quota)
+    shared among the workers, and one worker on torch adapts the count to what other
+    processes leave free (workers of one server would count each other as others, and an
+    ONNX session's threads are fixed when it opens)."""
     import torch
 
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-        return None
-    if os.environ.get("OMP_NUM_THREADS"):  # the user's (torch has read it)
-        return None
     usable, why = usable_cpus()
-    if config.workers > 1 or config.backend != "torch":
-        torch.set_num_threads(max(1, usable // config.workers))
-        return None
-    cores = CoreShare(usable, why)
+    if config.threads is not None:
+        fixed: tuple[int, str] | None = (config.threads, "--threads")
+    elif os.environ.get("OMP_NUM_THREADS"):  # the user's (torch has read it)
+        fixed = (torch.get_num_threads(), "OMP_NUM_THREADS")
+    elif config.workers > 1:
+        fixed = (max(1, usable // config.workers), f"{config.workers} workers")
+    elif config.backend != "torch":
+        fixed = (usable, f"the {config.backend} backend")
+    else:
+        fixed = None
+    cores = CoreShare(usable, why, fixed=fixed)
     torch.set_num_threads(cores.threads())
     return cores
 
@@ -626,7 +615,7 @@ def _app_from_env():
 
 
 def _threads_line(threads: dict[str, Any]) -> str:
-    line = f"{threads['now']} threads of {threads['usable']} usable CPUs ({threads['why']})"
+    line = f"{threads['now']} thread{'s' * (threads['now'] != 1)} of {threads['usable']} usable CPUs ({threads['why']})"
     return line + (", fewer while other processes keep them busy" if threads["adaptive"] else "")
 
 
@@ -636,7 +625,7 @@ def _banner(model: str, config: ServeConfig, service: Service | None) -> str:
         f"bertkit serve: {model} ({what}; {config.backend}"
         f"{' ' + config.quantize if config.quantize else ''}"
         f"{'; ' + service.model.precision.reason if service else ''}"
-        f"{'; ' + _threads_line(service.threads()) if service else ''}) on "
+        f"{'; ' + _threads_line(service.cores.info()) if service else ''}) on "
         f"http://{config.host}:{config.port} (docs: /docs)"
         + (
             f"; at most {GuardedHTTP.max_connections} connections (the open-file limit)"

@@ -44,14 +44,17 @@ class CoreShare:
 
     def __init__(self, usable: int | None = None, why: str | None = None, *,
                  stat: str | None = PROC_STAT, cgroup: str | None = "/sys/fs/cgroup",
-                 window: float = 0.25, smoothing: float = 0.5) -> None:  # fmt: skip
+                 window: float = 0.25, smoothing: float = 0.5,
+                 fixed: tuple[int, str] | None = None) -> None:  # fmt: skip
+        """`fixed`: (threads, what set them) — a count kept as given, never adapted."""
         found = usable_cpus(cgroup) if usable is None else (usable, why or "given")
         self.usable, self.why = found
         self.window, self.smoothing = window, smoothing
         self.others = 0.0  # CPUs others keep busy (smoothed)
-        self.current = self.usable
+        self.set_by: str | None
+        self.current, self.set_by = fixed if fixed is not None else (self.usable, None)
         self.changes = 0  # how often the count changed (for /info)
-        self._read = self._reader(stat, cgroup)
+        self._read = self._reader(stat, cgroup) if fixed is None else None
         self._last = self._sample() if self._read is not None else None
 
     def threads(self) -> int:
@@ -74,6 +77,10 @@ class CoreShare:
         return self.current
 
     def info(self) -> dict[str, Any]:
+        """What /info says of the threads."""
+        if self.set_by is not None:
+            return {"usable": self.usable, "why": self.why, "now": self.current,
+                    "adaptive": False, "set_by": self.set_by}  # fmt: skip
         return {"usable": self.usable, "why": self.why, "now": self.current,
                 "others_busy_cpus": round(self.others, 2), "adaptive": self._read is not None,
                 "changes": self.changes}  # fmt: skip
