@@ -19,7 +19,7 @@ import torch
 from machine import line as machine_line
 
 from bertkit import BertConfig, BertTokenizer
-from bertkit.heads import gather_positions
+from bertkit.core.heads import gather_positions
 
 
 # --------------------------------------------------------------------------- timing

@@ -18,9 +18,9 @@ import argparse
 import torch
 from _harness import add_timing_arguments, alternate, medians, start
 
-from bertkit.config import BertConfig
-from bertkit.model import BertLayer
-from bertkit.unpad import TokenLayout
+from bertkit.core.config import BertConfig
+from bertkit.core.model import BertLayer
+from bertkit.core.unpad import TokenLayout
 
 
 def timed(layer: BertLayer, lengths: torch.Tensor, dtype: torch.dtype, rounds: int,

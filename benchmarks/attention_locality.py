@@ -16,9 +16,9 @@ import argparse
 import torch
 
 from bertkit import BertForPreTraining
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
 from bertkit.pretraining.shards import Shards
-from bertkit.tokenizer import BertTokenizer
 
 
 def main() -> None:

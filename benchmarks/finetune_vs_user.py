@@ -52,8 +52,8 @@ import torch
 from machine import line as machine_line
 from task_data import task_data
 
+from bertkit.core.model import truncated_normal_
 from bertkit.finetuning.train import FinetuneConfig, finetune, main_score
-from bertkit.model import truncated_normal_
 from bertkit.stats import compare_to_baseline, summary
 from bertkit.tasks import get_task
 from bertkit.tasks.ner import ConllTask, to_iob2

@@ -31,7 +31,7 @@ from _harness import transformers_config
 from machine import line as machine_line
 
 from bertkit import BertConfig, BertModel, BertTokenizer
-from bertkit.checkpoint import load_state_dict_into
+from bertkit.core.checkpoint import load_state_dict_into
 from bertkit.precision import compile_for_inference
 
 

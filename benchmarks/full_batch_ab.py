@@ -14,9 +14,9 @@ import argparse
 import torch
 from _harness import add_timing_arguments, alternate, medians, ratios, start
 
-import bertkit.model as model_module
+import bertkit.core.model as model_module
 from bertkit import BertConfig, BertForQuestionAnswering
-from bertkit.unpad import TokenLayout
+from bertkit.core.unpad import TokenLayout
 
 NOW = TokenLayout.unpadded
 

@@ -71,10 +71,10 @@ from _harness import TransformersHead, transformers_copy
 from machine import describe
 
 from bertkit import BertConfig, BertForPreTraining, BertForQuestionAnswering
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.pretraining.dataset import PretrainingData
 from bertkit.pretraining.shards import Shards
 from bertkit.pretraining.train import PretrainingObjective
-from bertkit.tokenizer import BertTokenizer
 from bertkit.training.optim import ADAM_EPSILON, OptimConfig, build_optimizer, parameter_groups
 
 PEAKS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "A100": 312e12, "L40S": 362e12}

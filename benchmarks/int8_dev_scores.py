@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from bertkit.heads import MODEL_CLASSES
+from bertkit.core.heads import MODEL_CLASSES
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.inference.export import export_onnx
 from bertkit.inference.loader import OnnxModel
 from bertkit.tasks import get_task
 from bertkit.tasks.base import read_task_info, run_outputs
-from bertkit.tokenizer import BertTokenizer
 
 
 def main() -> None:

@@ -25,12 +25,12 @@ import transformers
 from finetune_vs_user import _score, _sentences, user_training
 from task_data import task_data
 
-import bertkit.heads as heads
+import bertkit.core.heads as heads
+from bertkit.core.model import INITIALISATIONS
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.finetuning.train import FinetuneConfig, build_model, finetune
-from bertkit.model import INITIALISATIONS
 from bertkit.tasks import get_task
 from bertkit.tasks.base import FinetuneData
-from bertkit.tokenizer import BertTokenizer
 
 FIRST_SEED = 1000  # torch's seed before step 0's forward, then + 1 a step
 

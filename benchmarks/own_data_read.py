@@ -62,9 +62,9 @@ def write_csv(root: Path, path: Path, rows: int) -> None:
 
 
 def measure(mode: str, path: Path, model: str, chunk: int) -> dict:
+    from bertkit.core.tokenizer import BertTokenizer
     from bertkit.tasks import get_task
     from bertkit.tasks.own import DataConfig
-    from bertkit.tokenizer import BertTokenizer
 
     tokenizer = BertTokenizer.from_pretrained(model)
     data = DataConfig(train=str(path), text_column="sentence", label_column="label")

@@ -18,9 +18,9 @@ import argparse
 import json
 from pathlib import Path
 
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.pretraining.dataset import PretrainingData
 from bertkit.pretraining.shards import Shards
-from bertkit.tokenizer import BertTokenizer
 from bertkit.viz import read_log
 
 

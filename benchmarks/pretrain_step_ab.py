@@ -47,11 +47,12 @@ from _harness import (
     transformers_copy,
 )
 
-from bertkit import BertConfig, BertForPreTraining, losses
+from bertkit import BertConfig, BertForPreTraining
+from bertkit.core import losses
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.pretraining.dataset import PretrainingData
 from bertkit.pretraining.shards import Shards
 from bertkit.pretraining.train import PretrainingObjective
-from bertkit.tokenizer import BertTokenizer
 from bertkit.training.host_memory import keep_heap
 from bertkit.training.optim import OptimConfig, build_optimizer, parameter_groups
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.finetuning.train import FinetuneConfig, TaskObjective, finetune
 from bertkit.tasks import get_task
 from bertkit.tasks.own import DataConfig
-from bertkit.tokenizer import BertTokenizer
 
 
 def main() -> None:

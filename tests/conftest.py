@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from bertkit import BertConfig, BertForPreTraining, BertModel
-from bertkit.tokenizer import BertTokenizer, train_vocab
+from bertkit.core.tokenizer import BertTokenizer, train_vocab
 
 from helpers import FIXTURES, data_path, synthetic_shards, synthetic_tokenizer, tiny_bert_config
 

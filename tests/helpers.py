@@ -21,7 +21,7 @@ from bertkit import (
     BertConfig,
     BertTokenizer,
 )
-from bertkit.checkpoint import load_state_dict_into
+from bertkit.core.checkpoint import load_state_dict_into
 from bertkit.pretraining.shards import (
     Shards,
     chunk_from_token_documents,

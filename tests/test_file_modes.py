@@ -11,7 +11,7 @@ import stat
 import pytest
 
 from bertkit.cli import main
-from bertkit.heads import BertForSequenceClassification
+from bertkit.core.heads import BertForSequenceClassification
 
 from helpers import synthetic_tokenizer, tiny_bert_config, tiny_cli_args
 

@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "BertConfig": "bertkit.config",
-    "BertTokenizer": "bertkit.tokenizer",
-    "train_vocab": "bertkit.tokenizer",
-    "BertModel": "bertkit.model",
-    "BertModelOutput": "bertkit.model",
-    "BertForPreTraining": "bertkit.heads",
-    "BertForMaskedLM": "bertkit.heads",
-    "BertForSequenceClassification": "bertkit.heads",
-    "BertForTokenClassification": "bertkit.heads",
-    "BertForQuestionAnswering": "bertkit.heads",
-    "BertForMultipleChoice": "bertkit.heads",
+    "BertConfig": "bertkit.core.config",
+    "BertTokenizer": "bertkit.core.tokenizer",
+    "train_vocab": "bertkit.core.tokenizer",
+    "BertModel": "bertkit.core.model",
+    "BertModelOutput": "bertkit.core.model",
+    "BertForPreTraining": "bertkit.core.heads",
+    "BertForMaskedLM": "bertkit.core.heads",
+    "BertForSequenceClassification": "bertkit.core.heads",
+    "BertForTokenClassification": "bertkit.core.heads",
+    "BertForQuestionAnswering": "bertkit.core.heads",
+    "BertForMultipleChoice": "bertkit.core.heads",
     "finetune": "bertkit.finetuning.train",
     "FinetuneConfig": "bertkit.finetuning.train",
     "DataConfig": "bertkit.tasks.own",
@@ -51,9 +51,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what static checkers read (F401 off for this file: pyproject)
-    from bertkit.config import BertConfig
-    from bertkit.finetuning.train import FinetuneConfig, finetune
-    from bertkit.heads import (
+    from bertkit.core.config import BertConfig
+    from bertkit.core.heads import (
         BertForMaskedLM,
         BertForMultipleChoice,
         BertForPreTraining,
@@ -61,12 +60,13 @@ if TYPE_CHECKING:  # what static checkers read (F401 off for this file: pyprojec
         BertForSequenceClassification,
         BertForTokenClassification,
     )
+    from bertkit.core.model import BertModel, BertModelOutput
+    from bertkit.core.tokenizer import BertTokenizer, train_vocab
+    from bertkit.finetuning.train import FinetuneConfig, finetune
     from bertkit.inference.embedder import Embedder
     from bertkit.inference.features import extract
     from bertkit.inference.fill_mask import FillMask
     from bertkit.inference.insight import attention, similarity
     from bertkit.inference.predict import PredictConfig, Predictor
-    from bertkit.model import BertModel, BertModelOutput
     from bertkit.tasks.files import FileConfig
     from bertkit.tasks.own import DataConfig
-    from bertkit.tokenizer import BertTokenizer, train_vocab

@@ -162,7 +162,7 @@ def compile_for_inference(model: torch.nn.Module) -> torch.nn.Module:
     one is compiled for once more (its size is special to the compiler); the server warms
     both at start-up. For inference only: the weights are read once, when it first
     compiles."""
-    from bertkit.model import BertModel
+    from bertkit.core.model import BertModel
 
     for module in model.modules():
         if isinstance(module, BertModel):

@@ -64,7 +64,7 @@ def test_pretrain_recipe_sets_its_settings_and_flags_win(monkeypatch, capsys, tm
     assert seen["learning_rate"] == 1e-3 and seen["config"] == "small"
     assert main([*base, "--recipe", "laptop", "--max-steps", "50", "--config", "mini"]) == 0
     assert seen["learning_rate"] == 2e-3
-    from bertkit.config import BertConfig
+    from bertkit.core.config import BertConfig
 
     BertConfig(vocab_size=100, hidden_size=384, num_attention_heads=6).to_json_file(
         tmp_path / "config.json"

@@ -312,7 +312,7 @@ def test_taggers_and_sts_b_draw_random_batches_unless_told():
 def test_bilstm_heads_of_table_5(tiny_checkpoint, tmp_path):
     """`+ BiLSTM`: padding never reaches the recurrence, and the head round-trips through
     finetune -> evaluate/predict."""
-    from bertkit.heads import BertBiLSTMForQuestionAnswering
+    from bertkit.core.heads import BertBiLSTMForQuestionAnswering
 
     model = BertBiLSTMForQuestionAnswering.from_pretrained(tiny_checkpoint).eval()
     ids = torch.randint(5, 50, (1, 9))
@@ -420,7 +420,7 @@ def test_finetune_pos_and_chunk(task, tiny_checkpoint, tmp_path):
 
 def test_one_writer_per_folder_and_no_silent_reuse(tiny_checkpoint, tmp_path):
     from bertkit._io import run_lock
-    from bertkit.checkpoint import convert
+    from bertkit.core.checkpoint import convert
 
     data = grow_copies(FIXTURES / "glue" / "QNLI", tmp_path / "data", 3)
     out = tmp_path / "run"
@@ -575,12 +575,12 @@ def test_activation_checkpointing_fine_tunes_the_same_model(words_model, tmp_pat
     weights as without (dropout's masks replayed in the backward pass)."""
     from safetensors.torch import load_file
 
-    import bertkit.model
+    import bertkit.core.model
 
     from helpers import OWN_QUICK, topic_files
 
-    replays, real = [], bertkit.model.activation_checkpoint
-    monkeypatch.setattr(bertkit.model, "activation_checkpoint",
+    replays, real = [], bertkit.core.model.activation_checkpoint
+    monkeypatch.setattr(bertkit.core.model, "activation_checkpoint",
                         lambda *a, **k: replays.append(1) or real(*a, **k))  # fmt: skip
     data = topic_files(tmp_path)
     runs = [
@@ -599,8 +599,8 @@ def test_activation_checkpointing_fine_tunes_the_same_model(words_model, tmp_pat
 
 def test_fine_tuning_steps_get_host_layouts(words_model, tmp_path, monkeypatch):
     """As pre-training's: every forward of a bertkit head, training and evaluation, gets the
-    layouts worked out on the host (tests/test_heads.py: the same as the forward's own)."""
-    from bertkit.model import BertModel
+    layouts worked out on the host (tests/core/test_heads.py: the same as the forward's own)."""
+    from bertkit.core.model import BertModel
 
     from helpers import OWN_QUICK, topic_files
 
@@ -765,7 +765,7 @@ def test_a_fine_tuning_run_ends_where_a_transformers_users_loop_ends(
     finetune("text-classification", words_model, topic_files(tmp_path), out, config, build=build)
     assert len(batches) == 20
 
-    from bertkit.config import BertConfig
+    from bertkit.core.config import BertConfig
 
     ours_config = BertConfig.from_json_file(out / "config.json")
     theirs = transformers.BertForSequenceClassification(

@@ -10,16 +10,16 @@ import torch
 
 from bertkit import Predictor
 from bertkit.cli import main
-from bertkit.heads import (
+from bertkit.core.heads import (
     BertForMultipleChoice,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
 )
+from bertkit.core.model import BertModel
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.inference.export import export_onnx
 from bertkit.inference.loader import OnnxModel
-from bertkit.model import BertModel
-from bertkit.tokenizer import BertTokenizer
 
 from helpers import tiny_bert_config
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from bertkit import BertModel, cli
+from bertkit.core.tokenizer import train_vocab
 from bertkit.inference.features import (
     SELECTIONS,
     BiLSTMTagger,
@@ -18,7 +19,6 @@ from bertkit.inference.features import (
     select_layers,
     train_tagger,
 )
-from bertkit.tokenizer import train_vocab
 
 from helpers import tiny_bert_config
 

@@ -60,7 +60,7 @@ def test_fill_mask_command_reads_and_writes_json_lines(mlm_dir, tmp_path, capsys
 
 
 def test_the_head_is_found_from_tensor_names_without_loading(mlm_dir, minilm_dir, caplog):
-    from bertkit.checkpoint import tensor_names
+    from bertkit.core.checkpoint import tensor_names
     from bertkit.inference.fill_mask import MLM_HEAD_TENSOR, has_mlm_head
 
     assert has_mlm_head(mlm_dir) and not has_mlm_head(minilm_dir)

@@ -94,7 +94,7 @@ def test_ablation_objectives_train(setup, tmp_path, objective):
     )
     # what the objective trained: left to right, a token's prediction never sees the tokens
     # after it; masked LM, every token sees both sides (a changed last token moves the first)
-    from bertkit.heads import BertForMaskedLM
+    from bertkit.core.heads import BertForMaskedLM
 
     model = BertForMaskedLM.from_pretrained(tmp_path / objective).eval()
     ids = torch.randint(
@@ -164,10 +164,10 @@ def test_two_phases_continue_with_a_fresh_schedule_and_resume(setup, tmp_path):
 def test_held_out_measure_masks_every_chosen_piece(setup, tmp_path):
     """`mlm_accuracy` of the evaluation replaces every chosen piece by [MASK]; the 80/10/10 one
     leaves 10% of them visible, so a model that copies its input scores ~10% there and 0 here."""
+    from bertkit.core.tokenizer import BertTokenizer
     from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
     from bertkit.pretraining.shards import Shards
     from bertkit.pretraining.train import PretrainingObjective, _held_out_evaluation
-    from bertkit.tokenizer import BertTokenizer
     from bertkit.training import distributed
 
     tokenizer = BertTokenizer.from_pretrained(setup / "shards")
@@ -241,16 +241,16 @@ def test_activation_checkpointing_is_the_same_run(setup, tmp_path, monkeypatch):
     """`--activation-checkpointing` recomputes each layer in the backward pass: with dropout on,
     the replay draws the same masks (the RNG state is restored), so the losses and the weights
     are the run's without it."""
-    import bertkit.model
+    import bertkit.core.model
 
     replayed = []
-    real = bertkit.model.activation_checkpoint
+    real = bertkit.core.model.activation_checkpoint
 
     def counted(*args, **kwargs):
         replayed.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(bertkit.model, "activation_checkpoint", counted)
+    monkeypatch.setattr(bertkit.core.model, "activation_checkpoint", counted)
     runs = {}
     for on in (False, True):
         out = tmp_path / f"ckpt_{on}"
@@ -269,7 +269,7 @@ def test_the_loop_works_out_the_token_layouts_on_the_host(setup, tmp_path, monke
     """Every training forward gets its layouts from the loop (`_Head.host_layouts`, on the
     batch before it moves to the device): on a GPU the step then never waits to count real
     tokens. The run is the one the forward's own layouts give (tests/test_heads.py)."""
-    from bertkit.model import BertModel
+    from bertkit.core.model import BertModel
 
     seen = []
     real = BertModel.forward
@@ -290,7 +290,7 @@ def test_compile_auto_takes_cuda_graphs_for_small_models_alone_on_a_gpu():
     """`--compile auto` on a GPU replays CUDA graphs for a model no wider than BERT-small (2.36M
     against 1.44M tokens/s in the loop on an H200), trained by one process without activation
     checkpointing; the loop resolves every other choice (on with CUDA, off on CPUs)."""
-    from bertkit.config import BertConfig
+    from bertkit.core.config import BertConfig
     from bertkit.pretraining.train import PretrainConfig, resolve_compile
     from bertkit.training.distributed import Distributed
 

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from bertkit import Predictor
+from bertkit.core.model import BertModel
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.finetuning.train import FinetuneConfig, build_model, save_finetuned
 from bertkit.inference.fill_mask import FillMask
-from bertkit.model import BertModel
 from bertkit.serve import DynamicBatcher, InputError, QueueFull, ServeConfig, ServedModel
 from bertkit.tasks import get_task
-from bertkit.tokenizer import BertTokenizer
 
 HEADLINES = ["stocks market profit bank today", "the team goal match coach", "a new chip",
              "robot startup cloud phone", "coach after the league"]  # fmt: skip

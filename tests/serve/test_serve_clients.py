@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.inference.fill_mask import FillMask
 from bertkit.inference.predict import Predictor
-from bertkit.tokenizer import BertTokenizer
 
 from helpers import Server
 

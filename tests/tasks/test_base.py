@@ -71,8 +71,8 @@ def test_finetune_batches_bucketed_or_random_cover_every_example_once_an_epoch()
 def test_what_finetune_asks_of_a_task_is_the_tasks_to_answer():
     """The task seam: heads, the model's config, where data comes from, what results.json says
     was read: methods of Task, so finetune.py holds no check of a task's kind."""
-    from bertkit.config import BertConfig
-    from bertkit.heads import MODEL_CLASSES
+    from bertkit.core.config import BertConfig
+    from bertkit.core.heads import MODEL_CLASSES
     from bertkit.tasks.own import DataConfig
 
     for name in ("conll2003", "squad1", "token-classification", "question-answering"):

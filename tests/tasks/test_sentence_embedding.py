@@ -1,4 +1,4 @@
-"""`sentence-embedding` (bertkit.tasks.sentence_embedding, bertkit.embedding): a bi-encoder
+"""`sentence-embedding` (bertkit.tasks.sentence_embedding, bertkit.core.embedding): a bi-encoder
 trained with in-batch negatives learns pairs that share no word; its folder loads in
 sentence-transformers with the same vectors; scored pairs train with the cosine objective;
 bad pair files are refused by line."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bertkit.cli import main
-from bertkit.embedding import pool
+from bertkit.core.embedding import pool
 from bertkit.finetuning.train import FinetuneConfig, finetune
 from bertkit.inference.embedder import Embedder
 from bertkit.inference.predict import Predictor
@@ -115,7 +115,7 @@ def test_the_model_round_trips_with_its_pooling(tmp_path):
     import torch
 
     from bertkit import BertConfig
-    from bertkit.embedding import BertForSentenceEmbedding
+    from bertkit.core.embedding import BertForSentenceEmbedding
 
     torch.manual_seed(0)
     model = BertForSentenceEmbedding(BertConfig.from_preset("tiny", vocab_size=100), "cls").eval()

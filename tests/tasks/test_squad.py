@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from bertkit.core.tokenizer import train_vocab
 from bertkit.tasks import DataError
 from bertkit.tasks.squad import read_squad, split_by_article
-from bertkit.tokenizer import train_vocab
 
 from helpers import data_path
 

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 import torch
 
+from bertkit.core.heads import BertForSequenceClassification
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.finetuning.runs import finetune_seeds
 from bertkit.finetuning.train import FinetuneConfig, finetune
-from bertkit.heads import BertForSequenceClassification
 from bertkit.inference.predict import Predictor
 from bertkit.tasks import get_task
 from bertkit.tasks.base import run_outputs
 from bertkit.tasks.own import DataConfig
 from bertkit.tasks.text_classification import truncate_pair
-from bertkit.tokenizer import BertTokenizer
 
 from helpers import OWN_QUICK, scored_rows, topic_rows
 
@@ -226,7 +226,7 @@ def test_windows_agree_with_the_unwindowed_model_on_short_texts(words_model):
     assert len(cut) == 1 and cut[0]["_cut"] == 150 - 62
     # pooled: the mean of the windows' logits; on short texts the same as without windows
     config = json.loads((words_model / "config.json").read_text())
-    from bertkit.config import BertConfig
+    from bertkit.core.config import BertConfig
 
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig.from_dict(config).with_labels(3)).eval()

@@ -8,13 +8,13 @@ import json
 
 import pytest
 
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.finetuning.train import FinetuneConfig, finetune
 from bertkit.inference.predict import Predictor
 from bertkit.tasks import get_task
 from bertkit.tasks.base import DataError
 from bertkit.tasks.own import DataConfig
 from bertkit.tasks.tagging import TaggedSentence, detect_scheme, max_context, word_windows
-from bertkit.tokenizer import BertTokenizer
 
 from helpers import OWN_QUICK, tagged_sentences
 

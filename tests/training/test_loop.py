@@ -526,7 +526,7 @@ def test_a_compiled_run_equals_the_eager_run_and_logs_its_compile_time(
         eval_data=str(setup / "shards"), eval_batches=2,
     )  # fmt: skip
     eager = run_pretraining(setup / "shards", tmp_path / "eager", **args, compile="off")
-    from bertkit.model import BertModel
+    from bertkit.core.model import BertModel
 
     shapes, real = [], BertModel.forward
 

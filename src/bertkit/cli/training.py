@@ -14,8 +14,8 @@ from bertkit.settings import add_flags, command, field_names, from_flags
 
 # --------------------------------------------------------------------------- vocab, convert
 def _vocab(args: argparse.Namespace) -> None:
+    from bertkit.core.tokenizer import train_vocab
     from bertkit.pretraining.corpus import CorpusStats, raw_documents
-    from bertkit.tokenizer import train_vocab
 
     # read as `prepare` reads: WikiExtractor's <doc ...> lines, JSONL keys and Google's blank
     # lines are markup, not text to learn pieces from
@@ -91,7 +91,7 @@ def add_vocab(commands) -> None:
 
 
 def _convert(args: argparse.Namespace) -> None:
-    from bertkit.checkpoint import convert
+    from bertkit.core.checkpoint import convert
 
     out = convert(args.src, args.dst, to=args.to, overwrite=args.overwrite)
     print(f"wrote {out} ({args.to} layout)")
@@ -114,9 +114,9 @@ def add_convert(commands) -> None:
 
 # --------------------------------------------------------------------------- prepare, pretrain
 def _prepare(args: argparse.Namespace) -> None:
+    from bertkit.core.tokenizer import BertTokenizer
     from bertkit.pretraining import parts
     from bertkit.pretraining.shards import prepare_shards
-    from bertkit.tokenizer import BertTokenizer
 
     if args.merge:
         if args.corpus or args.dataset or args.part or args.ray:

@@ -43,7 +43,7 @@ def _fine_tuned(model: str) -> bool:
     """Whether `model` is a fine-tuned folder (its task record); an embedding model (a
     sentence-transformers folder) is not, and anything else is refused here by name."""
     from bertkit._io import TASK_FILE
-    from bertkit.hub import model_dir
+    from bertkit.core.hub import model_dir
 
     path = model_dir(model)
     if (path / TASK_FILE).exists() or not path.is_dir():

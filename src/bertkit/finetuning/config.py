@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from bertkit.checkpoint import NEW_WEIGHTS
+from bertkit.core.checkpoint import NEW_WEIGHTS
 from bertkit.settings import (
     Settings,
     flat_names,

@@ -16,6 +16,7 @@ import torch
 
 from bertkit import stats
 from bertkit._io import write_json
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.finetuning.train import (
     RESULTS_FILE,
     Data,
@@ -29,7 +30,6 @@ from bertkit.finetuning.train import (
 )
 from bertkit.settings import replaced
 from bertkit.tasks import Task
-from bertkit.tokenizer import BertTokenizer
 
 GRID = {"batch_size": (16, 32), "learning_rate": (5e-5, 3e-5, 2e-5), "epochs": (2, 3, 4)}
 

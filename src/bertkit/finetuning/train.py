@@ -46,7 +46,11 @@ from bertkit._io import (
     record_model_digest,
     write_json,
 )
-from bertkit.checkpoint import read_config
+from bertkit.core.checkpoint import read_config
+from bertkit.core.heads import MODEL_CLASSES
+from bertkit.core.hub import model_dir
+from bertkit.core.model import set_activation_checkpointing, set_dropout_parity, set_static_shapes
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.finetuning.config import FinetuneConfig
 from bertkit.finetuning.evaluation import (
     draw_reports,
@@ -55,14 +59,10 @@ from bertkit.finetuning.evaluation import (
     score_held_out,
 )
 from bertkit.finetuning.model_card import write_model_card
-from bertkit.heads import MODEL_CLASSES
-from bertkit.hub import model_dir
-from bertkit.model import set_activation_checkpointing, set_dropout_parity, set_static_shapes
 from bertkit.settings import flat
 from bertkit.tasks import Task, get_task
 from bertkit.tasks.base import FinetuneData, collate
 from bertkit.tasks.own import DataConfig, describe
-from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
 from bertkit.training.config import TrainingConfig
 from bertkit.training.loop import Trainer
@@ -577,7 +577,7 @@ def random_init_dir(
     """A model directory without weights for `random_init` fine-tuning: `config` (a preset name
     such as "mini", or a config JSON) sized to the vocabulary in `vocab` (a directory with
     vocab.txt, or the file), written as OUT/config.json + vocab.txt."""
-    from bertkit.config import BertConfig
+    from bertkit.core.config import BertConfig
 
     tokenizer = BertTokenizer.from_pretrained(vocab)
     model_config = BertConfig.resolve(config, tokenizer.vocab_size)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from bertkit.embedding import declared_length
+from bertkit.core.embedding import declared_length
 from bertkit.inference.loader import load
 
 

@@ -68,8 +68,8 @@ def export_onnx(
 ) -> Path:
     """Write `out/model.onnx` (fp32, or int8 with `quantize="int8"`) and the files `Predictor`
     needs beside it. Returns the ONNX file's path."""
-    from bertkit.hub import model_dir
-    from bertkit.model import BertPreTrainedModel
+    from bertkit.core.hub import model_dir
+    from bertkit.core.model import BertPreTrainedModel
 
     model, out = model_dir(model), Path(out)
     if quantize not in (None, *QUANTIZATIONS):

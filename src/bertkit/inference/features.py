@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bertkit.losses import IGNORE_INDEX, token_loss
+from bertkit.core.losses import IGNORE_INDEX, token_loss
 from bertkit.settings import Settings, device_setting, replaced, setting
 
 SELECTIONS = (

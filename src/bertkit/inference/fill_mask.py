@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
+from bertkit.core.tokenizer import MASK
 from bertkit.inference.loader import load
 from bertkit.settings import Settings, device_setting, replaced, setting
-from bertkit.tokenizer import MASK
 
 # The tensor whose absence means the checkpoint has no MLM head (the others follow it).
 MLM_HEAD_TENSOR = "cls.predictions.transform.dense.weight"
@@ -34,7 +34,7 @@ Text = str | tuple[str, str] | list[str]
 
 def has_mlm_head(model: str | os.PathLike) -> bool:
     """Whether a checkpoint directory holds a masked-LM head (read from its tensor names)."""
-    from bertkit.checkpoint import tensor_names
+    from bertkit.core.checkpoint import tensor_names
 
     return MLM_HEAD_TENSOR in tensor_names(model)
 
@@ -58,7 +58,7 @@ class FillMask:
         """The MLM head of `model`, run as `config` (or FillMaskConfig's fields by name)
         says."""
         self.config = config = replaced(config or FillMaskConfig(), **settings)
-        from bertkit.hub import model_dir
+        from bertkit.core.hub import model_dir
 
         model = model_dir(model)  # a folder, or a Hub name
         if not has_mlm_head(model):  # refused before loading: no warning of random tensors

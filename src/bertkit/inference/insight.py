@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from bertkit._io import atomic_write_text
-from bertkit.embedding import pool
+from bertkit.core.embedding import pool
 from bertkit.inference.loader import load
 from bertkit.viz import save_png
 

@@ -29,10 +29,11 @@ import torch
 
 from bertkit._device import default_device, fit_threads
 from bertkit._io import TASK_FILE
-from bertkit.checkpoint import HF_CONFIG, read_config
-from bertkit.config import BertConfig
-from bertkit.heads import MODEL_CLASSES
-from bertkit.hub import model_dir
+from bertkit.core.checkpoint import HF_CONFIG, read_config
+from bertkit.core.config import BertConfig
+from bertkit.core.heads import MODEL_CLASSES
+from bertkit.core.hub import model_dir
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.precision import (
     Precision,
     cast_for_inference,
@@ -43,7 +44,6 @@ from bertkit.precision import (
 from bertkit.tasks.base import Task, task_of_checkpoint
 from bertkit.tasks.files import FileConfig
 from bertkit.tasks.own import OwnTask
-from bertkit.tokenizer import BertTokenizer
 
 ONNX_FILE = "model.onnx"
 ONNX_INFO = "onnx.json"

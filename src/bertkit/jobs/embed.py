@@ -95,7 +95,7 @@ class EmbeddingMapper:
     a row with an issue) and the rows' issues (truncation added)."""
 
     def __init__(self, model: str | os.PathLike, config: EmbedConfig) -> None:
-        from bertkit.embedding import declared_length, declared_normalize
+        from bertkit.core.embedding import declared_length, declared_normalize
         from bertkit.inference.embedder import Embedder
 
         embedder = Embedder(model, device=config.device, batch_size=config.batch_size,

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertkit.losses import IGNORE_INDEX
+from bertkit.core.losses import IGNORE_INDEX
+from bertkit.core.tokenizer import CLS, MASK, PAD, SEP, BertTokenizer
 from bertkit.pretraining.instances import (
     OBJECTIVES,
     document_instances,
@@ -25,7 +26,6 @@ from bertkit.pretraining.instances import (
 )
 from bertkit.pretraining.shards import Shards
 from bertkit.settings import Settings, setting
-from bertkit.tokenizer import CLS, MASK, PAD, SEP, BertTokenizer
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from bertkit.model import BertLayer, BertModel
+from bertkit.core.model import BertLayer, BertModel
 
 POSITION_INITS = ("normal", "sinusoidal")
 ATTENTION_INITS = ("normal", "mimetic", "mimetic-qk", "local")

@@ -88,7 +88,7 @@ def merge_parts(
 ) -> dict[str, Any]:
     """The shards of `parts` (folders `prepare --part` wrote), checked and merged into
     `out_dir`; its metadata."""
-    from bertkit.tokenizer import BertTokenizer
+    from bertkit.core.tokenizer import BertTokenizer
 
     opened = [Shards(p) for p in parts]
     records = []
@@ -182,8 +182,8 @@ def prepare_on_ray(
 def _prepare_part(corpus: list[str], vocab: str, out: str, index: int, count: int,
                   settings: dict[str, Any]) -> str:  # fmt: skip
     """One part, in a Ray task (a retried task writes its part again: `overwrite`)."""
+    from bertkit.core.tokenizer import BertTokenizer
     from bertkit.pretraining.shards import prepare_shards
-    from bertkit.tokenizer import BertTokenizer
 
     tokenizer = BertTokenizer.from_pretrained(vocab)
     prepare_shards(corpus, tokenizer, out, workers=1, progress=False, overwrite=True,

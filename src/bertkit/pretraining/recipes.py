@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bertkit.config import PRESETS, BertConfig
+from bertkit.core.config import PRESETS, BertConfig
 from bertkit.pretraining.train import PretrainConfig
 from bertkit.settings import from_values
 

@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from bertkit._io import atomic_write_text, sha256_of
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.pretraining.corpus import CorpusStats, expand_paths, raw_documents, sentences_of
-from bertkit.tokenizer import BertTokenizer
 
 FORMAT_VERSION = 1
 META = "meta.json"

@@ -21,11 +21,12 @@ import torch
 
 from bertkit._device import as_float64
 from bertkit._io import STATE_FILE
-from bertkit.config import BertConfig
-from bertkit.heads import BertForMaskedLM, BertForPreTraining
-from bertkit.hub import model_dir
-from bertkit.losses import IGNORE_INDEX, sequence_loss, token_loss
-from bertkit.model import set_activation_checkpointing, set_dropout_parity, set_static_shapes
+from bertkit.core.config import BertConfig
+from bertkit.core.heads import BertForMaskedLM, BertForPreTraining
+from bertkit.core.hub import model_dir
+from bertkit.core.losses import IGNORE_INDEX, sequence_loss, token_loss
+from bertkit.core.model import set_activation_checkpointing, set_dropout_parity, set_static_shapes
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.pretraining import init_schemes
 from bertkit.pretraining.dataset import MaskingConfig, PretrainingData
 from bertkit.pretraining.init_schemes import ATTENTION_INITS, POSITION_INITS
@@ -40,7 +41,6 @@ from bertkit.settings import (
     replaced,
     setting,
 )
-from bertkit.tokenizer import BertTokenizer
 from bertkit.training import distributed
 from bertkit.training.config import ComputeConfig, TrainingConfig
 from bertkit.training.loop import Trainer
@@ -504,7 +504,7 @@ def run_identity(
 
 def _own_config(init_from: str | os.PathLike | None) -> str | BertConfig:
     """A run's model when no config is given: its starting checkpoint's, else tiny."""
-    from bertkit.checkpoint import read_config
+    from bertkit.core.checkpoint import read_config
 
     return "tiny" if init_from is None else read_config(model_dir(init_from))
 

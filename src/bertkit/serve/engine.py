@@ -28,7 +28,7 @@ import torch
 
 from bertkit._device import default_device
 from bertkit._io import TASK_FILE
-from bertkit.embedding import POOLINGS, declared_length, pool, read_pooling
+from bertkit.core.embedding import POOLINGS, declared_length, pool, read_pooling
 from bertkit.errors import InputError
 from bertkit.precision import (
     cast_for_inference,
@@ -85,7 +85,7 @@ class ServedModel:
         (`precision.compile_for_inference`); fill-mask runs as it is. `served_model_name`: the
         model's name in /v1/models and the OpenAI-style answers (default: a Hub name as given,
         else the folder's name). `on_forward` is called at every model call."""
-        from bertkit.hub import model_dir
+        from bertkit.core.hub import model_dir
 
         self.config = config = replaced(config or ServeConfig(), **settings)
         backend, quantize = config.backend, config.quantize
@@ -163,8 +163,8 @@ class ServedModel:
     def _open_encoder(self, path: Path, compiled: bool) -> None:
         """A folder without a task: its encoder answers /embed (and fill-mask with an MLM
         head)."""
+        from bertkit.core.tokenizer import BertTokenizer
         from bertkit.inference.loader import OnnxModel
-        from bertkit.tokenizer import BertTokenizer
 
         self.tokenizer = BertTokenizer.from_pretrained(path)
         if self.backend == "onnx":
@@ -319,7 +319,7 @@ class ServedModel:
         top = body.get("top", 5)
         if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= 100:
             raise InputError(f'"top" must be a whole number from 1 to 100, not {top!r}')
-        from bertkit.tokenizer import MASK
+        from bertkit.core.tokenizer import MASK
 
         for n, text in enumerate(texts):
             if not any(MASK in t for t in ((text,) if isinstance(text, str) else text)):
@@ -525,7 +525,7 @@ class ServedModel:
             tagged = any("words" in r for r in results)
             return answers[0] if style.single and tagged else answers
         if style is not None and endpoint == "fill-mask":
-            from bertkit.tokenizer import MASK
+            from bertkit.core.tokenizer import MASK
 
             answers = [
                 hf_fill_mask(text, r, MASK) for (text, _), r in zip(items, results, strict=True)
@@ -662,7 +662,7 @@ class ServedModel:
         batch of the longest inputs: lazy set-up done, each kind of call a compiled model
         compiles for (a batch of one, of more) compiled, and the largest activations allocated
         at start-up: a server that will not fit fails then, not under its first heavy load."""
-        from bertkit.tokenizer import MASK
+        from bertkit.core.tokenizer import MASK
 
         # a word that is one piece of this vocabulary, so n words are n pieces
         word = next((t for t in self.tokenizer.vocab if t.isalpha() and t.islower()), "a")

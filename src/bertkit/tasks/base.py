@@ -103,7 +103,7 @@ class Task:
 
     # (class defaults; a task family sets some per instance: GLUE's name, SQuAD 2.0's epochs)
     name: str
-    head: str  # a name in bertkit.heads.MODEL_CLASSES
+    head: str  # a name in bertkit.core.heads.MODEL_CLASSES
     metrics: tuple[str, ...]  # the dev figures; their mean selects checkpoints
     problem_type: str | None = None  # config.json's, where the label count does not say it
     reports: ClassVar[bool] = False  # whether `report` has per-class figures to give
@@ -505,7 +505,7 @@ def run_outputs(
 
 def read_task_info(model: str | os.PathLike) -> dict:
     """The task record (`TASK_FILE`) of a fine-tuned checkpoint directory."""
-    from bertkit.hub import model_dir
+    from bertkit.core.hub import model_dir
 
     folder = model_dir(model)
     if not folder.is_dir():

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from bertkit.losses import sequence_loss
+from bertkit.core.losses import sequence_loss
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, head_logits, read_text, require_file
 from bertkit.tasks.text_classification import classification_answers

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertkit.losses import PAD_LOGIT, sequence_loss
+from bertkit.core.losses import PAD_LOGIT, sequence_loss
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, head_logits
 from bertkit.tasks.files import read_rows

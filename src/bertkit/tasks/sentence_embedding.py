@@ -1,4 +1,4 @@
-"""`sentence-embedding`: a bi-encoder (bertkit.embedding) trained on your own text pairs.
+"""`sentence-embedding`: a bi-encoder (bertkit.core.embedding) trained on your own text pairs.
 
     bertkit finetune sentence-embedding --model M --train pairs.csv --validation dev.csv \\
         --text-column anchor --text-pair-column positive [--negative-column hard_negative] \\

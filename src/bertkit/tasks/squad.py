@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from bertkit._io import atomic_path
-from bertkit.losses import PAD_LOGIT, span_loss
+from bertkit.core.losses import PAD_LOGIT, span_loss
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, read_text, require_file, run_model
 from bertkit.tasks.files import json_records

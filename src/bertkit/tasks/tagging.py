@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tokenizers.pre_tokenizers import BertPreTokenizer
 
-from bertkit.losses import IGNORE_INDEX, token_loss
+from bertkit.core.losses import IGNORE_INDEX, token_loss
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, head_logits
 from bertkit.tasks.files import ColumnSentence, FileConfig, read_conll_columns

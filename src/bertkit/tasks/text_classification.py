@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertkit.losses import sequence_loss
+from bertkit.core.losses import sequence_loss
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, head_logits
 from bertkit.tasks.files import missing_column, read_rows

@@ -1,4 +1,4 @@
-"""The default dropout masks (bertkit.dropout): drawn by a parallel counter-based generator, the
+"""The default dropout masks (bertkit.core.dropout): drawn by a parallel counter-based generator, the
 same distribution as torch's, governed by torch's seed; and the encoder under them: unpadded
 training draws masks for real tokens only, and `set_dropout_parity` brings torch's draws back."""
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from bertkit import BertModel
-from bertkit.dropout import dropout, keep_mask
-from bertkit.model import set_dropout_parity
+from bertkit.core.dropout import dropout, keep_mask
+from bertkit.core.model import set_dropout_parity
 
 
 def test_the_masks_have_the_rate_and_independence_asked_for():
@@ -69,7 +69,7 @@ def test_a_trained_encoder_sees_the_same_distribution_as_with_torchs_masks(tiny_
 
 
 def test_unpadded_training_draws_masks_for_real_tokens_only(tiny_config, monkeypatch):
-    from bertkit import dropout as module
+    from bertkit.core import dropout as module
 
     drawn = []
     real = module._draw
@@ -91,7 +91,7 @@ def test_unpadded_training_draws_masks_for_real_tokens_only(tiny_config, monkeyp
 def test_the_draw_does_not_depend_on_how_the_words_are_chunked(monkeypatch):
     """The words are hashed a chunk at a time (cache-sized passes); chunks of 3 words, ending
     anywhere in the mask, give the very mask one pass gives, bool and scaled float alike."""
-    from bertkit import dropout as module
+    from bertkit.core import dropout as module
 
     def draws():
         torch.manual_seed(11)
@@ -110,7 +110,7 @@ def test_a_last_layers_subset_mask_follows_the_rows_device_and_compiles_whole():
     their dropout from a mask of all the layout's rows. That mask must be drawn where the rows
     are (a CPU mask for rows on a GPU failed there; `meta` stands in for the GPU here) and, in
     compiled code, by torch (the CPU draw's seed broke the graph at that dropout)."""
-    from bertkit.unpad import TokenLayout
+    from bertkit.core.unpad import TokenLayout
 
     layout = TokenLayout.unpadded(torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]))
     within = torch.tensor([0, 4, 6])
@@ -129,7 +129,7 @@ def test_a_masks_elements_drawn_alone_are_the_whole_masks():
     """`dropout_mask_at` draws only the elements asked for (a last layer's few query rows of
     the attention probabilities), and they are the elements the whole mask has there, from
     the same one draw of torch's generator, whatever the positions' order, shape and lanes."""
-    from bertkit import dropout as module
+    from bertkit.core import dropout as module
 
     for shape, p in [((3, 4, 11, 11), 0.1), ((2, 3, 5, 7), 0.3), ((1001,), 0.5)]:
         torch.manual_seed(1)

@@ -1,4 +1,4 @@
-"""Models by their Hub name (bertkit.hub): resolved in a Hugging Face cache laid out as the Hub
+"""Models by their Hub name (bertkit.core.hub): resolved in a Hugging Face cache laid out as the Hub
 client lays it out (refs/REVISION naming a snapshot folder), offline; a name that is not there
 is one line naming it and how to get it."""
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from bertkit import BertModel, BertTokenizer, cli
-from bertkit.checkpoint import convert
+from bertkit.core.checkpoint import convert
+from bertkit.core.hub import model_dir
 from bertkit.finetuning.train import FinetuneConfig, finetune
-from bertkit.hub import model_dir
 from bertkit.inference.predict import Predictor
 from bertkit.tasks.own import DataConfig
 

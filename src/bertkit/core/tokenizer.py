@@ -30,7 +30,7 @@ from tokenizers import (
 )
 
 from bertkit._io import atomic_write_text
-from bertkit.hub import model_dir
+from bertkit.core.hub import model_dir
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -175,7 +175,7 @@ class BertTokenizer:
 
         `do_lower_case` comes from `tokenizer_config.json` when present, otherwise from the
         vocabulary itself (an uncased vocabulary has no upper-case tokens); keyword arguments
-        override both. `path` may be a Hub name (`bertkit.hub.model_dir`).
+        override both. `path` may be a Hub name (`bertkit.core.hub.model_dir`).
         """
         path = model_dir(path)
         if not path.exists():

@@ -155,10 +155,10 @@ def test_pretraining_a_variant_learns_and_loads(setup, tmp_path):
 
 def test_a_variant_exports_to_onnx_and_answers_alike(minilm_dir, tmp_path):
     pytest.importorskip("onnxruntime")
-    from bertkit.heads import BertForSequenceClassification
+    from bertkit.core.heads import BertForSequenceClassification
+    from bertkit.core.tokenizer import BertTokenizer
     from bertkit.inference.export import export_onnx
     from bertkit.inference.loader import OnnxModel
-    from bertkit.tokenizer import BertTokenizer
 
     tokenizer = BertTokenizer.from_pretrained(minilm_dir)
     config = variant("pre", "glu", vocab_size=tokenizer.vocab_size).with_labels(3)

@@ -21,13 +21,13 @@ import numpy as np
 import torch
 
 from bertkit._io import TASK_FILE, atomic_path, atomic_write_text, check_model_digest
-from bertkit._tf_bundle import _BFloat16, bundle_prefix, read_bundle, write_bundle
-from bertkit.config import BertConfig
-from bertkit.hub import model_dir
+from bertkit.core.config import BertConfig
+from bertkit.core.hub import model_dir
+from bertkit.core.tf_bundle import _BFloat16, bundle_prefix, read_bundle, write_bundle
 
 
 class PreTrainedModule(Protocol):
-    """What checkpoint I/O needs of a model: `bertkit.model.BertPreTrainedModel` and every head.
+    """What checkpoint I/O needs of a model: `bertkit.core.model.BertPreTrainedModel` and every head.
     A protocol, not an import, so the dependency runs one way: the model classes call into this
     module (`from_pretrained`, `save_pretrained`), and this module only calls their methods."""
 
@@ -279,7 +279,7 @@ def _adapt_prefix(
 
 
 # How a tensor a checkpoint lacks is drawn (`load_state_dict_into`'s `new_weights`; the
-# functions are `bertkit.model.INITIALISATIONS`)
+# functions are `bertkit.core.model.INITIALISATIONS`)
 NEW_WEIGHTS = ("normal", "truncated-normal")
 
 
@@ -293,7 +293,7 @@ def load_state_dict_into(
     new_weights: str = "normal",
 ) -> dict[str, list[str]]:
     """Copy `state` into `model`, reporting what did not match; what `state` lacks (a new head)
-    is drawn as `new_weights` says (`bertkit.model.INITIALISATIONS`).
+    is drawn as `new_weights` says (`bertkit.core.model.INITIALISATIONS`).
 
     - A tensor whose shape differs raises ValueError naming it and both shapes (unless
       `ignore_mismatched_sizes`: it then keeps its fresh initialisation, with a warning).
@@ -459,7 +459,7 @@ def load_pretrained(
     lacks are drawn, "normal" (N(0, initializer_range), as transformers draws a new head) or
     "truncated-normal" (Google's run_classifier.py: cut at 2 std; a model built from a config
     is initialised so throughout). `verify` checks Google checkpoints' CRCs.
-    `path` may be a Hub name (`bertkit.hub.model_dir`).
+    `path` may be a Hub name (`bertkit.core.hub.model_dir`).
     """
     path = model_dir(path)
     fmt = detect_checkpoint_format(path)

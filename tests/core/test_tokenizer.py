@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from bertkit import BertTokenizer, train_vocab
-from bertkit.tokenizer import load_vocab, looks_uncased
+from bertkit.core.tokenizer import load_vocab, looks_uncased
 
 from helpers import data_path
 
 
 def test_vocab_with_a_byte_order_mark_and_an_empty_pair(tmp_path):
-    from bertkit.tokenizer import BertTokenizer, load_vocab
+    from bertkit.core.tokenizer import BertTokenizer, load_vocab
 
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]
     (tmp_path / "vocab.txt").write_text("\ufeff" + "\n".join(tokens) + "\n", encoding="utf-8")

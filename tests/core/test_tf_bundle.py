@@ -1,4 +1,4 @@
-"""Google's TF checkpoint bundles read and written without TensorFlow (bertkit._tf_bundle)."""
+"""Google's TF checkpoint bundles read and written without TensorFlow (bertkit.core.tf_bundle)."""
 
 import shutil
 
@@ -8,8 +8,8 @@ import torch
 from bertkit import (
     BertForPreTraining,
 )
-from bertkit._tf_bundle import read_bundle
-from bertkit.checkpoint import read_state_dict
+from bertkit.core.checkpoint import read_state_dict
+from bertkit.core.tf_bundle import read_bundle
 
 
 def test_bundle_reader_skips_optimizer_slots(google_tiny):

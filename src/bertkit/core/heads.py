@@ -12,14 +12,14 @@ import dataclasses
 import torch
 from torch import nn
 
-from bertkit.config import BertConfig
-from bertkit.embedding import BertForSentenceEmbedding
-from bertkit.lm_head import (
+from bertkit.core.config import BertConfig
+from bertkit.core.embedding import BertForSentenceEmbedding
+from bertkit.core.lm_head import (
     BertOnlyMLMHead,
     BertPreTrainingHeads,
     gather_positions,
 )
-from bertkit.losses import (
+from bertkit.core.losses import (
     IGNORE_INDEX,
     fused_vocab_cross_entropy,
     reduce_loss,
@@ -27,8 +27,8 @@ from bertkit.losses import (
     span_loss,
     token_loss,
 )
-from bertkit.model import BertModel, BertPreTrainedModel
-from bertkit.unpad import Layouts
+from bertkit.core.model import BertModel, BertPreTrainedModel
+from bertkit.core.unpad import Layouts
 
 
 # What the heads return: logits, the loss when labels are given, and the encoder's hidden states

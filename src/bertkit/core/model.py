@@ -3,7 +3,7 @@ paper, pre-LN layers and a GLU feed-forward: `BertConfig.layer_norm_position`/`f
 
 Module and attribute names equal the checkpoints' own (`attention.self.query`, `LayerNorm`, ...),
 so Hugging Face state dicts load unchanged and Google's TF names convert by a table
-(`bertkit.checkpoint`). Nothing here knows about tasks, data or training.
+(`bertkit.core.checkpoint`). Nothing here knows about tasks, data or training.
 
 Shapes: B batch, S sequence length, H hidden size, A attention heads, D = H / A head size.
 """
@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
-from bertkit.checkpoint import NEW_WEIGHTS, load_pretrained, save_pretrained
-from bertkit.config import BertConfig
-from bertkit.dropout import dropout as fast_dropout
-from bertkit.unpad import Layouts, TokenLayout, by_sequence_from, row_multiple
+from bertkit.core.checkpoint import NEW_WEIGHTS, load_pretrained, save_pretrained
+from bertkit.core.config import BertConfig
+from bertkit.core.dropout import dropout as fast_dropout
+from bertkit.core.unpad import Layouts, TokenLayout, by_sequence_from, row_multiple
 
 
 class BertEmbeddings(nn.Module):
@@ -185,7 +185,7 @@ class BertLayer(nn.Module):
         q = q.view(batch, asks, heads, size).transpose(1, 2)
         probs = None
         # SDPA draws its dropout with torch's CPU generator, one element at a time: on the CPU,
-        # unless parity asks for those draws, attention is computed here with bertkit.dropout's
+        # unless parity asks for those draws, attention is computed here with bertkit.core.dropout's
         fast_masks = dropout_p > 0.0 and not layout.parity and q.device.type == "cpu"
         if output_attentions or fast_masks:
             # Explicit softmax(QK^T / sqrt(D) + mask) so the probabilities can be returned. One
@@ -433,12 +433,12 @@ class BertPreTrainedModel(nn.Module):
     def from_pretrained(cls, path: str | os.PathLike, **kwargs: Any):
         """Load from a Hugging Face directory (config.json + model.safetensors / pytorch_model.bin)
         or a Google TF checkpoint directory (bert_config.json + bert_model.ckpt.*); see
-        `bertkit.checkpoint.load_pretrained` for the options."""
+        `bertkit.core.checkpoint.load_pretrained` for the options."""
         return load_pretrained(cls, path, **kwargs)
 
     def save_pretrained(self, directory: str | os.PathLike, **kwargs: Any) -> None:
         """Write config.json + model.safetensors (+ vocab.txt) that transformers loads unchanged;
-        see `bertkit.checkpoint.save_pretrained`."""
+        see `bertkit.core.checkpoint.save_pretrained`."""
         save_pretrained(self, directory, **kwargs)
 
 
@@ -627,7 +627,7 @@ def set_dropout_parity(model: nn.Module, parity: bool = True) -> nn.Module:
     """Draw the dropout masks of every encoder in `model` as transformers draws them (the
     padded grid's, from torch's generator: slower on the CPU), so that a seeded training run
     follows transformers' step for step; `parity=False`, the default, draws them for real
-    tokens only with a parallel generator (`bertkit.dropout`): statistically the same run."""
+    tokens only with a parallel generator (`bertkit.core.dropout`): statistically the same run."""
     for module in model.modules():
         if isinstance(module, BertModel):
             module.dropout_parity = parity

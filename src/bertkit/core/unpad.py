@@ -5,7 +5,7 @@ the grid (every token attends over its row), but the dense layers — the Q/K/V 
 projections and the feed-forward, nearly all of BERT's FLOPs — act on each token alone, so they
 can run on just the real tokens, packed as rows. `TokenLayout` says where those rows sit in the
 grid and moves tensors between the two shapes, and draws the dropout masks of its rows: by
-default for the rows alone with `bertkit.dropout`'s parallel generator; with `parity`, on the
+default for the rows alone with `bertkit.core.dropout`'s parallel generator; with `parity`, on the
 grid with torch's generator and taken at the real tokens, so that a seeded step gives the same
 numbers on either path and the numbers transformers gives.
 """
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bertkit import dropout as fast
 from bertkit._device import to_device
+from bertkit.core import dropout as fast
 
 
 @dataclass
@@ -125,7 +125,7 @@ class TokenLayout:
     ) -> torch.Tensor:
         """Dropout on this layout's rows, or on the rows at positions `within` among them (a
         last layer that computes only the rows read after it: the same masks there as if it
-        computed all). By default the mask is drawn for these rows alone (`bertkit.dropout`).
+        computed all). By default the mask is drawn for these rows alone (`bertkit.core.dropout`).
         With `parity`, it is the mask the padded grid would draw with torch's generator, taken
         at the rows: a seeded run's random numbers then do not depend on unpadding or on what
         is read, and are what transformers draws for the same batch."""
@@ -183,7 +183,7 @@ class TokenLayout:
     def drop_queries(self, probs: torch.Tensor, p: float) -> torch.Tensor:
         """Dropout on attention probabilities (B, A, width, S) of the queries in `to_queries`'s
         grid: by default the elements the (B, A, S, S) grid's mask has at those queries' rows
-        (`bertkit.dropout.mask_at`), so that the masks do not depend on what is read."""
+        (`bertkit.core.dropout.mask_at`), so that the masks do not depend on what is read."""
         assert self.queries is not None and self.index is not None, "a layout of read rows"
         batch, heads, width, keys = probs.shape
         cells, seq_len = self.queries[0], self.seq_len
@@ -215,7 +215,7 @@ class TokenLayout:
         follows the grid's cells, it computes every padded key, and its small blocks (32 or 64
         queries, head size 32 or 64) run far below the matrix-product rate. Scores and softmax
         in fp32 whatever q's dtype (as SDPA's kernel keeps them), autocast off; the weighted
-        sum in v's dtype. `dropout_p` drops probabilities with `bertkit.dropout`'s masks.
+        sum in v's dtype. `dropout_p` drops probabilities with `bertkit.core.dropout`'s masks.
         `within`: q (R, H) holds the queries of these rows only (a last layer whose output is
         read at a few rows: `BertModel.forward`'s `read_cls_only`, `read_positions`), and only
         their context comes back; keys and values are every row's."""

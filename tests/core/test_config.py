@@ -3,7 +3,7 @@ import json
 import pytest
 
 from bertkit import BertConfig
-from bertkit.config import PRESETS
+from bertkit.core.config import PRESETS
 
 
 def test_presets_are_googles_released_sizes():

@@ -1,4 +1,4 @@
-"""The task heads and their losses (bertkit.heads), against transformers where it has them."""
+"""The task heads and their losses (bertkit.core.heads), against transformers where it has them."""
 
 import pytest
 import torch
@@ -198,7 +198,7 @@ def test_heads_skip_padding_only_where_it_cannot_be_seen(tiny_config, tiny_batch
 
 
 def test_fused_vocab_cross_entropy_equals_the_plain_softmax_and_its_gradients():
-    from bertkit.losses import fused_vocab_cross_entropy
+    from bertkit.core.losses import fused_vocab_cross_entropy
 
     generator = torch.Generator().manual_seed(0)
     states = torch.randn(150, 16, generator=generator, requires_grad=True)
@@ -225,7 +225,7 @@ def test_fused_vocab_cross_entropy_under_autocast_is_autocast_s_arithmetic():
     CUDA's layer norm hands over) once reached the fp32 loop, whose products came out bf16
     into fp32 buffers: "Expected out tensor to have dtype BFloat16" at the first LTR step on an
     H100. Under CUDA autocast it is the plain path."""
-    from bertkit.losses import fused_vocab_cross_entropy
+    from bertkit.core.losses import fused_vocab_cross_entropy
 
     generator = torch.Generator().manual_seed(2)
     weight = torch.randn(90, 16, generator=generator, requires_grad=True)
@@ -256,7 +256,7 @@ def test_fused_vocab_cross_entropy_makes_the_bf16_weight_gradient_one_product_a_
     summed, whatever the last group's size."""
     import itertools
 
-    from bertkit import losses
+    from bertkit.core import losses
 
     generator = torch.Generator().manual_seed(3)
     weight = torch.randn(90, 16, generator=generator, requires_grad=True)
@@ -286,7 +286,7 @@ def test_fused_vocab_cross_entropy_makes_the_bf16_weight_gradient_one_product_a_
 def test_fused_mlm_step_equals_the_logits_path():
     """A pre-training step through `fused_mlm=True` gives the loss and every gradient of the
     plain path (logits, F.cross_entropy)."""
-    from bertkit.heads import BertForMaskedLM, BertForPreTraining
+    from bertkit.core.heads import BertForMaskedLM, BertForPreTraining
 
     config = tiny_bert_config(
         97,
@@ -323,7 +323,7 @@ def test_fused_mlm_step_equals_the_logits_path():
 
 
 def test_each_loss_is_one_definition_the_mean_is_the_sum_over_its_units():
-    from bertkit.losses import sequence_loss, span_loss, token_loss
+    from bertkit.core.losses import sequence_loss, span_loss, token_loss
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 7, 5, generator=g)
@@ -430,7 +430,7 @@ def test_the_vocabulary_softmax_skips_unlabelled_rows_without_selecting_them(dty
     """Rows labelled IGNORE_INDEX (the padding slots of masked_positions) add nothing to the
     sum, the hits or the gradients, on the fused loop (CPU) and on the plain path (CUDA's, which
     keeps every row so that the GPU need not report how many are labelled)."""
-    from bertkit.losses import IGNORE_INDEX, fused_vocab_cross_entropy
+    from bertkit.core.losses import IGNORE_INDEX, fused_vocab_cross_entropy
 
     generator = torch.Generator().manual_seed(3)
     states = torch.randn(40, 16, generator=generator, dtype=dtype, requires_grad=True)

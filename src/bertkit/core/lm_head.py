@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertkit.config import BertConfig
-from bertkit.model import activation
+from bertkit.core.config import BertConfig
+from bertkit.core.model import activation
 
 
 class BertPredictionHeadTransform(nn.Module):

@@ -17,10 +17,10 @@ from bertkit import (
     BertModel,
     BertTokenizer,
 )
-from bertkit._tf_bundle import read_bundle
-from bertkit.checkpoint import convert, hf_to_tf_name, tf_to_hf_name
 from bertkit.cli import main
-from bertkit.heads import MODEL_CLASSES
+from bertkit.core.checkpoint import convert, hf_to_tf_name, tf_to_hf_name
+from bertkit.core.heads import MODEL_CLASSES
+from bertkit.core.tf_bundle import read_bundle
 
 # (the sentence-embedding model, a pooled encoder, round-trips in tests/tasks/
 # test_sentence_embedding.py, where sentence-transformers reads what it writes)

@@ -13,11 +13,11 @@ from bertkit import (
     BertConfig,
     BertModel,
 )
-from bertkit import model as model_module
-from bertkit import unpad as unpad_module
-from bertkit.checkpoint import load_state_dict_into
-from bertkit.model import set_dropout_parity
-from bertkit.unpad import TokenLayout
+from bertkit.core import model as model_module
+from bertkit.core import unpad as unpad_module
+from bertkit.core.checkpoint import load_state_dict_into
+from bertkit.core.model import set_dropout_parity
+from bertkit.core.unpad import TokenLayout
 
 from helpers import close, hf_config, pair
 
@@ -434,7 +434,7 @@ def test_attention_by_sequence_only_where_it_applies(tiny_config):
 
 def test_attention_by_sequence_drops_probabilities_keeping_their_expectation():
     """`attend`'s dropout (what benchmarks/attention_by_sequence.py --training times against
-    the grid): each sequence's probabilities dropped with bertkit.dropout's masks, the kept ones
+    the grid): each sequence's probabilities dropped with bertkit.core.dropout's masks, the kept ones
     scaled, so the expectation holds and the masks differ from row to row."""
     lengths = [170, 90]
     mask = (torch.arange(170)[None, :] < torch.tensor(lengths)[:, None]).long()

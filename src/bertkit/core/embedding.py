@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from bertkit._io import TASK_FILE, atomic_write_text
-from bertkit.config import BertConfig
-from bertkit.model import BertModel, BertPreTrainedModel
+from bertkit.core.config import BertConfig
+from bertkit.core.model import BertModel, BertPreTrainedModel
 
 POOLINGS = ("mean", "cls")
 POOLING_DIR = "1_Pooling"
@@ -105,7 +105,7 @@ class BertForSentenceEmbedding(BertPreTrainedModel):
     def from_pretrained(cls, path: str | os.PathLike, **kwargs: Any):
         """A BERT folder (its declared sentence-transformers pooling, else mean) as an embedding
         model."""
-        from bertkit.hub import model_dir
+        from bertkit.core.hub import model_dir
 
         path = model_dir(path)
         model = super().from_pretrained(path, **kwargs)
