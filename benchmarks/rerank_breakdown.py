@@ -46,6 +46,7 @@ def main() -> None:
     from sentence_transformers import CrossEncoder
 
     from bertkit.serve.engine import ServedModel
+    from bertkit.serve.routes import Pair
 
     data = Path(args.data)
     model = reranker(Path(args.work), data)
@@ -66,7 +67,7 @@ def main() -> None:
     encoder = served.predictor.model.bert
 
     def bertkit(r: int) -> None:
-        served.run("rerank", [(p, None) for p in pairs(r * GATHERED, GATHERED)])
+        served.run("rerank", [Pair(q, t) for q, t in pairs(r * GATHERED, GATHERED)])
 
     def bertkit_grid(r: int) -> None:
         encoder.attention_by_sequence = False

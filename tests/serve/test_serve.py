@@ -180,6 +180,41 @@ def test_fill_mask_is_the_library_s(mlm_dir):
         served.parse("fill-mask", {"inputs": "a [MASK]", "top": 0})
 
 
+def test_a_route_is_one_handler_in_the_table(minilm_dir, monkeypatch):
+    """Each served route is its handler in `routes.ROUTES` (named as config.ENDPOINTS lists
+    them); one handler added there is answered, listed in /info and warmed, with nothing else
+    changed."""
+    from bertkit.serve import routes
+    from bertkit.serve.config import ENDPOINTS
+
+    assert tuple(routes.ROUTES) == ENDPOINTS
+    warmed = []
+
+    class Length(routes.Route):  # how many pieces each text has
+        name = "length"
+
+        def parse(self, model, body, limits):
+            return [routes.Text(t, "mean") for t in routes._inputs(body, self.name, limits, set())]
+
+        def run(self, model, items):
+            warmed.append(len(items))
+            return model.embed(items)[1]
+
+        def shape(self, model, items, results, style):
+            return {"pieces": results}
+
+        def warm_inputs(self, model, short, long):
+            return routes.Text(short, "mean"), routes.Text(long, "mean")
+
+    monkeypatch.setitem(routes.ROUTES, "length", Length())
+    served = ServedModel(minilm_dir, max_batch_size=2)
+    assert "/length" in served.info()["endpoints"]
+    served.warm()
+    assert warmed == [1, 2, 2]  # a short input, a short and a long one, a full batch
+    items = served.parse("length", {"inputs": ["a cat", "the cat sat on the mat"]})
+    assert served.shape("length", items, served.run("length", items)) == {"pieces": [4, 8]}
+
+
 def test_onnx_serving_answers_as_torch_and_cleans_up(topics_model, ort):
     torch_answers = ServedModel(topics_model).run("predict", HEADLINES)
     for quantize, tolerance in ((None, 1e-4), ("int8", 0.05)):

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from bertkit.core.tokenizer import MASK
-from bertkit.inference.loader import load
+from bertkit.inference.loader import Loaded, load
 from bertkit.settings import Settings, device_setting, replaced, setting
 
 # The tensor whose absence means the checkpoint has no MLM head (the others follow it).
@@ -67,12 +67,22 @@ class FillMask:
                 "fill-mask would print random words; use a pre-trained BERT saved with its "
                 "MLM head (bertkit pretrain's output, BertForMaskedLM, BertForPreTraining)"
             )
-        loaded = load(model, head="BertForMaskedLM", device=config.device)
+        self._use(load(model, head="BertForMaskedLM", device=config.device))
+
+    @classmethod
+    def of(cls, loaded: Loaded, config: FillMaskConfig | None = None, **settings: Any) -> FillMask:
+        """Fill-mask with a masked LM already opened by the loader (as `serve` opens it)."""
+        fill = cls.__new__(cls)
+        fill.config = replaced(config or FillMaskConfig(), **settings)
+        fill._use(loaded)
+        return fill
+
+    def _use(self, loaded: Loaded) -> None:
         self.model, self.tokenizer, self.device = loaded.model, loaded.tokenizer, loaded.device
         if MASK not in self.tokenizer.vocab:
-            raise ValueError(f"{model}: the vocabulary has no {MASK} token")
-        self.batch_size = config.batch_size
-        self.max_seq_length = config.max_seq_length or self.model.config.max_position_embeddings
+            raise ValueError(f"{loaded.path}: the vocabulary has no {MASK} token")
+        self.batch_size = self.config.batch_size
+        self.max_seq_length = self.config.max_seq_length or loaded.config.max_position_embeddings
 
     @torch.no_grad()
     def __call__(

@@ -146,6 +146,11 @@ class Predictor:
         features = self.task.featurize(examples, self.tokenizer, self.max_seq_length)
         return self.task.answer(examples, features, self.outputs(features))
 
+    def check(self, item: Any, n: int = 0) -> None:
+        """Refuse (ValueError, KeyError or TypeError naming item `n`) an input this model's
+        task does not read, before it is batched with others."""
+        self.task.example_of(_plain(item), n)
+
     @functools.cached_property
     def rerank_label(self) -> str | None:
         """What `rerank` scores: "score" (a regressor of text pairs), the relevant class of a
