@@ -24,7 +24,6 @@ from bertkit.finetuning.train import (
     Selection,
     TaskData,
     finetune,
-    fitted_config,
     load_task_data,
     resolve_run,
 )
@@ -53,14 +52,11 @@ def _start(task: str | Task, model: str | os.PathLike, data: Data, out: str | os
     """The start of a series of runs: the arguments as objects (`resolve_run`), what the task
     reads of `data`, and the data read and featurised once for every run of the series
     (features depend on max_seq_length only, not on batch, rate, epochs or seed)."""
-    given = config
     task, config, out = resolve_run(task, config, out, data)
     data = task.source(data)
     if loaded is None:
-        tokenizer = BertTokenizer.from_pretrained(model)
-        tokenizer.model_max_length = config.sizes().max_seq_length
-        loaded = load_task_data(task, data, tokenizer, config)
-    return task, fitted_config(given, config, loaded.task), out, data, loaded
+        loaded = load_task_data(task, data, BertTokenizer.from_pretrained(model), config)
+    return task, config.resolved(loaded.task), out, data, loaded
 
 
 def finetune_seeds(task: str | Task, model: str | os.PathLike, data: Data, out: str | os.PathLike,

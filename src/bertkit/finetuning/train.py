@@ -146,8 +146,9 @@ def load_task_data(
     task: Task, data: str | os.PathLike | None, tokenizer, config: FinetuneConfig
 ) -> TaskData:
     """Read and featurise the training and dev splits; the summary of each is printed (on
-    stderr) when `config.progress`."""
-    max_seq_length = config.sizes().max_seq_length
+    stderr) when `config.progress`. `config` as given: its length, else the task's (fitting a
+    task to its training file keeps its length)."""
+    max_seq_length = config.max_seq_length or task.default_max_seq_length
     train = task.read(data, "train")[: config.max_train_examples]
     carved = None
     if config.validation_split:
@@ -222,16 +223,6 @@ def build_model(
     )
 
 
-def fitted_config(
-    given: FinetuneConfig | None, config: FinetuneConfig, task: Task
-) -> FinetuneConfig:
-    """`config` (`given`, resolved) with the defaults of `task` as fitted to its training file
-    where `given` chose none: your own scores draw random batches, as STS-B's do."""
-    if given is None or given.bucket_batches is None:
-        return dataclasses.replace(config, bucket_batches=task.default_bucket_batches)
-    return config
-
-
 def resolve_run(
     task: str | Task,
     config: FinetuneConfig | None,
@@ -239,8 +230,9 @@ def resolve_run(
     data: Data = None,
 ) -> tuple[Task, FinetuneConfig, Path]:
     """The arguments every entry point takes, as objects: the task (the generic ones with the
-    DataConfig given as `data`), the settings with the task's defaults filled in, the output
-    folder."""
+    DataConfig given as `data`), the settings as given (a named dataset's validation split
+    filled in; the task's defaults are filled in once its training file is read:
+    `FinetuneConfig.resolved(fitted task)`), the output folder."""
     if isinstance(data, DataConfig) and data.dataset is not None:  # a dataset by its name
         from bertkit.tasks.named import dataset_files
 
@@ -256,7 +248,7 @@ def resolve_run(
     elif isinstance(data, DataConfig):
         raise ValueError("give the DataConfig to the task or as data, not both")
     task.source(data)  # data the task cannot read fails before any work
-    return task, (config or FinetuneConfig()).resolved(task), Path(out)
+    return task, config or FinetuneConfig(), Path(out)
 
 
 def finetune(
@@ -275,111 +267,188 @@ def finetune(
     the results dict (also `out/results.json`). `loaded` reuses data read by an earlier run;
     `build(task, model, seed)` replaces `build_model` (another implementation, for
     benchmarks)."""
-    given = config
-    task, config, out = resolve_run(task, config, out, data)
-    model = model_dir(model)  # a folder, or a Hub name resolved once
-    task.head_class(config.bilstm)  # a head this task cannot have fails before any work
-    _check_out(out, config)
-    started = time.perf_counter()
-    sizes = config.sizes()
-    tokenizer = BertTokenizer.from_pretrained(model)
-    tokenizer.model_max_length = sizes.max_seq_length
-    source = task.source(data)
-    # every file is read and checked before OUT is touched: bad input leaves nothing behind
-    if config.validation_split and task.test_splits():
-        raise ValueError(
-            f"--validation-split: {task.name} has its own test file; carve the validation set "
-            "or give --test, not both"
+    return FinetuneRun(task, model, data, out, config, loaded=loaded, build=build).run()
+
+
+class FinetuneRun:
+    """One fine-tuning run, read top to bottom. Making it reads and checks everything before
+    OUT is touched (bad input leaves nothing behind) and settles the settings once, with the
+    task fitted to its training file; `run()` claims OUT, trains on the one loop (scoring the
+    dev set at each evaluation: `_Evaluation`) and writes what a finished run leaves."""
+
+    def __init__(self, task: str | Task, model: str | os.PathLike, data: Data,
+                 out: str | os.PathLike, config: FinetuneConfig | None = None, *,
+                 loaded: TaskData | None = None,
+                 build: Callable[[Task, str | os.PathLike, int], torch.nn.Module] | None = None,
+                 ) -> None:  # fmt: skip
+        self.started = time.perf_counter()
+        task, given, self.out = resolve_run(task, config, out, data)
+        self.model = model_dir(model)  # a folder, or a Hub name resolved once
+        task.head_class(given.bilstm)  # a head this task cannot have fails before any work
+        _check_out(self.out, given)
+        self.data, self.source, self.build = data, task.source(data), build
+        if given.validation_split and task.test_splits():
+            raise ValueError(
+                f"--validation-split: {task.name} has its own test file; carve the validation "
+                "set or give --test, not both"
+            )
+        self.tokenizer = BertTokenizer.from_pretrained(self.model)
+        self.loaded = loaded or load_task_data(task, self.source, self.tokenizer, given)
+        self.task = self.loaded.task  # fitted to its training file (a user's labels)
+        self.config = given.resolved(self.task)  # the task's defaults where none was given
+        self.sizes = self.config.sizes()
+        self.tokenizer.model_max_length = self.sizes.max_seq_length
+
+    def run(self) -> dict[str, Any]:
+        task, config, out, loaded = self.task, self.config, self.out, self.loaded
+        if config.resume and (finished := self._finished()) is not None:
+            logger.info("%s: finished already (results.json), not run again", out)
+            return finished
+        _claim(out, config)
+        net = self._network()
+        dist = distributed.setup(config.compute.device)
+        if dist.enabled:
+            raise NotImplementedError("fine-tuning runs in one process (torchrun is for pretrain)")
+        self.device = dist.device
+        batches = FinetuneData(
+            loaded.train_features,
+            self.sizes.batch_size,
+            functools.partial(collate, padded=task.padded_inputs),
+            seed=config.seed,
+            bucket_batches=self.sizes.bucket_batches,
+            distinct=task.distinct_texts(loaded.train, loaded.train_features),
         )
-    loaded = loaded or load_task_data(task, source, tokenizer, config)
-    task = loaded.task
-    config = fitted_config(given, config, task)
-    sizes = config.sizes()
-    if (
-        config.resume
-        and (finished := _results_of_finished_run(out, task, config, len(loaded.train))) is not None
-    ):
-        logger.info("%s: finished already (results.json), not run again", out)
-        return finished
-    _claim(out, config)
-    net = _network(task, model, tokenizer, config, build)
-    dist = distributed.setup(config.compute.device)
-    if dist.enabled:
-        raise NotImplementedError("fine-tuning runs in one process (torchrun is for pretrain)")
-    batches = FinetuneData(
-        loaded.train_features,
-        sizes.batch_size,
-        functools.partial(collate, padded=task.padded_inputs),
-        seed=config.seed,
-        bucket_batches=sizes.bucket_batches,
-        distinct=task.distinct_texts(loaded.train, loaded.train_features),
-    )
-    steps_per_epoch = batches.batches_per_epoch
-    max_steps = steps_per_epoch * sizes.epochs
-    evaluation = _Evaluation(
-        task, loaded.devs, out, config, tokenizer, steps_per_epoch, dist.device
-    )
-    training = _training(task, out, config, max_steps, steps_per_epoch)
-    trainer = Trainer(
-        net, TaskObjective(task), batches, training, dist_info=dist, evaluate=evaluation,
-        flags={k: f for k, (_, f) in flat(config).items()},
-    )  # fmt: skip
-    before = None
-    if task.scores_before_training and not (out / STATE_FILE).exists():  # (not when resumed)
-        examples, features = loaded.devs["dev"]
-        before = evaluate_split(
-            task, trainer.model, examples, features, config.eval_batch_size, dist.device
-        )[0]
-        logger.info("before training: dev %s", _brief(before))
-    trainer.train()
-    results = _results(task, model, data, loaded, evaluation, trainer, config, before, max_steps)
-    _score_chosen_model(results, loaded, evaluation, source, tokenizer, config, dist.device)
-    # a resumed run also counts the time its checkpoint holds
-    results["seconds"] = round(time.perf_counter() - started + trainer.seconds_before, 1)
-    _write_run(out, task, model, data, config, results)
-    return results
-
-
-def _training(task: Task, out: Path, config: FinetuneConfig, max_steps: int,
-              steps_per_epoch: int) -> TrainingConfig:  # fmt: skip
-    """The loop's settings for a run: an evaluation (and a checkpoint) each epoch or
-    `eval_every` steps, a log line about four times an epoch."""
-    return TrainingConfig(
-        out_dir=str(out),
-        max_steps=max_steps,
-        optim=config.optim_for(max_steps),
-        precision=config.compute.precision,
-        compile=config.compute.compile,
-        log_every=max(1, min(50, steps_per_epoch // 4)),
-        eval_every=config.eval_every or steps_per_epoch,
-        save_every=config.eval_every or steps_per_epoch,
-        seed=config.seed,
-        resume=config.resume and (out / STATE_FILE).exists(),  # a fresh seed starts quietly
-        progress=config.progress,
-        extra={"task": task.name, "finetune": dataclasses.asdict(config)},
-    )
-
-
-def _network(task: Task, model: Path, tokenizer, config: FinetuneConfig, build) -> torch.nn.Module:
-    """The model a run trains: the task's head on `model` (or `build`'s), configured for the
-    task, checked against the vocabulary."""
-    if build is None:
-        net = build_model(
-            task, model, config.seed, config.bilstm, config.random_init, config.dropout,
-            config.head_init,
+        self.steps_per_epoch = batches.batches_per_epoch
+        self.max_steps = self.steps_per_epoch * self.sizes.epochs
+        self.evaluation = _Evaluation(self)
+        trainer = Trainer(
+            net, TaskObjective(task), batches, self._training(), dist_info=dist,
+            evaluate=self.evaluation, flags={k: f for k, (_, f) in flat(config).items()},
         )  # fmt: skip
-    else:
-        net = build(task, model, config.seed)
-    set_dropout_parity(net, config.compute.parity)
-    set_activation_checkpointing(net, config.compute.activation_checkpointing)
-    set_static_shapes(net, config.compute.compile == "graphs")
-    task.configure(net, config.sizes().max_seq_length)
-    if tokenizer.vocab_size > net.config.vocab_size:
-        raise ValueError(
-            f"{model}: vocab.txt has {tokenizer.vocab_size} tokens, the model embeds "
-            f"{net.config.vocab_size}: not this model's vocabulary"
+        before = self._score_before(trainer)
+        trainer.train()
+        results = self._results(trainer, before)
+        self._score_chosen_model(results)
+        # a resumed run also counts the time its checkpoint holds
+        results["seconds"] = round(time.perf_counter() - self.started + trainer.seconds_before, 1)
+        self._write(results)
+        return results
+
+    def _finished(self) -> dict[str, Any] | None:
+        """The results of this run if OUT holds it finished (`_results_of_finished_run`)."""
+        return _results_of_finished_run(self.out, self.task, self.config, len(self.loaded.train))
+
+    def _network(self) -> torch.nn.Module:
+        """The model the run trains: the task's head on the checkpoint (or `build`'s),
+        configured for the task, checked against the vocabulary."""
+        task, config, model = self.task, self.config, self.model
+        if self.build is None:
+            net = build_model(
+                task, model, config.seed, config.bilstm, config.random_init, config.dropout,
+                config.head_init,
+            )  # fmt: skip
+        else:
+            net = self.build(task, model, config.seed)
+        set_dropout_parity(net, config.compute.parity)
+        set_activation_checkpointing(net, config.compute.activation_checkpointing)
+        set_static_shapes(net, config.compute.compile == "graphs")
+        task.configure(net, self.sizes.max_seq_length)
+        if self.tokenizer.vocab_size > net.config.vocab_size:
+            raise ValueError(
+                f"{model}: vocab.txt has {self.tokenizer.vocab_size} tokens, the model embeds "
+                f"{net.config.vocab_size}: not this model's vocabulary"
+            )
+        return net
+
+    def _training(self) -> TrainingConfig:
+        """The loop's settings: an evaluation (and a checkpoint) each epoch or `eval_every`
+        steps, a log line about four times an epoch."""
+        config, out = self.config, self.out
+        return TrainingConfig(
+            out_dir=str(out),
+            max_steps=self.max_steps,
+            optim=config.optim_for(self.max_steps),
+            precision=config.compute.precision,
+            compile=config.compute.compile,
+            log_every=max(1, min(50, self.steps_per_epoch // 4)),
+            eval_every=config.eval_every or self.steps_per_epoch,
+            save_every=config.eval_every or self.steps_per_epoch,
+            seed=config.seed,
+            resume=config.resume and (out / STATE_FILE).exists(),  # a fresh seed starts quietly
+            progress=config.progress,
+            extra={"task": self.task.name, "finetune": dataclasses.asdict(config)},
         )
-    return net
+
+    def _score_before(self, trainer: Trainer) -> dict[str, float] | None:
+        """The dev figures of the untrained model, for the tasks that report them (not on a
+        resumed run)."""
+        if not self.task.scores_before_training or (self.out / STATE_FILE).exists():
+            return None
+        examples, features = self.loaded.devs["dev"]
+        before = evaluate_split(self.task, trainer.model, examples, features,
+                                self.config.eval_batch_size, self.device)[0]  # fmt: skip
+        logger.info("before training: dev %s", _brief(before))
+        return before
+
+    def _results(self, trainer: Trainer, before: dict[str, float] | None) -> dict[str, Any]:
+        """results.json of a run whose training is over, but for the test and held-out
+        figures."""
+        task, config, loaded, evaluation = self.task, self.config, self.loaded, self.evaluation
+        best = evaluation.best
+        if not best:
+            best.update(_best_so_far(self.out, evaluation.chosen))
+        results = {
+            "task": task.name,
+            "model": str(self.model),
+            "data": task.data_description(self.data),
+            "dev": best.get("dev", {}),
+            "best_epoch": best.get("epoch"),
+            "selected_by": evaluation.chosen.name,
+            **({"before_training": before} if before is not None else {}),
+            "epochs": [e for e in read_log(self.out / LOG_FILE) if e.get("split") == "eval"],
+            "hyperparameters": _hyperparameters(config),
+            "precision": trainer.precision.as_dict(),  # what auto chose here, and why
+            "train_examples": len(loaded.train),
+            "train_features": len(loaded.train_features),
+            "steps": self.max_steps,
+        }
+        if trainer.stopped:  # early stopping: the steps run, the evaluations without a gain
+            results["stopped_early"] = {"step": trainer.step, "patience": config.patience}
+        if loaded.summaries:
+            results["read"] = loaded.summaries
+        return results
+
+    def _score_chosen_model(self, results: dict[str, Any]) -> None:
+        """The chosen model's figures beside the dev ones: on the carved-out dev set as a
+        test, on the test files, and its report (from the best evaluation, else computed
+        again)."""
+        task, out, config, loaded = self.task, self.out, self.config, self.loaded
+        if loaded.held_out:  # the dev set as a test: the model chosen on the carved validation
+            results["validation_split"] = config.validation_split
+            results["test"] = score_held_out(task, out, loaded.held_out, config, self.device)
+        report = self.evaluation.best.get("report")
+        if task.test_splits() or (report is None and task.reports):
+            # the best epoch's model (a resumed run kept it in OUT) on the test files, and on
+            # dev again where a resumed run lost the best epoch's report
+            final_evaluation(task, out, self.source, self.tokenizer, config, self.device,
+                             results, report)  # fmt: skip
+        elif report:
+            results["report"] = report
+
+    def _write(self, results: dict[str, Any]) -> None:
+        """What a finished run leaves in OUT beside its model: results.json, the model card,
+        the pictures; the trainer state goes unless kept; the model's digest is recorded."""
+        task, out, config, model = self.task, self.out, self.config, self.model
+        write_json(out / RESULTS_FILE, results)
+        data = self.data if self.data is not None else getattr(task, "data", None)
+        write_model_card(out, task, model, data, config, results)
+        draw_reports(out, task, results.get("report", {}))
+        plot_log(out / LOG_FILE, out / "curves.png", title=f"{task.name}: {Path(model).name}")
+        if not config.keep_state:
+            (out / STATE_FILE).unlink(missing_ok=True)
+            (out / DIGEST_FILE).unlink(missing_ok=True)
+        if (out / MODEL_FILE).exists():
+            record_model_digest(out)  # checked by everything that loads it
 
 
 class _Evaluation:
@@ -388,11 +457,14 @@ class _Evaluation:
     evaluations without a better score. `best` is the best so far (on a resumed run, from its
     log.jsonl first)."""
 
-    def __init__(self, task: Task, devs, out: Path, config: FinetuneConfig, tokenizer,
-                 steps_per_epoch: int, device: torch.device) -> None:  # fmt: skip
-        self.task, self.devs, self.out, self.config = task, devs, out, config
-        self.tokenizer, self.steps_per_epoch, self.device = tokenizer, steps_per_epoch, device
-        self.chosen = Selection(task, config.metric)
+    def __init__(self, run: FinetuneRun) -> None:
+        self.task, self.devs, self.out, self.config = run.task, run.loaded.devs, run.out, run.config
+        self.tokenizer, self.steps_per_epoch, self.device = (
+            run.tokenizer,
+            run.steps_per_epoch,
+            run.device,
+        )
+        self.chosen = Selection(run.task, run.config.metric)
         self.best: dict[str, Any] = {}
 
     def __call__(self, wrapped, step: int) -> dict[str, Any]:
@@ -433,67 +505,6 @@ class _Evaluation:
             )  # fmt: skip
             entry["stop"] = True
         return entry
-
-
-def _results(task: Task, model: Path, data, loaded: TaskData, evaluation: _Evaluation,
-             trainer: Trainer, config: FinetuneConfig, before, max_steps: int) -> dict[str, Any]:  # fmt: skip
-    """results.json of a run whose training is over, but for the test and held-out figures."""
-    best = evaluation.best
-    if not best:
-        best.update(_best_so_far(evaluation.out, evaluation.chosen))
-    results = {
-        "task": task.name,
-        "model": str(model),
-        "data": task.data_description(data),
-        "dev": best.get("dev", {}),
-        "best_epoch": best.get("epoch"),
-        "selected_by": evaluation.chosen.name,
-        **({"before_training": before} if before is not None else {}),
-        "epochs": [e for e in read_log(evaluation.out / LOG_FILE) if e.get("split") == "eval"],
-        "hyperparameters": _hyperparameters(config),
-        "precision": trainer.precision.as_dict(),  # what auto chose here, and why
-        "train_examples": len(loaded.train),
-        "train_features": len(loaded.train_features),
-        "steps": max_steps,
-    }
-    if trainer.stopped:  # early stopping: the steps run, the evaluations without a gain
-        results["stopped_early"] = {"step": trainer.step, "patience": config.patience}
-    if loaded.summaries:
-        results["read"] = loaded.summaries
-    return results
-
-
-def _score_chosen_model(results: dict[str, Any], loaded: TaskData, evaluation: _Evaluation,
-                        source, tokenizer, config: FinetuneConfig, device) -> None:  # fmt: skip
-    """The chosen model's figures beside the dev ones: on the carved-out dev set as a test,
-    on the test files, and its report (from the best evaluation, else computed again)."""
-    task, out = loaded.task, evaluation.out
-    if loaded.held_out:  # the dev set as a test: the model chosen on the carved validation, once
-        results["validation_split"] = config.validation_split
-        results["test"] = score_held_out(task, out, loaded.held_out, config, device)
-    report = evaluation.best.get("report")
-    if task.test_splits() or (report is None and task.reports):
-        # the best epoch's model (a resumed run kept it in OUT) on the test files, and on dev
-        # again where a resumed run lost the best epoch's report
-        final_evaluation(task, out, source, tokenizer, config, device, results, report)
-    elif report:
-        results["report"] = report
-
-
-def _write_run(out: Path, task: Task, model: Path, data, config: FinetuneConfig,
-               results: dict[str, Any]) -> None:  # fmt: skip
-    """What a finished run leaves in OUT beside its model: results.json, the model card, the
-    pictures; the trainer state goes unless kept; the model's digest is recorded."""
-    write_json(out / RESULTS_FILE, results)
-    write_model_card(out, task, model, data if data is not None else getattr(task, "data", None),
-                     config, results)  # fmt: skip
-    draw_reports(out, task, results.get("report", {}))
-    plot_log(out / LOG_FILE, out / "curves.png", title=f"{task.name}: {Path(model).name}")
-    if not config.keep_state:
-        (out / STATE_FILE).unlink(missing_ok=True)
-        (out / DIGEST_FILE).unlink(missing_ok=True)
-    if (out / MODEL_FILE).exists():
-        record_model_digest(out)  # checked by everything that loads it
 
 
 # the settings results.json records, and a resumed run must match to count as finished
