@@ -3,7 +3,8 @@ TensorFlow checkpoints, read without TensorFlow.
 
 Our state-dict names *are* Hugging Face's (`bert.encoder.layer.0.attention.self.query.weight`),
 so the HF layout needs no renaming beyond legacy spellings; Google's names convert by the table
-below (kernels transposed). Every load reports missing and unexpected tensors by name and refuses
+below (kernels transposed); the family's checkpoints (RoBERTa, DistilBERT, ...) are read under
+BERT's names and written back under their own (`core.family`). Every load reports missing and unexpected tensors by name and refuses
 shape mismatches, naming the tensor and both shapes.
 """
 
@@ -22,6 +23,7 @@ import torch
 
 from bertkit._io import TASK_FILE, atomic_path, atomic_write_text, check_model_digest
 from bertkit.core.config import BertConfig
+from bertkit.core.family import FAMILIES, Family, family_of
 from bertkit.core.hub import model_dir
 from bertkit.core.tf_bundle import _BFloat16, bundle_prefix, read_bundle, write_bundle
 
@@ -163,7 +165,43 @@ def read_state_dict(path: str | os.PathLike, *, verify: bool = True) -> dict[str
             state.update(_read_safetensors(path / shard))
     else:
         state = _read_torch_bin(path / PYTORCH_BIN)
-    return _normalize_hf_names(state)
+    return _as_bert_names(_normalize_hf_names(state), _family_of_folder(path))
+
+
+def _family_of_folder(path: Path) -> Family:
+    """The family a folder's config.json names (BERT without one)."""
+    config = path / HF_CONFIG
+    if not config.exists():
+        return FAMILIES["bert"]
+    try:
+        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type", "bert")
+    except (ValueError, AttributeError):
+        return FAMILIES["bert"]  # read_config names the broken file
+    return family_of(model_type, str(config))
+
+
+def _as_bert_names(state: dict[str, Any], family: Family) -> dict[str, Any]:
+    """A family's tensor names (`roberta.encoder...`, `distilbert.transformer...`) as BERT's."""
+    if family.model_type == "bert":
+        return state
+    out = {}
+    for name, tensor in state.items():
+        prefixed = name.startswith(family.prefix + ".")
+        bare = family.to_bert(name[len(family.prefix) + 1 :] if prefixed else name)
+        out[("bert." if prefixed else "") + bare] = tensor
+    return out
+
+
+def _as_family_names(state: dict[str, Any], family: Family) -> dict[str, Any]:
+    """BERT's tensor names as `family`'s (what transformers' classes of it load)."""
+    if family.model_type == "bert":
+        return state
+    out = {}
+    for name, tensor in state.items():
+        prefixed = name.startswith("bert.")
+        bare = family.from_bert(name[len("bert.") :] if prefixed else name)
+        out[(family.prefix + "." if prefixed else "") + bare] = tensor
+    return out
 
 
 def tensor_names(path: str | os.PathLike) -> set[str]:
@@ -193,7 +231,7 @@ def tensor_names(path: str | os.PathLike) -> set[str]:
                 names.update(dict.fromkeys(handle.keys()))
         except (SafetensorError, OSError) as err:
             raise ValueError(f"{file}: cannot read safetensors weights ({err})") from None
-    return set(_normalize_hf_names(names))  # type: ignore[arg-type]  # names only
+    return set(_as_bert_names(_normalize_hf_names(names), _family_of_folder(path)))  # type: ignore[arg-type]
 
 
 def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
@@ -255,7 +293,10 @@ def _normalize_hf_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
         # Old Hugging Face checkpoints (e.g. the original bert-base-uncased) say gamma/beta.
         name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
         name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
-        if name.endswith("embeddings.position_ids") or name == "cls.predictions.decoder.bias":
+        if (
+            name.endswith(("embeddings.position_ids", "embeddings.token_type_ids"))
+            or name == "cls.predictions.decoder.bias"
+        ):
             continue  # a non-persistent buffer some versions saved; a copy of cls.predictions.bias
         out[name] = tensor
     return out
@@ -267,7 +308,7 @@ def _adapt_prefix(
 ) -> dict[str, torch.Tensor]:
     """Match the checkpoint's `bert.` prefix to the model's (BertModel has none, heads have it)."""
     prefix = model.base_model_prefix
-    encoder_keys = ("embeddings.", "encoder.", "pooler.")
+    encoder_keys = ("embeddings.", "embeddings_project.", "encoder.", "pooler.")
     has_prefix = any(k.startswith("bert.") for k in state)
     if prefix and not has_prefix:
         return {(f"{prefix}.{k}" if k.startswith(encoder_keys) else k): v for k, v in state.items()}
@@ -422,7 +463,8 @@ def _initialize(
 def _is_encoder(name: str, model: PreTrainedModule) -> bool:
     prefix = f"{model.base_model_prefix}." if model.base_model_prefix else ""
     # The pooler is left out: checkpoints saved without one (BertForMaskedLM) are common.
-    return name.startswith((prefix + "embeddings.", prefix + "encoder."))
+    return name.startswith((prefix + "embeddings.", prefix + "embeddings_project.",
+                            prefix + "encoder."))  # fmt: skip
 
 
 def _shape_hint(name: str) -> str:
@@ -496,10 +538,12 @@ def load_pretrained(
 
 # ---------------------------------------------------------------------------- saving
 def state_dict_for_saving(model: PreTrainedModule) -> dict[str, torch.Tensor]:
-    """The model's tensors, tied copies dropped (safetensors refuses shared storage)."""
+    """The model's tensors under its family's names, tied copies dropped (safetensors refuses
+    shared storage)."""
     state = model.state_dict()
     state.pop(TIED_DECODER, None)
-    return {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    state = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    return _as_family_names(state, family_of(model.config.model_type))
 
 
 def save_pretrained(
@@ -529,7 +573,10 @@ def save_pretrained(
             torch.save(state, tmp)
         stale = directory / SAFETENSORS
     stale.unlink(missing_ok=True)  # never leave two disagreeing weight files
-    model.config.to_json_file(directory / HF_CONFIG, architectures=[type(model).__name__])
+    family = family_of(model.config.model_type)
+    model.config.to_json_file(
+        directory / HF_CONFIG, architectures=[family.class_name(type(model).__name__)]
+    )
     _write_vocab(model, directory, tokenizer)
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bertkit.core.family import family_of
+
 # Activations a BERT checkpoint may name. "gelu" is the exact (erf) GELU of the paper's code;
 # "gelu_new"/"gelu_pytorch_tanh" are the tanh approximation some later checkpoints use.
 ACTIVATIONS = (
@@ -140,6 +142,11 @@ class BertConfig:
     # Neither is a checkpoint transformers or Google's code can run.
     layer_norm_position: str = "post"
     feed_forward: str = "mlp"
+    # The family the checkpoint belongs to (config.json's `model_type`: bert, roberta,
+    # xlm-roberta, electra, distilbert; `core.family`), and ELECTRA's embedding width (the
+    # embeddings then projected to hidden_size); None: hidden_size.
+    model_type: str = "bert"
+    embedding_size: int | None = None
     # Anything else the file held, when read with strict=False; written back unchanged.
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -162,11 +169,21 @@ class BertConfig:
             "num_attention_heads",
             "intermediate_size",
             "max_position_embeddings",
-            "type_vocab_size",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
+        family_of(self.model_type, "BertConfig")
+        for name in ("type_vocab_size", "embedding_size"):  # 0 segments: none (DistilBERT)
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < (name == "embedding_size")):  # fmt: skip
+                raise ValueError(f"BertConfig.{name} must be a whole number, got {value!r}")
+        if self.position_offset >= self.max_position_embeddings:
+            raise ValueError(
+                f"BertConfig.max_position_embeddings ({self.max_position_embeddings}) leaves no "
+                f"position after {self.model_type}'s offset of {self.position_offset}"
+            )
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"BertConfig.hidden_size ({self.hidden_size}) must be divisible by "
@@ -227,8 +244,9 @@ class BertConfig:
     def parameter_estimate(self) -> int:
         """Parameters of BertModel with this config (embeddings, layers, pooler), computed from
         the sizes without building anything: BERT-Base gives 109,482,240."""
-        h, i = self.hidden_size, self.intermediate_size
-        embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * h
+        h, i, e = self.hidden_size, self.intermediate_size, self.embedding_size or self.hidden_size
+        embeddings = (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * e
+        embeddings += 2 * e - 2 * h + ((e * h + h) if e != h else 0)  # its LayerNorm, projection
         up = 2 * (h * i + i) if self.feed_forward == "glu" else h * i + i
         layer = 4 * (h * h + h) + 2 * h + up + (i * h + h) + 2 * h
         final = 2 * h if self.layer_norm_position == "pre" else 0
@@ -238,6 +256,17 @@ class BertConfig:
     def is_paper_architecture(self) -> bool:
         """Post-LN layers with the MLP feed-forward: what transformers and Google's code run."""
         return all(getattr(self, k) == allowed[0] for k, allowed in ARCHITECTURE_CHOICES.items())
+
+    @property
+    def position_offset(self) -> int:
+        """The row of the position table that position 0 reads: 0, or RoBERTa's
+        pad_token_id + 1 (`core.family`)."""
+        return self.pad_token_id + 1 if family_of(self.model_type).positions == "offset" else 0
+
+    @property
+    def max_length(self) -> int:
+        """The most positions (pieces) one input may have."""
+        return self.max_position_embeddings - self.position_offset
 
     # ----------------------------------------------------------------------------- helpers
     @property
@@ -294,14 +323,16 @@ class BertConfig:
         if not isinstance(data, dict):
             raise ValueError(f"{source}: expected a JSON object, got {type(data).__name__}")
         model_type = data.get("model_type", "bert")
-        if model_type != "bert":
-            raise ValueError(f"{source}: model_type is {model_type!r}, not 'bert'")
+        family = family_of(model_type, source)
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = {"model_type": model_type, **family.config_defaults}
         extra: dict[str, Any] = {}
         unknown = []
         for key, value in data.items():
-            if key in names:
+            key = family.config_keys.get(key, key)
+            if key in family.kept_keys:
+                extra[key] = value
+            elif key in names and key != "model_type":
                 values[key] = value
             elif key in _HF_IGNORED_KEYS or key in _GOOGLE_IGNORED_KEYS:
                 continue
@@ -330,6 +361,8 @@ class BertConfig:
     def to_dict(self, flavour: str = "hf") -> dict[str, Any]:
         """`flavour="hf"`: a transformers-compatible config.json; "google": bert_config.json."""
         if flavour == "google":
+            if self.model_type != "bert":
+                raise ValueError(f"Google's BERT code has no {self.model_type} models")
             if not self.is_paper_architecture:
                 raise ValueError(
                     "Google's BERT code has no pre-LN or GLU layers: this model "
@@ -339,9 +372,11 @@ class BertConfig:
             return {k: getattr(self, k) for k in GOOGLE_KEYS}
         if flavour != "hf":
             raise ValueError(f"flavour must be 'hf' or 'google', got {flavour!r}")
-        data: dict[str, Any] = {"model_type": "bert"}
+        family = family_of(self.model_type)
+        theirs = {ours: key for key, ours in family.config_keys.items()}
+        data: dict[str, Any] = {"model_type": self.model_type}
         for f in dataclasses.fields(self):
-            if f.name == "extra":
+            if f.name in ("extra", "model_type") or f.name in family.unwritten_keys:
                 continue
             value = getattr(self, f.name)
             if value is None:
@@ -350,7 +385,7 @@ class BertConfig:
                 continue  # the paper's: config.json stays what transformers writes
             if f.name == "id2label":
                 value = {str(k): v for k, v in value.items()}
-            data[f.name] = value
+            data[theirs.get(f.name, f.name)] = value
         data.update(self.extra)
         return data
 

@@ -23,37 +23,51 @@ from torch.utils.checkpoint import checkpoint as activation_checkpoint
 from bertkit.core.checkpoint import NEW_WEIGHTS, load_pretrained, save_pretrained
 from bertkit.core.config import BertConfig
 from bertkit.core.dropout import dropout as fast_dropout
+from bertkit.core.family import family_of
 from bertkit.core.unpad import Layouts, TokenLayout, by_sequence_from, row_multiple
 
 
 class BertEmbeddings(nn.Module):
-    """Token + segment + learned position embeddings, then LayerNorm and dropout (the paper's Fig. 2)."""
+    """Token + segment + learned position embeddings, then LayerNorm and dropout (the paper's
+    Fig. 2). The family's variants (`core.family`): positions from row `position_offset`
+    (RoBERTa's), no segment table (`type_vocab_size` 0), the tables `embedding_size` wide
+    (ELECTRA's; `BertModel.embeddings_project` takes them to hidden_size)."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        width = config.embedding_size or config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, width)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, width)
+        self.position_offset = config.position_offset
+        self.token_type_embeddings = (
+            nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
+        )
+        self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
         self,
         input_ids: torch.Tensor,  # (B, S)
         token_type_ids: torch.Tensor | None = None,  # (B, S), 0 for segment A, 1 for B
-        position_ids: torch.Tensor | None = None,  # (B, S) or (S,), default 0..S-1
+        position_ids: torch.Tensor | None = None,  # (B, S) or (S,) rows of the table,
+        # default position_offset + 0..S-1
         layout: TokenLayout | None = None,
     ) -> torch.Tensor:  # (B, S, H); with `layout`, its rows (its dropout masks: TokenLayout)
-        seq_len = input_ids.shape[1]
+        seq_len, first = input_ids.shape[1], self.position_offset
         if position_ids is None:
-            positions = self.position_embeddings.weight[:seq_len]  # (S, H)
+            positions = self.position_embeddings.weight[first : first + seq_len]  # (S, H)
         else:
             positions = self.position_embeddings(position_ids)
-        if token_type_ids is None:
-            segments = self.token_type_embeddings.weight[0]  # (H,): all segment A
-        else:
-            segments = self.token_type_embeddings(token_type_ids)  # (B, S, H)
-        embeddings = self.LayerNorm(self.word_embeddings(input_ids) + segments + positions)
+        words = self.word_embeddings(input_ids)
+        if self.token_type_embeddings is None:  # no segments (DistilBERT)
+            embeddings = words + positions
+        else:  # words + segments + positions, in transformers' order of the sums
+            if token_type_ids is None:
+                segments = self.token_type_embeddings.weight[0]  # (H,): all segment A
+            else:
+                segments = self.token_type_embeddings(token_type_ids)  # (B, S, H)
+            embeddings = words + segments + positions
+        embeddings = self.LayerNorm(embeddings)
         if layout is None:
             return self.dropout(embeddings)
         return layout.dropout(layout.to_rows(embeddings), self.dropout.p, self.training)
@@ -456,8 +470,18 @@ class BertModel(BertPreTrainedModel):
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
         super().__init__(config)
         self.embeddings = BertEmbeddings(config)
+        width = config.embedding_size or config.hidden_size
+        # ELECTRA's: narrower embeddings projected to the encoder's width
+        self.embeddings_project = (
+            nn.Linear(width, config.hidden_size) if width != config.hidden_size else None
+        )
         self.encoder = BertEncoder(config)
-        self.pooler = BertPooler(config) if add_pooling_layer else None
+        # (a family whose checkpoints hold no pooler has none: DistilBERT, ELECTRA)
+        self.pooler = (
+            BertPooler(config)
+            if add_pooling_layer and family_of(config.model_type).pooler
+            else None
+        )
         # Dropout masks as transformers draws them (TokenLayout.dropout): `set_dropout_parity`
         self.dropout_parity = False
         # Compiled for inference (`precision.compile_for_inference`): every batch's layouts
@@ -589,6 +613,8 @@ class BertModel(BertPreTrainedModel):
             # one SDPA may take its flash kernel (a mask rules that out on CUDA)
             mask = None
         x = self.embeddings(input_ids, token_type_ids, position_ids, layout)  # rows
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(x)
         x, hidden_states, attentions = self.encoder(
             x, mask, layout, output_hidden_states, output_attentions, read
         )
@@ -603,11 +629,14 @@ class BertModel(BertPreTrainedModel):
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_len), got {tuple(input_ids.shape)}")
         seq_len = input_ids.shape[1]
-        if seq_len > self.config.max_position_embeddings:
+        if seq_len > self.config.max_length:
+            offset = self.config.position_offset
             raise ValueError(
                 f"sequence length {seq_len} exceeds max_position_embeddings "
-                f"({self.config.max_position_embeddings}); truncate the input (the tokenizer's "
-                "max_length) or use a model with more positions"
+                f"({self.config.max_position_embeddings}"
+                + (f", less {self.config.model_type}'s offset {offset}" if offset else "")
+                + "); truncate the input (the tokenizer's max_length) or use a model with more "
+                "positions"
             )
         if token_type_ids is not None and token_type_ids.shape != input_ids.shape:
             raise ValueError(
@@ -617,7 +646,7 @@ class BertModel(BertPreTrainedModel):
         # a cheap check on the CPU (on a GPU it would force a sync; compiled, a graph break)
         if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
             _check_ids(input_ids, self.config.vocab_size, "input_ids", "vocab_size")
-            if token_type_ids is not None:
+            if token_type_ids is not None and self.config.type_vocab_size:
                 _check_ids(
                     token_type_ids, self.config.type_vocab_size, "token_type_ids", "type_vocab_size"
                 )

@@ -168,6 +168,10 @@ class BertTokenizer:
         self.backend = backend
         self._settings: tuple | None = None
 
+    # the special tokens by role: Google's names; a tokenizer.json's own (`JsonTokenizer`)
+    pad_token, unk_token, cls_token, sep_token, mask_token = PAD, UNK, CLS, SEP, MASK
+    token_types = True  # segment ids 0/1 (a model without segments reads all 0)
+
     # ----------------------------------------------------------------------- construction
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **overrides: Any) -> BertTokenizer:
@@ -185,10 +189,12 @@ class BertTokenizer:
         vocab = None
         if not vocab_file.exists():
             vocab = _vocab_of_tokenizer_json(directory / "tokenizer.json")
+            if vocab is None and (directory / "tokenizer.json").exists():
+                # a byte-level BPE (RoBERTa) or SentencePiece (XLM-R) tokenizer, as shipped
+                return JsonTokenizer.from_pretrained(directory, **overrides)
             if vocab is None:
                 raise FileNotFoundError(
-                    f"{directory}: no vocab.txt (a BERT WordPiece vocabulary) and no WordPiece "
-                    "tokenizer.json"
+                    f"{directory}: no vocab.txt (a BERT WordPiece vocabulary) and no tokenizer.json"
                 )
         settings: dict[str, Any] = {}
         config_file = directory / "tokenizer_config.json"
@@ -265,19 +271,51 @@ class BertTokenizer:
         digest.update("\n".join(self._tokens).encode("utf-8"))
         return digest.hexdigest()
 
-    pad_token_id = property(lambda self: self._ids[PAD])
-    unk_token_id = property(lambda self: self._ids[UNK])
-    cls_token_id = property(lambda self: self._ids[CLS])
-    sep_token_id = property(lambda self: self._ids[SEP])
-    mask_token_id = property(lambda self: self._ids.get(MASK))
+    pad_token_id = property(lambda self: self._ids[self.pad_token])
+    unk_token_id = property(lambda self: self._ids[self.unk_token])
+    cls_token_id = property(lambda self: self._ids[self.cls_token])
+    sep_token_id = property(lambda self: self._ids[self.sep_token])
+    mask_token_id = property(lambda self: self._ids.get(self.mask_token))
 
     @property
     def all_special_ids(self) -> list[int]:
-        return [self._ids[t] for t in SPECIAL_TOKENS if t in self._ids]
+        roles = (self.pad_token, self.unk_token, self.cls_token, self.sep_token, self.mask_token)
+        return [self._ids[t] for t in roles if t in self._ids]
+
+    def special_tokens_added(self, pair: bool = False) -> int:
+        """How many special tokens an input gets: [CLS] A [SEP] 2, with B [SEP] 3 (RoBERTa's
+        <s> A </s></s> B </s>: 4)."""
+        return int(self.backend.num_special_tokens_to_add(pair))
+
+    def most_pieces(self, text: str) -> int:
+        """The most pieces `text` can become: a WordPiece holds a character or more."""
+        return len(text)
+
+    @property
+    def kind(self) -> str:
+        """The tokenizer's model: WordPiece (a tokenizer.json's own: BPE, Unigram, ...)."""
+        return "WordPiece"
+
+    def check_model(self, config: Any, where: Any) -> None:
+        """Refuse (ValueError naming `where`) a model this tokenizer is not the tokenizer of:
+        another kind of tokenizer than its family ships, or more tokens than it embeds."""
+        from bertkit.core.family import family_of
+
+        family = family_of(config.model_type)
+        if self.kind != family.tokenizer:
+            raise ValueError(
+                f"{where}: a {self.kind} tokenizer beside a {config.model_type} model, whose "
+                f"tokenizer is {family.tokenizer}: not this model's tokenizer"
+            )
+        if self.vocab_size > config.vocab_size:
+            raise ValueError(
+                f"{where}: the tokenizer has {self.vocab_size} tokens, the model embeds "
+                f"{config.vocab_size}: not this model's vocabulary"
+            )
 
     def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> int | list[int]:
         """Ids of tokens; a token not in the vocabulary maps to [UNK]'s id."""
-        unk = self._ids[UNK]
+        unk = self._ids[self.unk_token]
         if isinstance(tokens, str):
             return self._ids.get(tokens, unk)
         return [self._ids.get(t, unk) for t in tokens]
@@ -365,7 +403,8 @@ class BertTokenizer:
                 _check_texts(pairs, "text_pair")
             raise
 
-        return _result(encodings, single, return_tensors, return_offsets, return_word_ids)
+        return _result(encodings, single, return_tensors, return_offsets, return_word_ids,
+                       self.token_types)  # fmt: skip
 
     def _configure(
         self, strategy: str | None, limit: int, pad_mode: str | None, multiple: int | None
@@ -384,8 +423,8 @@ class BertTokenizer:
             self.backend.no_padding()
         else:
             self.backend.enable_padding(
-                pad_id=self._ids[PAD],
-                pad_token=PAD,
+                pad_id=self._ids[self.pad_token],
+                pad_token=self.pad_token,
                 pad_type_id=0,
                 length=limit if pad_mode == "max_length" else None,
                 pad_to_multiple_of=multiple,
@@ -404,6 +443,146 @@ class BertTokenizer:
             f"BertTokenizer({source}, vocab_size={self.vocab_size}, lowercase={self.lowercase}, "
             f"model_max_length={self.model_max_length})"
         )
+
+
+class JsonTokenizer(BertTokenizer):
+    """The tokenizer a checkpoint of the BERT family ships as `tokenizer.json` (RoBERTa's
+    byte-level BPE, XLM-RoBERTa's SentencePiece Unigram, ...), run by the `tokenizers` library
+    as transformers' fast tokenizers run it: its normaliser, pre-tokeniser, model and
+    post-processor (RoBERTa's `<s> A </s></s> B </s>`), with the special tokens its
+    `tokenizer_config.json` names. Segment ids are kept where the model reads them
+    (`type_vocab_size` above 1 in its config.json), else all 0, as transformers gives them.
+    The same interface as `BertTokenizer`: encoding, truncation, padding, offsets.
+
+    >>> tok = BertTokenizer.from_pretrained("xlm-roberta-folder")   # doctest: +SKIP
+    >>> type(tok).__name__, tok.cls_token, tok.sep_token              # doctest: +SKIP
+    ('JsonTokenizer', '<s>', '</s>')
+    """
+
+    def __init__(
+        self, directory: str | os.PathLike, *, model_max_length: int = 512,
+        token_types: bool = False,
+    ) -> None:  # fmt: skip
+        directory = Path(directory)
+        file = directory / "tokenizer.json"
+        try:
+            self._json = file.read_text(encoding="utf-8")
+            backend = Tokenizer.from_str(self._json)
+        except Exception as err:  # unreadable, or what the Rust side refuses
+            raise ValueError(
+                f"{file}: not a tokenizer.json the tokenizers library reads ({err})"
+            ) from None
+        backend.no_truncation()
+        backend.no_padding()
+        self.backend, self._settings = backend, None
+        self.vocab_file = file
+        self._config_files = {
+            name: (directory / name).read_text(encoding="utf-8")
+            for name in ("tokenizer_config.json", "special_tokens_map.json")
+            if (directory / name).exists()
+        }
+        settings = _json_object(directory / "tokenizer_config.json")
+        mapped = _json_object(directory / "special_tokens_map.json")
+        vocab = backend.get_vocab(with_added_tokens=True)
+        self._ids = dict(vocab)
+        self._tokens = [""] * (max(vocab.values()) + 1)
+        for token, i in vocab.items():
+            self._tokens[i] = token
+        for role, defaults in _JSON_ROLES.items():
+            named = _token_name(settings.get(role)) or _token_name(mapped.get(role))
+            found = (
+                named if named in self._ids else next((t for t in defaults if t in self._ids), None)
+            )
+            if found is None and role != "mask_token":
+                raise ValueError(
+                    f"{directory}: the tokenizer has no {role.replace('_', ' ')} "
+                    f"(tokenizer_config.json names {named!r}; none of {list(defaults)} is in "
+                    "tokenizer.json)"
+                )
+            setattr(self, role, found)
+        self.lowercase, self.strip_accents, self.tokenize_chinese_chars = False, None, False
+        self.model_max_length = int(model_max_length)
+        self.token_types = token_types
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, **overrides: Any) -> JsonTokenizer:
+        """The `tokenizer.json` of a model folder, its length from `tokenizer_config.json`
+        (else the model's positions, less RoBERTa's offset), segments as its config.json has
+        them."""
+        directory = model_dir(path)
+        directory = directory.parent if directory.is_file() else directory
+        settings: dict[str, Any] = {}
+        length = _json_object(directory / "tokenizer_config.json").get("model_max_length")
+        if isinstance(length, int) and 0 < length < 1_000_000:
+            settings["model_max_length"] = length
+        model = _json_object(directory / "config.json")
+        positions = model.get("max_position_embeddings")
+        if "model_max_length" not in settings and isinstance(positions, int):
+            from bertkit.core.family import FAMILIES
+
+            family = FAMILIES.get(model.get("model_type", "bert"))
+            offset = (
+                model.get("pad_token_id", 1) + 1 if family and family.positions == "offset" else 0
+            )
+            settings["model_max_length"] = positions - offset
+        settings["token_types"] = int(model.get("type_vocab_size", 0) or 0) > 1
+        settings.update(overrides)
+        return cls(directory, **settings)
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """The folder's tokenizer files as they were read, atomically."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(directory / "tokenizer.json", self._json)
+        for name, text in self._config_files.items():
+            atomic_write_text(directory / name, text)
+
+    def most_pieces(self, text: str) -> int:
+        """The most pieces `text` can become: a byte-level piece holds a byte or more."""
+        return len(text.encode("utf-8", "surrogatepass"))
+
+    @property
+    def kind(self) -> str:
+        return str(json.loads(self._json).get("model", {}).get("type", "unknown"))
+
+    @property
+    def vocab_hash(self) -> str:
+        """sha256 of the tokenizer.json: equal hashes give equal token ids."""
+        return hashlib.sha256(self._json.encode("utf-8")).hexdigest()
+
+    def __repr__(self) -> str:
+        return (
+            f"JsonTokenizer({self.vocab_file}, vocab_size={self.vocab_size}, "
+            f"model_max_length={self.model_max_length})"
+        )
+
+
+# each special token's role, and the names it goes by where the tokenizer's config names none
+_JSON_ROLES = {
+    "pad_token": ("<pad>", "[PAD]"),
+    "unk_token": ("<unk>", "[UNK]"),
+    "cls_token": ("<s>", "[CLS]"),
+    "sep_token": ("</s>", "[SEP]"),
+    "mask_token": ("<mask>", "[MASK]"),
+}
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """A JSON file's object ({} without the file); ValueError naming a broken one."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: invalid JSON ({err})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _token_name(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
 
 
 def _check_texts(texts: Sequence[Any], name: str) -> None:
@@ -562,11 +741,13 @@ def _result(
     return_tensors: str | None,
     return_offsets: bool,
     return_word_ids: bool,
+    token_types: bool = True,
 ) -> dict[str, Any]:
-    """What `BertTokenizer.__call__` returns for the `tokenizers` library's encodings."""
+    """What `BertTokenizer.__call__` returns for the `tokenizers` library's encodings (segment
+    ids all 0 without `token_types`)."""
     result: dict[str, Any] = {
         "input_ids": [e.ids for e in encodings],
-        "token_type_ids": [e.type_ids for e in encodings],
+        "token_type_ids": [e.type_ids if token_types else [0] * len(e.ids) for e in encodings],
         "attention_mask": [e.attention_mask for e in encodings],
     }
     if return_offsets:

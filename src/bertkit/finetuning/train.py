@@ -353,11 +353,7 @@ class FinetuneRun:
         set_activation_checkpointing(net, config.compute.activation_checkpointing)
         set_static_shapes(net, config.compute.compile == "graphs")
         task.configure(net, self.sizes.max_seq_length)
-        if self.tokenizer.vocab_size > net.config.vocab_size:
-            raise ValueError(
-                f"{model}: vocab.txt has {self.tokenizer.vocab_size} tokens, the model embeds "
-                f"{net.config.vocab_size}: not this model's vocabulary"
-            )
+        self.tokenizer.check_model(net.config, model)
         return net
 
     def _training(self) -> TrainingConfig:

@@ -47,12 +47,12 @@ class Embedder:
         if pooling is not None:
             self.model.pooling = pooling
         self.batch_size, self.normalize = batch_size, normalize
-        positions = loaded.config.max_position_embeddings
+        positions = loaded.config.max_length
         self.max_seq_length = min(max_seq_length or declared_length(loaded.path) or 128, positions)
         self.dimension = loaded.config.hidden_size
         self.pad_id = loaded.config.pad_token_id or 0
-        vocab = self.tokenizer.vocab
-        self.cls_id, self.sep_id = vocab["[CLS]"], vocab["[SEP]"]
+        # a text as its model reads it: [CLS] … [SEP], RoBERTa's <s> … </s>
+        self.cls_id, self.sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
 
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
         """(N, H) float32 vectors of `texts`, in their order."""

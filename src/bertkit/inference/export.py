@@ -31,14 +31,17 @@ from bertkit.inference.loader import ONNX_FILE, ONNX_INFO, load
 from bertkit.settings import QUANTIZATIONS
 
 INPUTS = ("input_ids", "token_type_ids", "attention_mask")
-_COPIED = ("config.json", "vocab.txt", "tokenizer_config.json", TASK_FILE)
+# (the tokenizer as the folder ships it: vocab.txt, or a family's tokenizer.json)
+_COPIED = ("config.json", "vocab.txt", "tokenizer_config.json", "tokenizer.json",
+           "special_tokens_map.json", TASK_FILE)  # fmt: skip
 
 
-def _outputs(head: str) -> tuple[str, ...]:
+def _outputs(head: str, model: torch.nn.Module) -> tuple[str, ...]:
     if head in ("BertForQuestionAnswering", "BertBiLSTMForQuestionAnswering"):
         return ("start_logits", "end_logits")
-    if head == "BertModel":
-        return ("last_hidden_state", "pooler_output")
+    if head == "BertModel":  # (a family without a pooler: DistilBERT, ELECTRA)
+        pooled = getattr(model, "pooler", None) is not None
+        return ("last_hidden_state", "pooler_output") if pooled else ("last_hidden_state",)
     if head in ("BertForPreTraining",):
         return ("mlm_logits", "nsp_logits")
     return ("logits",)
@@ -81,7 +84,7 @@ def export_onnx(
     for module in net.modules():  # the head and its encoder
         if isinstance(module, BertPreTrainedModel):
             module.padded_only = True
-    names = _outputs(head)
+    names = _outputs(head, net)
     choices = head == "BertForMultipleChoice"
     shape = (2, 2, 16) if choices else (2, 16)  # traced at this size; every axis is dynamic
     example = (

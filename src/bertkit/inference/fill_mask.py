@@ -82,7 +82,7 @@ class FillMask:
         if MASK not in self.tokenizer.vocab:
             raise ValueError(f"{loaded.path}: the vocabulary has no {MASK} token")
         self.batch_size = self.config.batch_size
-        self.max_seq_length = self.config.max_seq_length or loaded.config.max_position_embeddings
+        self.max_seq_length = self.config.max_seq_length or loaded.config.max_length
 
     @torch.no_grad()
     def __call__(

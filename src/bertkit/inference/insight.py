@@ -43,7 +43,7 @@ class Encoder:
     @torch.no_grad()
     def run(self, text: str, text_pair: str | None = None, *, attentions: bool = False):
         """(pieces, hidden states (L+1, T, H), attentions (L, A, T, T) or None) of one text."""
-        limit = self.model.config.max_position_embeddings
+        limit = self.model.config.max_length
         encoded = self.tokenizer(text, text_pair, truncation=False, return_tensors="pt")
         length = encoded["input_ids"].shape[1]
         if length > limit:

@@ -77,7 +77,11 @@ class Loaded:
 
     @functools.cached_property
     def tokenizer(self) -> BertTokenizer:
-        return BertTokenizer.from_pretrained(self.path)
+        """The tokenizer the folder ships (WordPiece, or its tokenizer.json), checked against
+        the model (`BertTokenizer.check_model`)."""
+        tokenizer = BertTokenizer.from_pretrained(self.path)
+        tokenizer.check_model(self.config, self.path)
+        return tokenizer
 
     @property
     def max_seq_length(self) -> int | None:
@@ -158,6 +162,8 @@ class OnnxModel:
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.names = [o.name for o in self.session.get_outputs()]
+        # what the graph reads (an encoder without segments, DistilBERT's, has no token types)
+        self.inputs = {i.name for i in self.session.get_inputs()}
         info = directory / ONNX_INFO
         self.info: dict[str, Any] = json.loads(info.read_text()) if info.exists() else {}
 
@@ -168,7 +174,9 @@ class OnnxModel:
             "attention_mask": torch.ones_like(input_ids) if attention_mask is None else attention_mask,
         }  # fmt: skip
         arrays = {
-            k: np.ascontiguousarray(v.cpu().numpy(), dtype=np.int64) for k, v in feeds.items()
+            k: np.ascontiguousarray(v.cpu().numpy(), dtype=np.int64)
+            for k, v in feeds.items()
+            if k in self.inputs
         }
         values = self.session.run(self.names, arrays)
         return SimpleNamespace(

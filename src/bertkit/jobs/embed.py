@@ -101,7 +101,7 @@ class EmbeddingMapper:
         embedder = Embedder(model, device=config.device, batch_size=config.batch_size,
                             precision=config.precision, pooling=config.pooling)  # fmt: skip
         self.embedder, self.loaded, self.model = embedder, embedder.loaded, embedder.model
-        path, positions = embedder.loaded.path, embedder.loaded.config.max_position_embeddings
+        path, positions = embedder.loaded.path, embedder.loaded.config.max_length
         embedder.normalize = (declared_normalize(path) if config.normalize == "auto"
                               else config.normalize == "yes")  # fmt: skip
         # a corpus is cut where the folder says, else at the positions (not the API's 128)

@@ -171,7 +171,8 @@ def local_attention_(
     table[:, rest + 1 :: 2] = torch.cos(p * rates) * scale
     positions.copy_(table.to(positions.dtype))
     embeddings.word_embeddings.weight[:, rest:] = 0.0
-    embeddings.token_type_embeddings.weight[:, rest:] = 0.0
+    if embeddings.token_type_embeddings is not None:
+        embeddings.token_type_embeddings.weight[:, rest:] = 0.0
     # After the embedding LayerNorm a row has norm sqrt(hidden), about half of it positional:
     # each sin/cos pair has amplitude ~ sqrt(hidden / 2 / pairs).
     amplitude2 = hidden / 2 / pairs

@@ -180,7 +180,7 @@ class ServedModel:
             self.encoder = loaded.model
         # a sentence-transformers folder's own length (all-MiniLM-L6-v2: 256), as
         # SentenceTransformer(path) cuts; else what the tokenizer and positions allow
-        longest = min(self.tokenizer.model_max_length, loaded.config.max_position_embeddings)
+        longest = min(self.tokenizer.model_max_length, loaded.config.max_length)
         self.max_seq_length = min(declared_length(self.source) or longest, longest)
 
     # ------------------------------------------------------------------ what it serves
@@ -262,10 +262,10 @@ class ServedModel:
         return "embed", own, HfStyle(single)
 
     def fits(self, texts: list[Any], truncate: bool, field: str) -> None:
-        """Over the model's length (pieces with [CLS] and [SEP]) a 413 naming the text, unless
+        """Over the model's length (pieces with the special tokens) a 413 naming the text, unless
         `truncate` (then cut when run, as text-embeddings-inference's truncate). Only texts
-        whose characters could reach the length are tokenised (a piece holds a character or
-        more), so a request's texts are tokenised once, when run."""
+        that could reach the length are tokenised (`most_pieces`), so a request's texts are
+        tokenised once, when run."""
         if truncate:
             return
         room = self.max_seq_length
@@ -274,10 +274,11 @@ class ServedModel:
                 count = len(text)
             else:
                 parts = (text,) if isinstance(text, str) else tuple(text)
-                if sum(len(p) for p in parts) + len(parts) + 1 <= room:
+                specials = self.tokenizer.special_tokens_added(len(parts) == 2)
+                if sum(map(self.tokenizer.most_pieces, parts)) + specials <= room:
                     continue
                 ids = self.tokenizer.encode_ids(list(parts))
-                count = len(parts) + 1 + sum(len(i) for i in ids)
+                count = specials + sum(map(len, ids))
             if count > room:
                 raise InputError(
                     f"{field}[{n}]: {count} pieces; the model reads {room}: shorten it, or send "

@@ -1,0 +1,125 @@
+"""The BERT family: the checkpoints of BERT's descendants read as named variants of one encoder.
+
+A `Family` says what a `model_type` of transformers' `config.json` changes, as small named
+pieces the encoder (`core.model`) chooses by its config:
+
+- positions: `learned` (BERT's, from position 0) or `offset` (RoBERTa's: position i is row
+  i + pad_token_id + 1 of the table, as fairseq numbered them after the padding index);
+- segments: a token-type table or none (`type_vocab_size` 0: DistilBERT);
+- an embedding projection (`embedding_size` below `hidden_size`: ELECTRA's
+  `embeddings_project`);
+- a pooler in the checkpoint or not; the tokenizer it ships (WordPiece, byte-level BPE,
+  SentencePiece Unigram);
+- the tensor and config names: the family's own, renamed to BERT's on reading and back on
+  saving, so a folder saved by bertkit loads in transformers with the family's class.
+
+A new variant is one `Family` here (and, where its maths differs, one named piece in the
+encoder chosen by a config field), not a copied model file.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    prefix: str  # the encoder's attribute in transformers' heads ("roberta.encoder...")
+    title: str  # transformers' class-name stem: "Roberta" -> RobertaModel, ...
+    positions: str = "learned"  # or "offset"
+    pooler: bool = True  # the base model's checkpoint holds a pooler
+    tokenizer: str = "WordPiece"  # the model of the tokenizer it ships (tokenizer.json's)
+    # transformers' tensor-name beginnings (after the prefix) and BERT's, "{n}" a layer's number
+    names: tuple[tuple[str, str], ...] = ()
+    # config.json keys of the family -> BertConfig's field names
+    config_keys: dict[str, str] = field(default_factory=dict)
+    # config.json keys of the family that bertkit keeps as they are (written back on saving)
+    kept_keys: tuple[str, ...] = ()
+    # BertConfig's values where the family's config.json leaves a key out (its class's
+    # defaults), and BertConfig's fields its config.json never holds
+    config_defaults: dict[str, object] = field(default_factory=dict)
+    unwritten_keys: tuple[str, ...] = ()
+
+    def to_bert(self, name: str) -> str:
+        """A tensor name of this family's (without its prefix) as BERT's."""
+        return _renamed(name, self.names)
+
+    def from_bert(self, name: str) -> str:
+        """A BERT tensor name as this family's (without its prefix)."""
+        return _renamed(name, tuple((ours, theirs) for theirs, ours in self.names))
+
+    def class_name(self, bert_class: str) -> str:
+        """transformers' class of this family for one of bertkit's (BertModel ->
+        RobertaModel)."""
+        return bert_class.replace("Bert", self.title, 1)
+
+
+def _renamed(name: str, pairs: tuple[tuple[str, str], ...]) -> str:
+    """`name` with the first of `pairs`' beginnings it starts with replaced by its partner."""
+    for before, after in pairs:
+        pattern = "^" + re.escape(before).replace(r"\{n\}", r"(\d+)")
+        renamed, count = re.subn(pattern, after.replace("{n}", r"\1"), name)
+        if count:
+            return renamed
+    return name
+
+
+_ROBERTA: dict[str, object] = {"pad_token_id": 1, "type_vocab_size": 1}  # RobertaConfig's defaults
+FAMILIES: dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        Family("bert", "bert", "Bert"),
+        Family("roberta", "roberta", "Roberta", positions="offset", tokenizer="BPE",
+               config_defaults=_ROBERTA),
+        Family("xlm-roberta", "roberta", "XLMRoberta", positions="offset", tokenizer="Unigram",
+               config_defaults=_ROBERTA),
+        Family("electra", "electra", "Electra", pooler=False,
+               kept_keys=("summary_type", "summary_use_proj", "summary_activation",
+                          "summary_last_dropout")),
+        Family(
+            "distilbert",
+            "distilbert",
+            "DistilBert",
+            pooler=False,
+            names=tuple(
+                ("transformer.layer.{n}." + theirs, "encoder.layer.{n}." + ours)
+                for theirs, ours in (
+                    ("attention.q_lin.", "attention.self.query."),
+                    ("attention.k_lin.", "attention.self.key."),
+                    ("attention.v_lin.", "attention.self.value."),
+                    ("attention.out_lin.", "attention.output.dense."),
+                    ("sa_layer_norm.", "attention.output.LayerNorm."),
+                    ("ffn.lin1.", "intermediate.dense."),
+                    ("ffn.lin2.", "output.dense."),
+                    ("output_layer_norm.", "output.LayerNorm."),
+                )
+            ),
+            config_keys={
+                "dim": "hidden_size",
+                "n_layers": "num_hidden_layers",
+                "n_heads": "num_attention_heads",
+                "hidden_dim": "intermediate_size",
+                "dropout": "hidden_dropout_prob",
+                "attention_dropout": "attention_probs_dropout_prob",
+                "activation": "hidden_act",
+            },
+            kept_keys=("sinusoidal_pos_embds", "qa_dropout", "seq_classif_dropout", "tie_weights_"),
+            config_defaults={"type_vocab_size": 0, "hidden_act": "gelu"},
+            unwritten_keys=("type_vocab_size", "layer_norm_eps", "position_embedding_type",
+                            "is_decoder"),
+        ),
+    )
+}  # fmt: skip
+
+
+def family_of(model_type: str, source: str = "config") -> Family:
+    """The family a config's `model_type` names; ValueError listing those bertkit reads."""
+    try:
+        return FAMILIES[model_type]
+    except KeyError:
+        raise ValueError(
+            f"{source}: model_type {model_type!r} is not an architecture bertkit runs; it runs "
+            f"{', '.join(FAMILIES)}"
+        ) from None

@@ -1,0 +1,268 @@
+"""The BERT family (bertkit.core.family): RoBERTa, XLM-RoBERTa, ELECTRA and DistilBERT folders as
+transformers saves them — tiny random models with their own tokenizers (byte-level BPE,
+SentencePiece Unigram, WordPiece) — read by bertkit with the same pieces and the same hidden
+states, and saved back in the family's own layout."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from bertkit.core.model import BertModel
+from bertkit.core.tokenizer import BertTokenizer, JsonTokenizer
+
+T = pytest.importorskip("transformers")
+
+CORPUS = [
+    "The cat sat on the mat.", "A dog barked at the cat near the river bank.",
+    "Stock markets rose on Monday!", "Investors bought shares of banks and miners.",
+    "naïve café, déjà vu", "日本語のテキスト", "Ein Hund bellte am Fluss.",
+] * 20  # fmt: skip
+TEXTS = [
+    "The cat sat.",
+    "Investors bought banks, naïve café!",
+    "日本語",
+    "A dog barked at the cat.",
+]
+PAIRS = ["A dog.", "Stock markets rose on Monday near the river bank.", "Ein Hund", "mat"]
+SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+             max_position_embeddings=66)  # fmt: skip
+FAMILIES = ("roberta", "xlm-roberta", "electra", "distilbert")
+
+
+def _bpe(folder):
+    from tokenizers import ByteLevelBPETokenizer, processors
+
+    bpe = ByteLevelBPETokenizer()
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    bpe.train_from_iterator(CORPUS, vocab_size=300, min_frequency=1, special_tokens=specials)
+    bpe._tokenizer.post_processor = processors.RobertaProcessing(
+        ("</s>", bpe.token_to_id("</s>")), ("<s>", bpe.token_to_id("<s>"))
+    )
+    bpe.save(str(folder / "tokenizer.json"))
+    _special_config(folder, "RobertaTokenizer", "<s>", "</s>", "<pad>", "<unk>", "<mask>")
+    return bpe.get_vocab_size()
+
+
+def _unigram(folder):
+    """A SentencePiece Unigram tokenizer laid out as XLM-RoBERTa's tokenizer.json is: spaces
+    split off, then the Metaspace's ▁ (transformers builds that pipeline for the class)."""
+    from tokenizers import SentencePieceUnigramTokenizer, normalizers, pre_tokenizers, processors
+
+    unigram = SentencePieceUnigramTokenizer()
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]
+    unigram.train_from_iterator(CORPUS, vocab_size=200, special_tokens=specials, unk_token="<unk>")
+    unigram.add_special_tokens(["<mask>"])
+    unigram._tokenizer.normalizer = normalizers.Replace(" {2,}", " ")
+    unigram._tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()]
+    )
+    s, e = unigram.token_to_id("<s>"), unigram.token_to_id("</s>")
+    unigram._tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>",
+        pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", s), ("</s>", e)],
+    )
+    unigram.save(str(folder / "tokenizer.json"))
+    _special_config(folder, "XLMRobertaTokenizer", "<s>", "</s>", "<pad>", "<unk>", "<mask>")
+    return unigram.get_vocab_size()
+
+
+def _wordpiece(folder, tokenizer_class):
+    words = sorted({w.strip(".,!") for t in CORPUS for w in t.lower().split()})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *sorted(set("".join(words)))]
+    (folder / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": tokenizer_class, "do_lower_case": True})
+    )
+    return len(dict.fromkeys(vocab))
+
+
+def _special_config(folder, tokenizer_class, cls, sep, pad, unk, mask):
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": tokenizer_class, "bos_token": cls, "eos_token": sep, "cls_token": cls,
+        "sep_token": sep, "pad_token": pad, "unk_token": unk, "mask_token": mask,
+        "model_max_length": SIZES["max_position_embeddings"] - 2,
+    }))  # fmt: skip
+
+
+def build(family: str, folder):
+    """A tiny random `family` model and its tokenizer, saved by transformers into `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    if family == "roberta":
+        vocab = _bpe(folder)
+        model = T.RobertaModel(T.RobertaConfig(vocab_size=vocab, type_vocab_size=1, **SIZES))
+    elif family == "xlm-roberta":
+        vocab = _unigram(folder)
+        config = T.XLMRobertaConfig(vocab_size=vocab, type_vocab_size=1, **SIZES)
+        model = T.XLMRobertaModel(config)
+    elif family == "electra":
+        vocab = _wordpiece(folder, "ElectraTokenizer")
+        model = T.ElectraModel(T.ElectraConfig(vocab_size=vocab, embedding_size=16, **SIZES))
+    else:
+        vocab = _wordpiece(folder, "DistilBertTokenizer")
+        config = T.DistilBertConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4,
+                                    hidden_dim=37, max_position_embeddings=66)  # fmt: skip
+        model = T.DistilBertModel(config)
+    model.eval().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("family")
+    return {family: build(family, root / family) for family in FAMILIES}
+
+
+def _hidden(model, encoded, **options):
+    with torch.no_grad():
+        return model(**encoded, **options).last_hidden_state
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_folder_reads_as_transformers_reads_it(folders, family):
+    """The same pieces (singles, pairs, a batch of mixed lengths, offsets) and the same hidden
+    states at every real token (fp32, 1e-5), on the padded and the unpadded path."""
+    folder = folders[family]
+    theirs_tokenizer = T.AutoTokenizer.from_pretrained(folder)
+    tokenizer = BertTokenizer.from_pretrained(folder)
+    assert isinstance(tokenizer, JsonTokenizer) == (family in ("roberta", "xlm-roberta"))
+    reference = T.AutoModel.from_pretrained(folder).eval()
+    model = BertModel.from_pretrained(folder)
+    assert model.config.model_type == family
+    for texts, pairs in ((TEXTS, None), (TEXTS, PAIRS), (TEXTS[:1], PAIRS[:1])):
+        # (cut as each cuts a pair: the longer side first, to the model's length)
+        want = theirs_tokenizer(texts, pairs, padding=True, truncation=True, max_length=40,
+                                return_tensors="pt", return_offsets_mapping=True)  # fmt: skip
+        got = tokenizer(texts, pairs, padding=True, max_length=40, return_tensors="pt",
+                        return_offsets=True)  # fmt: skip
+        assert torch.equal(got["input_ids"], want["input_ids"]), family
+        assert torch.equal(got["attention_mask"], want["attention_mask"])
+        assert torch.equal(got["offset_mapping"], want["offset_mapping"])
+        if "token_type_ids" in want and model.config.type_vocab_size > 1:
+            assert torch.equal(got["token_type_ids"], want["token_type_ids"])
+        inputs = {
+            k: want[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in want
+        }
+        expected = _hidden(reference, inputs)
+        real = want["attention_mask"][..., None].bool()
+        assert real.sum() < real.numel() or len(texts) == 1  # padding in the batch
+        for unpad in (False, True):
+            hidden = _hidden(model, {**inputs, "token_type_ids": got["token_type_ids"]},
+                             unpad=unpad)  # fmt: skip
+            assert torch.allclose(hidden[real.expand_as(hidden)],
+                                  expected[real.expand_as(expected)], atol=1e-5), (family, unpad)  # fmt: skip
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_model_saves_back_in_its_own_layout(folders, family, tmp_path):
+    """Saved by bertkit, the folder keeps the family's config keys, tensor names and tokenizer
+    files, and transformers loads it with the family's class, to the same outputs."""
+    model = BertModel.from_pretrained(folders[family])
+    out = tmp_path / "saved"
+    model.save_pretrained(out, tokenizer=BertTokenizer.from_pretrained(folders[family]))
+    written = json.loads((out / "config.json").read_text())
+    original = json.loads((folders[family] / "config.json").read_text())
+    assert written["model_type"] == family
+    assert written["architectures"] == original["architectures"]
+    for key in ("dim", "n_layers", "hidden_dim") if family == "distilbert" else ("hidden_size",):
+        assert written[key] == original[key]
+    reloaded = T.AutoModel.from_pretrained(out).eval()
+    assert type(reloaded).__name__ == original["architectures"][0]
+    reference = T.AutoModel.from_pretrained(folders[family]).eval()
+    ids = torch.tensor([[0, 5, 9, 11, 2]])
+    assert torch.equal(
+        _hidden(reloaded, {"input_ids": ids}), _hidden(reference, {"input_ids": ids})
+    )
+    assert (
+        T.AutoTokenizer.from_pretrained(out)(TEXTS)["input_ids"]
+        == (T.AutoTokenizer.from_pretrained(folders[family])(TEXTS)["input_ids"])
+    )
+
+
+def test_an_embedder_of_a_family_folder_pools_as_sentence_transformers(folders):
+    """`Embedder` on an XLM-RoBERTa folder: the mean of transformers' hidden states at the real
+    tokens, at unit length (what sentence-transformers computes for a mean-pooled model)."""
+    from bertkit.inference.embedder import Embedder
+
+    folder = folders["xlm-roberta"]
+    tokenizer = T.AutoTokenizer.from_pretrained(folder)
+    encoded = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    hidden = _hidden(T.AutoModel.from_pretrained(folder).eval(), encoded)
+    mask = encoded["attention_mask"][..., None].float()
+    mean = (hidden * mask).sum(1) / mask.sum(1)
+    expected = torch.nn.functional.normalize(mean, dim=-1).numpy()
+    got = Embedder(folder, precision="fp32")(TEXTS)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_an_architecture_bertkit_does_not_run_is_named_with_those_it_does(folders, tmp_path):
+    folder = tmp_path / "gpt"
+    shutil.copytree(folders["roberta"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"model_type": "gpt2"}))
+    with pytest.raises(
+        ValueError, match=r"model_type 'gpt2' is not .* it runs bert, roberta, xlm-roberta"
+    ):
+        BertModel.from_pretrained(folder)
+
+
+def test_a_folder_whose_tokenizer_does_not_match_its_model_is_refused(folders, tmp_path):
+    """RoBERTa's weights beside XLM-R's tokenizer: refused by name before any text runs."""
+    from bertkit.inference.loader import load
+
+    folder = tmp_path / "mixed"
+    shutil.copytree(folders["roberta"], folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(folders["xlm-roberta"] / name, folder / name)
+    with pytest.raises(ValueError, match=r"mixed: a Unigram tokenizer beside a roberta model, "
+                                         "whose tokenizer is BPE"):  # fmt: skip
+        _ = load(folder, head="BertModel").tokenizer
+
+
+@pytest.mark.parametrize("family", ["roberta", "distilbert"])
+def test_the_commands_that_read_an_encoder_take_a_family_folder(folders, family, tmp_path, ort):
+    """extract, similarity, attention and export run on a family folder (byte-level BPE;
+    WordPiece without segments), and its ONNX export serves /embed as the torch model does."""
+    from bertkit.cli import main
+    from bertkit.serve import ServedModel
+
+    folder = folders[family]
+    texts = tmp_path / "texts.txt"
+    texts.write_text("The cat sat on the mat.\nA dog barked at the river bank.\n")
+    main(
+        [
+            "extract",
+            "--model",
+            str(folder),
+            "--input",
+            str(texts),
+            "--out",
+            str(tmp_path / "f.safetensors"),
+        ]
+    )
+    main(
+        [
+            "similarity",
+            "--model",
+            str(folder),
+            "--out",
+            str(tmp_path / "s.png"),
+            "The cat sat.",
+            "A dog.",
+        ]
+    )
+    main(["attention", "--model", str(folder), "--out", str(tmp_path / "a.png"), "The cat sat."])
+    main(["export", "--model", str(folder), "--out", str(tmp_path / "onnx")])
+    assert all((tmp_path / name).stat().st_size > 0 for name in ("f.safetensors", "s.png", "a.png"))
+    body = {"inputs": ["The cat sat on the mat.", "日本語"]}
+    answers = {}
+    for backend, path in (("torch", folder), ("onnx", tmp_path / "onnx")):
+        served = ServedModel(path, backend=backend)
+        answers[backend] = np.stack(served.run("embed", served.parse("embed", body)))
+    np.testing.assert_allclose(answers["onnx"], answers["torch"], atol=1e-5)
