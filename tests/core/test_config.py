@@ -123,7 +123,7 @@ def test_bad_json_names_file_and_line(tmp_path):
         BertConfig.from_json_file(path)
     path.write_text(json.dumps({"vocab_size": 10, "model_type": "t5"}))
     with pytest.raises(ValueError, match="model_type 't5' is not an architecture bertkit runs; "
-                                         "it runs bert, roberta, xlm-roberta, electra, distilbert"):  # fmt: skip
+                                         "it runs bert, roberta, xlm-roberta, mpnet, electra, distilbert"):  # fmt: skip
         BertConfig.from_json_file(path)
     path.write_text(json.dumps({"vocab_size": 10, "hidden_size": 30, "num_attention_heads": 4}))
     with pytest.raises(ValueError, match=r"config.json: BertConfig.hidden_size \(30\)"):

@@ -31,7 +31,7 @@ TEXTS = [
 PAIRS = ["A dog.", "Stock markets rose on Monday near the river bank.", "Ein Hund", "mat"]
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
              max_position_embeddings=66)  # fmt: skip
-FAMILIES = ("roberta", "xlm-roberta", "electra", "distilbert")
+FAMILIES = ("roberta", "xlm-roberta", "mpnet", "electra", "distilbert")
 
 
 def _bpe(folder):
@@ -82,6 +82,29 @@ def _wordpiece(folder, tokenizer_class):
     return len(dict.fromkeys(vocab))
 
 
+def _mpnet_wordpiece(folder):
+    """MPNet's tokenizer as all-mpnet-base-v2 ships it: a WordPiece tokenizer.json whose
+    vocabulary holds <s> </s> <pad> beside BERT's [CLS] [SEP] [UNK], RoBERTa's pairs."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    size = _wordpiece(folder, "MPNetTokenizer")
+    tokens = ["<s>", "<pad>", "</s>", "<unk>"] + (folder / "vocab.txt").read_text().split("\n")[
+        :size
+    ]
+    tokens.append("<mask>")
+    (folder / "vocab.txt").write_text("\n".join(tokens) + "\n")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    tokenizer.add_special_tokens(["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    _special_config(folder, "MPNetTokenizer", "<s>", "</s>", "<pad>", "[UNK]", "<mask>")
+    return len(tokens)
+
+
 def _special_config(folder, tokenizer_class, cls, sep, pad, unk, mask):
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": tokenizer_class, "bos_token": cls, "eos_token": sep, "cls_token": cls,
@@ -101,6 +124,9 @@ def build(family: str, folder):
         vocab = _unigram(folder)
         config = T.XLMRobertaConfig(vocab_size=vocab, type_vocab_size=1, **SIZES)
         model = T.XLMRobertaModel(config)
+    elif family == "mpnet":
+        vocab = _mpnet_wordpiece(folder)
+        model = T.MPNetModel(T.MPNetConfig(vocab_size=vocab, **SIZES))
     elif family == "electra":
         vocab = _wordpiece(folder, "ElectraTokenizer")
         model = T.ElectraModel(T.ElectraConfig(vocab_size=vocab, embedding_size=16, **SIZES))
@@ -131,7 +157,7 @@ def test_a_family_folder_reads_as_transformers_reads_it(folders, family):
     folder = folders[family]
     theirs_tokenizer = T.AutoTokenizer.from_pretrained(folder)
     tokenizer = BertTokenizer.from_pretrained(folder)
-    assert isinstance(tokenizer, JsonTokenizer) == (family in ("roberta", "xlm-roberta"))
+    assert isinstance(tokenizer, JsonTokenizer) == (family in ("roberta", "xlm-roberta", "mpnet"))
     reference = T.AutoModel.from_pretrained(folder).eval()
     model = BertModel.from_pretrained(folder)
     assert model.config.model_type == family
@@ -225,7 +251,7 @@ def test_a_folder_whose_tokenizer_does_not_match_its_model_is_refused(folders, t
         _ = load(folder, head="BertModel").tokenizer
 
 
-@pytest.mark.parametrize("family", ["roberta", "distilbert"])
+@pytest.mark.parametrize("family", ["roberta", "mpnet", "distilbert"])
 def test_the_commands_that_read_an_encoder_take_a_family_folder(folders, family, tmp_path, ort):
     """extract, similarity, attention and export run on a family folder (byte-level BPE;
     WordPiece without segments), and its ONNX export serves /embed as the torch model does."""
@@ -266,3 +292,85 @@ def test_the_commands_that_read_an_encoder_take_a_family_folder(folders, family,
         served = ServedModel(path, backend=backend)
         answers[backend] = np.stack(served.run("embed", served.parse("embed", body)))
     np.testing.assert_allclose(answers["onnx"], answers["torch"], atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parity_fine_tuning_of_a_family_follows_transformers_run_for_run(folders, family, tmp_path):
+    """`--parity --precision fp32` on a family folder: every step's loss and the dev figures of
+    bertkit's run equal those of transformers' own class of the family (its classifier: RoBERTa's
+    dense + tanh, ELECTRA's GELU, DistilBERT's pre_classifier), started from the same weights —
+    saved by bertkit in the family's layout and loaded by transformers — on the same batches
+    with the same dropout draws."""
+    from bertkit.finetuning.train import FinetuneConfig, build_model, finetune
+
+    from helpers import OWN_QUICK, topic_files
+
+    segments = T.AutoConfig.from_pretrained(folders[family]).to_dict().get("type_vocab_size", 0)
+
+    class Theirs(torch.nn.Module):
+        calls = 0
+
+        def __init__(self, ours, where) -> None:
+            super().__init__()
+            ours.save_pretrained(where)
+            self.hf = T.AutoModelForSequenceClassification.from_pretrained(where)
+            assert type(self.hf).__name__.lower().startswith(family.replace("-", ""))
+            self.config = ours.config
+
+        def forward(self, **inputs):
+            Theirs.calls += 1
+            if not segments:  # (DistilBERT and MPNet take no token types)
+                inputs.pop("token_type_ids", None)
+            return self.hf(**inputs)
+
+        def save_pretrained(self, directory, tokenizer=None) -> None:
+            self.hf.save_pretrained(directory)
+            tokenizer.save_pretrained(directory)
+
+    data = topic_files(tmp_path)
+    runs = {}
+    config = FinetuneConfig(**OWN_QUICK | {"epochs": 2, "parity": True, "precision": "fp32"})
+    theirs = lambda task, model, seed: Theirs(build_model(task, model, seed), tmp_path / "start")  # noqa: E731
+    for side, build in (("ours", None), ("theirs", theirs)):
+        out = tmp_path / side
+        results = finetune("text-classification", folders[family], data, out, config, build=build)
+        lines = (out / "log.jsonl").read_text().splitlines()
+        runs[side] = [e["loss"] for e in map(json.loads, lines) if e["split"] == "train"], results
+    (ours, ours_results), (theirs, theirs_results) = runs["ours"], runs["theirs"]
+    assert Theirs.calls >= len(theirs) >= 5
+    assert ours == pytest.approx(theirs, abs=1e-5), (ours, theirs)
+    assert ours_results["dev"] == pytest.approx(theirs_results["dev"], abs=1e-6)
+    saved = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert saved["model_type"] == family and saved["architectures"][0].endswith(
+        "ForSequenceClassification"
+    )
+
+
+@pytest.mark.parametrize("family", ["roberta", "mpnet", "distilbert"])
+def test_fill_mask_reads_a_family_masked_lm(folders, family, tmp_path):
+    """A family's masked LM (RoBERTa's lm_head, DistilBERT's vocab_projector) fills its own mask
+    token (<mask>, [MASK]) with transformers' probabilities; saved back, transformers reads the
+    head under its names."""
+    from bertkit.core.heads import BertForMaskedLM
+    from bertkit.inference.fill_mask import FillMask
+
+    folder = tmp_path / "mlm"
+    shutil.copytree(folders[family], folder)
+    config = T.AutoConfig.from_pretrained(folder)
+    torch.manual_seed(1)
+    T.AutoModelForMaskedLM.from_config(config).eval().save_pretrained(folder)
+    tokenizer = T.AutoTokenizer.from_pretrained(folder)
+    text = f"the cat {tokenizer.mask_token} on the mat."
+    encoded = tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        logits = T.AutoModelForMaskedLM.from_pretrained(folder).eval()(**encoded).logits
+    position = int((encoded["input_ids"][0] == tokenizer.mask_token_id).nonzero())
+    expected = logits[0, position].softmax(-1).topk(3)
+    [[answer]] = FillMask(folder)(text, top=3)
+    assert answer["position"] == position
+    assert answer["ids"] == expected.indices.tolist()
+    assert answer["probabilities"] == pytest.approx(expected.values.tolist(), abs=1e-6)
+    BertForMaskedLM.from_pretrained(folder).save_pretrained(tmp_path / "back")
+    state = T.AutoModelForMaskedLM.from_pretrained(tmp_path / "back").state_dict()
+    reference = T.AutoModelForMaskedLM.from_pretrained(folder).state_dict()
+    assert all(torch.equal(state[k], reference[k]) for k in reference if "position_ids" not in k)

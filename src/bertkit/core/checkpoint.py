@@ -165,7 +165,7 @@ def read_state_dict(path: str | os.PathLike, *, verify: bool = True) -> dict[str
             state.update(_read_safetensors(path / shard))
     else:
         state = _read_torch_bin(path / PYTORCH_BIN)
-    return _as_bert_names(_normalize_hf_names(state), _family_of_folder(path))
+    return _normalize_hf_names(_as_bert_names(state, _family_of_folder(path)))
 
 
 def _family_of_folder(path: Path) -> Family:
@@ -231,7 +231,7 @@ def tensor_names(path: str | os.PathLike) -> set[str]:
                 names.update(dict.fromkeys(handle.keys()))
         except (SafetensorError, OSError) as err:
             raise ValueError(f"{file}: cannot read safetensors weights ({err})") from None
-    return set(_as_bert_names(_normalize_hf_names(names), _family_of_folder(path)))  # type: ignore[arg-type]
+    return set(_normalize_hf_names(_as_bert_names(names, _family_of_folder(path))))
 
 
 def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
@@ -653,7 +653,7 @@ def convert(
 
 
 def _labels_in(state: dict[str, torch.Tensor]) -> int | None:
-    classifier = state.get("classifier.weight")
+    classifier = state.get("classifier.weight", state.get("classifier.out_proj.weight"))
     return None if classifier is None or classifier.shape[0] == 1 else int(classifier.shape[0])
 
 

@@ -147,6 +147,8 @@ class BertConfig:
     # embeddings then projected to hidden_size); None: hidden_size.
     model_type: str = "bert"
     embedding_size: int | None = None
+    # MPNet's relative position buckets: a bias per head and bucket shared by every layer
+    relative_attention_num_buckets: int | None = None
     # Anything else the file held, when read with strict=False; written back unchanged.
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -174,10 +176,10 @@ class BertConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
         family_of(self.model_type, "BertConfig")
-        for name in ("type_vocab_size", "embedding_size"):  # 0 segments: none (DistilBERT)
+        for name in ("type_vocab_size", "embedding_size", "relative_attention_num_buckets"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < (name == "embedding_size")):  # fmt: skip
+                                      or value < (name != "type_vocab_size")):  # fmt: skip
                 raise ValueError(f"BertConfig.{name} must be a whole number, got {value!r}")
         if self.position_offset >= self.max_position_embeddings:
             raise ValueError(
@@ -250,6 +252,7 @@ class BertConfig:
         up = 2 * (h * i + i) if self.feed_forward == "glu" else h * i + i
         layer = 4 * (h * h + h) + 2 * h + up + (i * h + h) + 2 * h
         final = 2 * h if self.layer_norm_position == "pre" else 0
+        final += (self.relative_attention_num_buckets or 0) * self.num_attention_heads
         return embeddings + 2 * h + self.num_hidden_layers * layer + final + (h * h + h)
 
     @property

@@ -4,7 +4,9 @@ A `Family` says what a `model_type` of transformers' `config.json` changes, as s
 pieces the encoder (`core.model`) chooses by its config:
 
 - positions: `learned` (BERT's, from position 0) or `offset` (RoBERTa's: position i is row
-  i + pad_token_id + 1 of the table, as fairseq numbered them after the padding index);
+  i + pad_token_id + 1 of the table, as fairseq numbered them after the padding index); with
+  `relative_attention_num_buckets`, a learned bias per head and bucket of relative distance
+  added to every layer's attention scores (MPNet's, T5's buckets);
 - segments: a token-type table or none (`type_vocab_size` 0: DistilBERT);
 - an embedding projection (`embedding_size` below `hidden_size`: ELECTRA's
   `embeddings_project`);
@@ -31,12 +33,21 @@ class Family:
     positions: str = "learned"  # or "offset"
     pooler: bool = True  # the base model's checkpoint holds a pooler
     tokenizer: str = "WordPiece"  # the model of the tokenizer it ships (tokenizer.json's)
+    # the sequence classifier of its checkpoints: "pooler" (BERT's linear layer on the pooled
+    # [CLS]), "tanh" / "gelu" (RoBERTa's and ELECTRA's dense + activation + out_proj on the
+    # first token's state), "pre_classifier" (DistilBERT's pre_classifier + ReLU + classifier)
+    classifier: str = "pooler"
+    # dropout on the attention's output projection (DistilBERT has none there)
+    attention_output_dropout: bool = True
     # transformers' tensor-name beginnings (after the prefix) and BERT's, "{n}" a layer's number
     names: tuple[tuple[str, str], ...] = ()
     # config.json keys of the family -> BertConfig's field names
     config_keys: dict[str, str] = field(default_factory=dict)
     # config.json keys of the family that bertkit keeps as they are (written back on saving)
     kept_keys: tuple[str, ...] = ()
+    # the tokenizer.json, not vocab.txt, holds its special tokens (MPNet's vocab.txt has
+    # BERT's [CLS] and [SEP] beside its own <s> and </s>)
+    tokenizer_json: bool = False
     # BertConfig's values where the family's config.json leaves a key out (its class's
     # defaults), and BertConfig's fields its config.json never holds
     config_defaults: dict[str, object] = field(default_factory=dict)
@@ -67,15 +78,38 @@ def _renamed(name: str, pairs: tuple[tuple[str, str], ...]) -> str:
 
 
 _ROBERTA: dict[str, object] = {"pad_token_id": 1, "type_vocab_size": 1}  # RobertaConfig's defaults
+# RoBERTa's masked-LM head (and XLM-R's, MPNet's): BERT's transform, decoder and bias renamed
+_LM_HEAD = (
+    ("lm_head.dense.", "cls.predictions.transform.dense."),
+    ("lm_head.layer_norm.", "cls.predictions.transform.LayerNorm."),
+    ("lm_head.decoder.", "cls.predictions.decoder."),
+    ("lm_head.bias", "cls.predictions.bias"),
+)
 FAMILIES: dict[str, Family] = {
     f.model_type: f
     for f in (
         Family("bert", "bert", "Bert"),
         Family("roberta", "roberta", "Roberta", positions="offset", tokenizer="BPE",
-               config_defaults=_ROBERTA),
+               classifier="tanh", names=_LM_HEAD, config_defaults=_ROBERTA),
         Family("xlm-roberta", "roberta", "XLMRoberta", positions="offset", tokenizer="Unigram",
-               config_defaults=_ROBERTA),
-        Family("electra", "electra", "Electra", pooler=False,
+               classifier="tanh", names=_LM_HEAD, config_defaults=_ROBERTA),
+        Family(
+            "mpnet", "mpnet", "MPNet", positions="offset", tokenizer_json=True, classifier="tanh",
+            names=_LM_HEAD + tuple(
+                ("encoder.layer.{n}." + theirs, "encoder.layer.{n}." + ours)
+                for theirs, ours in (
+                    ("attention.attn.q.", "attention.self.query."),
+                    ("attention.attn.k.", "attention.self.key."),
+                    ("attention.attn.v.", "attention.self.value."),
+                    ("attention.attn.o.", "attention.output.dense."),
+                    ("attention.LayerNorm.", "attention.output.LayerNorm."),
+                )
+            ),
+            config_defaults={"pad_token_id": 1, "type_vocab_size": 0,
+                             "relative_attention_num_buckets": 32},
+            unwritten_keys=("type_vocab_size", "position_embedding_type", "is_decoder"),
+        ),
+        Family("electra", "electra", "Electra", pooler=False, classifier="gelu",
                kept_keys=("summary_type", "summary_use_proj", "summary_activation",
                           "summary_last_dropout")),
         Family(
@@ -83,7 +117,14 @@ FAMILIES: dict[str, Family] = {
             "distilbert",
             "DistilBert",
             pooler=False,
-            names=tuple(
+            classifier="pre_classifier",
+            attention_output_dropout=False,
+            names=(
+                ("vocab_transform.", "cls.predictions.transform.dense."),
+                ("vocab_layer_norm.", "cls.predictions.transform.LayerNorm."),
+                ("vocab_projector.weight", "cls.predictions.decoder.weight"),
+                ("vocab_projector.bias", "cls.predictions.bias"),
+            ) + tuple(
                 ("transformer.layer.{n}." + theirs, "encoder.layer.{n}." + ours)
                 for theirs, ours in (
                     ("attention.q_lin.", "attention.self.query."),

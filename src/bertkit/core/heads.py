@@ -14,6 +14,7 @@ from torch import nn
 
 from bertkit.core.config import BertConfig
 from bertkit.core.embedding import BertForSentenceEmbedding
+from bertkit.core.family import family_of
 from bertkit.core.lm_head import (
     BertOnlyMLMHead,
     BertPreTrainingHeads,
@@ -221,6 +222,7 @@ class BertForPreTraining(_MaskedLMMixin, _Head):
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
+        _needs_pooler(config, "next-sentence prediction")
         self.bert = BertModel(config)
         self.cls = BertPreTrainingHeads(config)
         self.init_weights()
@@ -318,17 +320,37 @@ class BertForMaskedLM(_MaskedLMMixin, _Head):
 class BertForSequenceClassification(_Head):
     """A linear layer on the pooled [CLS] vector. `config.num_labels == 1` is regression (MSE,
     e.g. STS-B); otherwise softmax cross-entropy, or sigmoid BCE for multi-label
-    (`problem_type`, as in Hugging Face)."""
+    (`problem_type`, as in Hugging Face). The family's own classifier where its checkpoints
+    have another (`Family.classifier`: RoBERTa's dense + tanh + out_proj on the first token,
+    ELECTRA's with GELU, DistilBERT's pre_classifier + ReLU), so that their fine-tuned weights
+    load and save under their names."""
 
     per_position, reads_cls_only = False, True
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
         self.num_labels = config.num_labels
-        self.bert = BertModel(config)
-        self.dropout = nn.Dropout(_classifier_dropout(config))
-        self.classifier = nn.Linear(config.hidden_size, self.num_labels)
+        self.kind = family_of(config.model_type).classifier
+        self.bert = BertModel(config, add_pooling_layer=self.kind == "pooler")
+        hidden, dropout = config.hidden_size, _classifier_dropout(config)
+        if self.kind == "pre_classifier":  # DistilBERT's, its own dropout
+            self.pre_classifier = nn.Linear(hidden, hidden)
+            dropout = float(config.extra.get("seq_classif_dropout", 0.2))
+        self.dropout = nn.Dropout(dropout)
+        if self.kind in ("tanh", "gelu"):
+            self.classifier: nn.Module = _ClassificationHead(hidden, self.num_labels, dropout,
+                                                             self.kind)  # fmt: skip
+        else:
+            self.classifier = nn.Linear(hidden, self.num_labels)
         self.init_weights()
+
+    def _logits(self, out) -> torch.Tensor:  # (B, C)
+        if self.kind == "pooler":
+            return self.classifier(self.dropout(out.pooler_output))
+        first = out.last_hidden_state[:, 0]  # <s> / [CLS]
+        if self.kind == "pre_classifier":
+            return self.classifier(self.dropout(torch.relu(self.pre_classifier(first))))
+        return self.classifier(self.dropout(first))
 
     def forward(
         self,
@@ -349,7 +371,7 @@ class BertForSequenceClassification(_Head):
             output_attentions=output_attentions,
             layouts=layouts,
         )
-        logits = self.classifier(self.dropout(out.pooler_output))  # (B, C)
+        logits = self._logits(out)
         loss = None
         if labels is not None:
             problem = self.config.problem_type or (
@@ -361,6 +383,21 @@ class BertForSequenceClassification(_Head):
             )
             loss = sequence_loss(logits, labels, problem)
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
+
+
+class _ClassificationHead(nn.Module):
+    """RoBERTa's (tanh) and ELECTRA's (GELU) classifier on the first token's state, after the
+    head's dropout: dense, activation, dropout, out_proj."""
+
+    def __init__(self, hidden: int, labels: int, dropout: float, activation: str) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        self.dropout = nn.Dropout(dropout)
+        self.out_proj = nn.Linear(hidden, labels)
+        self.activation = torch.tanh if activation == "tanh" else nn.functional.gelu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(self.dropout(self.activation(self.dense(x))))
 
 
 class BertForTokenClassification(_PerTokenHead):
@@ -490,6 +527,7 @@ class BertForMultipleChoice(_Head):
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
+        _needs_pooler(config, "multiple choice")
         self.bert = BertModel(config)
         self.dropout = nn.Dropout(_classifier_dropout(config))
         self.classifier = nn.Linear(config.hidden_size, 1)
@@ -531,6 +569,15 @@ class BertForMultipleChoice(_Head):
             else None
         )
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
+
+
+def _needs_pooler(config: BertConfig, what: str) -> None:
+    """Refuse a head reading the pooler on a family whose checkpoints have none."""
+    if not family_of(config.model_type).pooler:
+        raise ValueError(
+            f"{what} reads BERT's pooler, which {config.model_type} checkpoints do not have; "
+            "bertkit runs it for bert, roberta, xlm-roberta and mpnet"
+        )
 
 
 def _classifier_dropout(config: BertConfig) -> float:

@@ -124,6 +124,8 @@ class BertLayer(nn.Module):
         self.output = _Projection(config.intermediate_size, hidden, eps)
         self.act = activation(config.hidden_act)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        # (DistilBERT's layers draw no dropout after the attention's output projection)
+        self.attention_output_dropout = family_of(config.model_type).attention_output_dropout
 
     def forward(
         self,
@@ -169,11 +171,14 @@ class BertLayer(nn.Module):
         def drop(rows: torch.Tensor) -> torch.Tensor:
             return layout.dropout(rows, self.dropout.p, self.training, within)
 
+        attended = out.dense(context)
+        if self.attention_output_dropout:
+            attended = drop(attended)
         if self.pre_ln:
-            x = x + drop(out.dense(context))
+            x = x + attended
             h = self.feed_forward(self.output.LayerNorm(x))
             return x + drop(self.output.dense(h)), probs
-        x = out.LayerNorm(x + drop(out.dense(context)))
+        x = out.LayerNorm(x + attended)
         x = self.output.LayerNorm(x + drop(self.output.dense(self.feed_forward(x))))
         return x, probs
 
@@ -225,6 +230,8 @@ class BertLayer(nn.Module):
         else:
             # the scale given, not derived from q's shape: exported to ONNX it is then a constant
             # that ONNX Runtime folds into the score product, instead of Sqrt and Mul on q and k
+            if mask is not None and mask.is_floating_point() and mask.dtype != q.dtype:
+                mask = mask.to(q.dtype)  # scores as a bias (MPNet's) under autocast
             context = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=1 / math.sqrt(size)
             )
@@ -244,6 +251,11 @@ class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        # MPNet's: a bias per head and bucket of relative distance, shared by every layer
+        buckets = config.relative_attention_num_buckets
+        self.relative_attention_bias = (
+            nn.Embedding(buckets, config.num_attention_heads) if buckets else None
+        )
         # pre-LN layers leave the residual stream un-normalised: one LayerNorm after the last
         self.LayerNorm = (
             nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
@@ -347,6 +359,24 @@ def attention_mask_for(
         lower = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
         mask = lower[None, None] if mask is None else mask & lower  # (B|1, 1, S, S)
     return mask
+
+
+def relative_buckets(seq_len: int, buckets: int, device: torch.device | str,
+                     max_distance: int = 128) -> torch.Tensor:  # fmt: skip
+    """(S, S) the bucket of each (query, key) distance, T5's and MPNet's: half the buckets for
+    keys before the query, half after; in each, distances below a quarter of the buckets
+    exactly, farther ones on a log scale up to `max_distance`."""
+    position = torch.arange(seq_len, dtype=torch.long, device=device)
+    n = position[:, None] - position[None, :]  # query - key
+    half = buckets // 2
+    bucket = (n < 0).long() * half
+    n = n.abs()
+    exact = half // 2
+    scaled = (
+        exact
+        + (torch.log(n.float() / exact) / math.log(max_distance / exact) * (half - exact)).long()
+    )
+    return bucket + torch.where(n < exact, n, scaled.clamp(max=half - 1))
 
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -528,7 +558,8 @@ class BertModel(BertPreTrainedModel):
             width = by_sequence_from(torch.device(device))
             by_sequence = (self.attention_by_sequence and not self.training and width is not None
                            and seq_len >= width and not causal and not parity
-                           and not self.padded_only)  # fmt: skip
+                           and not self.padded_only
+                           and self.encoder.relative_attention_bias is None)  # fmt: skip
             layout = TokenLayout.unpadded(attention_mask, multiple, parity, gather=one,
                                           by_sequence=by_sequence)  # fmt: skip
             masked = one or layout.index is not None or causal or self.padded_only
@@ -612,6 +643,8 @@ class BertModel(BertPreTrainedModel):
             # No padding (SQuAD's 384-piece windows, say): attention needs no mask, and without
             # one SDPA may take its flash kernel (a mask rules that out on CUDA)
             mask = None
+        if self.encoder.relative_attention_bias is not None:  # MPNet's, added to every score
+            mask = self._relative_bias(seq_len, input_ids.device, mask)
         x = self.embeddings(input_ids, token_type_ids, position_ids, layout)  # rows
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)
@@ -623,6 +656,15 @@ class BertModel(BertPreTrainedModel):
             hidden_states = tuple(layout.to_grid(h) for h in hidden_states)
         pooled = self.pooler(x, pool_at) if self.pooler is not None else None  # (B, H)
         return BertModelOutput(x, pooled, hidden_states, attentions)
+
+    def _relative_bias(self, seq_len: int, device: torch.device,
+                       mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+        """(1 or B, A, S, S): the relative position bias, plus the mask as scores."""
+        table = self.encoder.relative_attention_bias
+        assert table is not None
+        buckets = relative_buckets(seq_len, table.num_embeddings, device)
+        bias = table(buckets).permute(2, 0, 1).unsqueeze(0)  # (1, A, S, S)
+        return bias if mask is None else _additive(mask, bias.dtype) + bias
 
     def _check_inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> None:
         """Clear errors for a batch the model cannot read: its shape, length and ids."""

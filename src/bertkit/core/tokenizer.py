@@ -10,6 +10,7 @@ literally in the text are recognised as such, as in Hugging Face's tokenizers.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -187,6 +188,8 @@ class BertTokenizer:
         directory = path.parent if path.is_file() else path
         vocab_file = path if path.is_file() else path / "vocab.txt"
         vocab = None
+        if path.is_dir() and (directory / "tokenizer.json").exists() and _ships_json(directory):
+            return JsonTokenizer.from_pretrained(directory, **overrides)
         if not vocab_file.exists():
             vocab = _vocab_of_tokenizer_json(directory / "tokenizer.json")
             if vocab is None and (directory / "tokenizer.json").exists():
@@ -286,6 +289,49 @@ class BertTokenizer:
         """How many special tokens an input gets: [CLS] A [SEP] 2, with B [SEP] 3 (RoBERTa's
         <s> A </s></s> B </s>: 4)."""
         return int(self.backend.num_special_tokens_to_add(pair))
+
+    def with_specials(self, a: Sequence[int], b: Sequence[int] | None = None
+                      ) -> tuple[list[int], list[int]]:  # fmt: skip
+        """The ids of A (and B) as the model reads them, and their segment ids: [CLS] A [SEP]
+        (B [SEP]), segments 0 then 1; RoBERTa's <s> A </s></s> B </s>, all 0. The layout is
+        the tokenizer's own post-processor's (read once from a probe)."""
+        parts = self._layout(b is not None)
+        ids: list[int] = []
+        types: list[int] = []
+        for part, type_id in parts:
+            chosen = a if part == "A" else b if part == "B" else part
+            assert chosen is not None
+            ids += chosen
+            types += [type_id if self.token_types else 0] * len(chosen)
+        return ids, types
+
+    def second_start(self, first: int) -> int:
+        """Where B's first piece sits in `with_specials(A, B)` for an A of `first` pieces."""
+        start = 0
+        for part, _ in self._layout(True):
+            if part == "B":
+                return start
+            start += first if part == "A" else len(part)
+        raise ValueError("the tokenizer's pair layout has no second segment")
+
+    @functools.lru_cache(maxsize=2)  # noqa: B019 - two entries, the tokenizer lives as long
+    def _layout(self, pair: bool) -> tuple[tuple[Any, int], ...]:
+        """The post-processor's layout: runs of special ids and the markers "A" and "B", each
+        with its segment id (from encoding a probe text, or pair, and reading which pieces are
+        whose)."""
+        probe = self.backend.encode("a", "b") if pair else self.backend.encode("a")
+        parts: list[tuple[Any, int]] = []
+        for token, sequence, type_id in zip(probe.ids, probe.sequence_ids, probe.type_ids,
+                                            strict=True):  # fmt: skip
+            if sequence is not None:
+                marker = "AB"[sequence]
+                if not parts or parts[-1][0] != marker:
+                    parts.append((marker, type_id))
+            elif parts and isinstance(parts[-1][0], list) and parts[-1][1] == type_id:
+                parts[-1][0].append(token)
+            else:
+                parts.append(([token], type_id))
+        return tuple((tuple(p) if isinstance(p, list) else p, t) for p, t in parts)
 
     def most_pieces(self, text: str) -> int:
         """The most pieces `text` can become: a WordPiece holds a character or more."""
@@ -565,6 +611,16 @@ _JSON_ROLES = {
     "sep_token": ("</s>", "[SEP]"),
     "mask_token": ("<mask>", "[MASK]"),
 }
+
+
+def _ships_json(directory: Path) -> bool:
+    """Whether the folder's model is of a family whose special tokens its tokenizer.json holds,
+    not its vocab.txt (MPNet's: `core.family`)."""
+    from bertkit.core.family import FAMILIES
+
+    model_type = _json_object(directory / "config.json").get("model_type", "bert")
+    family = FAMILIES.get(model_type)
+    return family is not None and family.tokenizer_json
 
 
 def _json_object(path: Path) -> dict[str, Any]:

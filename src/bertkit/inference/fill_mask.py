@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from bertkit.core.tokenizer import MASK
 from bertkit.inference.loader import Loaded, load
 from bertkit.settings import Settings, device_setting, replaced, setting
 
@@ -79,8 +78,9 @@ class FillMask:
 
     def _use(self, loaded: Loaded) -> None:
         self.model, self.tokenizer, self.device = loaded.model, loaded.tokenizer, loaded.device
-        if MASK not in self.tokenizer.vocab:
-            raise ValueError(f"{loaded.path}: the vocabulary has no {MASK} token")
+        self.mask = self.tokenizer.mask_token  # [MASK], RoBERTa's <mask>
+        if self.mask is None or self.mask not in self.tokenizer.vocab:
+            raise ValueError(f"{loaded.path}: the vocabulary has no mask token")
         self.batch_size = self.config.batch_size
         self.max_seq_length = self.config.max_seq_length or loaded.config.max_length
 
@@ -127,7 +127,7 @@ class FillMask:
             return_tensors="pt",
         )
         ids = encoded["input_ids"]
-        mask_id = self.tokenizer.vocab[MASK]
+        mask_id = self.tokenizer.vocab[self.mask]
         lengths = encoded["attention_mask"].sum(1).tolist()
         for number, length in enumerate(lengths, start=first):
             if length > self.max_seq_length:
@@ -139,7 +139,7 @@ class FillMask:
         counts = is_mask.sum(1)
         for number, count in enumerate(counts.tolist(), start=first):
             if count == 0:
-                raise ValueError(f"text {number}: no {MASK} to fill")
+                raise ValueError(f"text {number}: no {self.mask} to fill")
         # masked positions, padded with position 0 ([CLS]) up to the most [MASK]s of a text
         positions = torch.zeros(len(texts), int(counts.max()), dtype=torch.long)
         for row in range(len(texts)):

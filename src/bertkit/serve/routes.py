@@ -316,16 +316,15 @@ class FillMask(Route):
         return f"{model.source} has no masked-LM head (a pre-trained BERT saved with it has)"
 
     def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
-        from bertkit.core.tokenizer import MASK
-
+        mask = model.tokenizer.mask_token  # [MASK], RoBERTa's <mask>
         inputs = _inputs(body, self.name, limits, {"top"})
         texts = [_text_or_pair(item, n) for n, item in enumerate(inputs)]
         top = body.get("top", 5)
         if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= 100:
             raise InputError(f'"top" must be a whole number from 1 to 100, not {top!r}')
         for n, text in enumerate(texts):
-            if not any(MASK in t for t in ((text,) if isinstance(text, str) else text)):
-                raise InputError(f"inputs[{n}]: no {MASK} to fill")
+            if not any(mask in t for t in ((text,) if isinstance(text, str) else text)):
+                raise InputError(f"inputs[{n}]: no {mask} to fill")
         return [Masked(text, top) for text in texts]
 
     def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
@@ -341,16 +340,14 @@ class FillMask(Route):
               style: HfStyle | None) -> Any:  # fmt: skip
         if style is None:
             return results
-        from bertkit.core.tokenizer import MASK
-
-        answers = [hf_fill_mask(item.text, r, MASK) for item, r in zip(items, results, strict=True)]
+        mask = model.tokenizer.mask_token
+        answers = [hf_fill_mask(item.text, r, mask) for item, r in zip(items, results, strict=True)]
         return answers[0] if style.single else answers
 
     def warm_inputs(self, model: ServedModel, short: str, long: str) -> tuple[Any, Any]:
-        from bertkit.core.tokenizer import MASK
-
+        mask = model.tokenizer.mask_token
         filler = " ".join(long.split()[: model.max_seq_length - 3])
-        return Masked(f"Warm {MASK}.", 1), Masked(f"{MASK} {filler}", 1)
+        return Masked(f"Warm {mask}.", 1), Masked(f"{mask} {filler}", 1)
 
 
 ROUTES: dict[str, Route] = {

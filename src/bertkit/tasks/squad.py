@@ -265,35 +265,34 @@ class SquadTask(Task):
             unique, encoded["input_ids"], encoded["offset_mapping"], strict=True
         ):
             contexts[text] = (ids, [tuple(o) for o in offsets])
-        cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+        specials = tokenizer.special_tokens_added(True)  # [CLS] Q [SEP] C [SEP]: 3
         features = []
         for n, example in enumerate(examples):
             question = questions[n][: self.max_query_length]
             ids, offsets = contexts[example.context]
-            room = max_seq_length - len(question) - 3
+            room = max_seq_length - len(question) - specials
             if room < 1:
                 raise ValueError(f"max_seq_length {max_seq_length} leaves no room for a context")
             windows = _windows(len(ids), room, self.doc_stride)
             answer = self._answer_span(example, offsets)
+            first = tokenizer.second_start(len(question))  # where the window's pieces start
             for w, (start, length) in enumerate(windows):
-                prefix = [cls_id, *question, sep_id]
-                input_ids = prefix + ids[start : start + length] + [sep_id]
-                types = [0] * len(prefix) + [1] * (length + 1)
+                input_ids, types = tokenizer.with_specials(question, ids[start : start + length])
                 feature = {
                     "input_ids": input_ids,
                     "token_type_ids": types,
                     "attention_mask": [1] * len(input_ids),
                     "_example": n,
-                    "_context_start": len(prefix),  # position of the window's first piece
+                    "_context_start": first,  # position of the window's first piece
                     "_window_start": start,  # that piece's index in the context
                     "_offsets": offsets[start : start + length],  # characters of each piece
                     "_max_context": [_is_max_context(windows, w, start + i) for i in range(length)],
                 }
                 if answer is not None:
-                    first, last = answer
-                    if start <= first and last < start + length:
-                        feature["start_positions"] = first - start + len(prefix)
-                        feature["end_positions"] = last - start + len(prefix)
+                    begin, last = answer
+                    if start <= begin and last < start + length:
+                        feature["start_positions"] = begin - start + first
+                        feature["end_positions"] = last - start + first
                     else:  # no answer in this window (or none at all): point at [CLS]
                         feature["start_positions"] = feature["end_positions"] = 0
                 features.append(feature)

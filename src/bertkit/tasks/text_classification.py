@@ -431,14 +431,12 @@ def truncate_pair(
     return a[:n1], b[:n2]
 
 
-def _feature(a: list[int], b: list[int] | None, cls_id: int, sep_id: int) -> Feature:
-    ids = [cls_id, *a, sep_id] + ([*b, sep_id] if b is not None else [])
-    types = np.zeros(len(ids), dtype=np.int8)
-    if b is not None:
-        types[len(a) + 2 :] = 1
+def _feature(a: list[int], b: list[int] | None, tokenizer) -> Feature:
+    """A (and B) with the special tokens the model reads (`BertTokenizer.with_specials`)."""
+    ids, types = tokenizer.with_specials(a, b)
     return {
         "input_ids": np.asarray(ids, dtype=np.int32),
-        "token_type_ids": types,
+        "token_type_ids": np.asarray(types, dtype=np.int8),
         "attention_mask": np.ones(len(ids), dtype=np.int8),
     }
 
@@ -460,14 +458,13 @@ def encode_windows(
 ) -> list[Feature]:
     """The features of one text (pair): one cut to fit (with "_cut": pieces dropped), or with a
     `stride`, windows over the longer segment, the shorter kept whole (at most half)."""
-    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
-    room = max_seq_length - (3 if b is not None else 2)
+    room = max_seq_length - tokenizer.special_tokens_added(b is not None)
     if room < 1:
         raise ValueError(f"max_seq_length {max_seq_length} leaves no room for text")
     total = len(a) + (len(b) if b is not None else 0)
     if stride is None or total <= room:
         cut_a, cut_b = truncate_pair(a, b, room)
-        feature = _feature(cut_a, cut_b, cls_id, sep_id)
+        feature = _feature(cut_a, cut_b, tokenizer)
         dropped = total - len(cut_a) - (len(cut_b) if cut_b is not None else 0)
         if dropped:
             feature["_cut"] = dropped
@@ -487,7 +484,7 @@ def encode_windows(
     for start in window_starts(len(longer), space, stride):
         part = longer[start : start + space]
         pair = (part, shorter) if long_first else (shorter, part)
-        windows.append(_feature(pair[0], pair[1], cls_id, sep_id))  # type: ignore[arg-type]
+        windows.append(_feature(pair[0], pair[1], tokenizer))  # type: ignore[arg-type]
     return windows
 
 

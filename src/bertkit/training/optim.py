@@ -95,15 +95,19 @@ class OptimConfig(Settings):
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: weights that decay, and biases/LayerNorm parameters that do not."""
+    """Two groups: weights that decay, and biases and LayerNorm parameters that do not (a
+    LayerNorm known by its type, as transformers' Trainer knows it, whatever a family names it:
+    DistilBERT's `sa_layer_norm`)."""
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
     seen: set[int] = set()
+    norms = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()}
     for name, parameter in model.named_parameters():
         if not parameter.requires_grad or id(parameter) in seen:
             continue
         seen.add(id(parameter))
-        (no_decay if name.endswith(NO_DECAY) else decay).append(parameter)
+        fixed = name.endswith(NO_DECAY) or id(parameter) in norms
+        (no_decay if fixed else decay).append(parameter)
     return [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
