@@ -374,3 +374,43 @@ def test_fill_mask_reads_a_family_masked_lm(folders, family, tmp_path):
     state = T.AutoModelForMaskedLM.from_pretrained(tmp_path / "back").state_dict()
     reference = T.AutoModelForMaskedLM.from_pretrained(folder).state_dict()
     assert all(torch.equal(state[k], reference[k]) for k in reference if "position_ids" not in k)
+
+
+@pytest.mark.parametrize("family", ["roberta", "distilbert"])
+def test_a_family_tagger_fine_tunes_predicts_serves_and_exports(folders, family, tmp_path, ort):
+    """Token tagging on a family folder: words cut as transformers cuts words split beforehand
+    (`add_prefix_space`: RoBERTa's `Ġword`); the fine-tuned folder predicts entities with
+    character offsets, `serve` answers /predict alike, its ONNX export the same tags, and
+    transformers' token-classification class of the family loads it."""
+    from bertkit.core.tokenizer import BertTokenizer
+    from bertkit.finetuning.train import FinetuneConfig, finetune
+    from bertkit.inference.export import export_onnx
+    from bertkit.inference.predict import Predictor
+    from bertkit.serve import ServedModel
+    from bertkit.tasks.own import DataConfig
+
+    from helpers import OWN_QUICK, conll_text, tagged_sentences
+
+    words = ["Paris", "loves", "sushi", "today"]
+    theirs = T.AutoTokenizer.from_pretrained(folders[family], add_prefix_space=True)
+    expected = theirs(words, is_split_into_words=True, add_special_tokens=False)["input_ids"]
+    got = BertTokenizer.from_pretrained(folders[family]).encode_words(words)
+    assert [i for piece in got for i in piece] == expected
+    for split, (count, seed) in {"train": (200, 0), "dev": (30, 1)}.items():
+        (tmp_path / f"{split}.conll").write_text(conll_text(tagged_sentences(count, seed)))
+    data = DataConfig(train=str(tmp_path / "train.conll"), validation=str(tmp_path / "dev.conll"))
+    out = tmp_path / "tagger"
+    finetune("token-classification", folders[family], data, out,
+             FinetuneConfig(**OWN_QUICK | {"epochs": 3}))  # fmt: skip
+    text = "paris loves sushi today"
+    [answer] = Predictor(out)([text])
+    assert answer["words"] == text.split() and len(answer["tags"]) == 4
+    for entity in answer["entities"]:
+        assert text[entity["start"] : entity["end"]] == entity["text"]
+    served = ServedModel(out)
+    assert served.run("predict", served.parse("predict", {"inputs": text})) == [answer]
+    export_onnx(out, tmp_path / "onnx")
+    [exported] = Predictor(tmp_path / "onnx", backend="onnx")([text])
+    assert exported["tags"] == answer["tags"]
+    loaded = T.AutoModelForTokenClassification.from_pretrained(out)
+    assert type(loaded).__name__.lower().startswith(family)

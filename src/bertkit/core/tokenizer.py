@@ -337,6 +337,10 @@ class BertTokenizer:
         """The most pieces `text` can become: a WordPiece holds a character or more."""
         return len(text)
 
+    def encode_words(self, words: Sequence[str]) -> list[list[int]]:
+        """Each word's pieces, as a text split into these words is read (tagging)."""
+        return self.encode_ids(words)
+
     @property
     def kind(self) -> str:
         """The tokenizer's model: WordPiece (a tokenizer.json's own: BPE, Unigram, ...)."""
@@ -521,6 +525,9 @@ class JsonTokenizer(BertTokenizer):
         backend.no_truncation()
         backend.no_padding()
         self.backend, self._settings = backend, None
+        shape = json.loads(self._json)
+        self._kind = str(shape.get("model", {}).get("type", "unknown"))
+        self._byte_level = '"ByteLevel"' in json.dumps(shape.get("pre_tokenizer"))
         self.vocab_file = file
         self._config_files = {
             name: (directory / name).read_text(encoding="utf-8")
@@ -587,9 +594,17 @@ class JsonTokenizer(BertTokenizer):
         """The most pieces `text` can become: a byte-level piece holds a byte or more."""
         return len(text.encode("utf-8", "surrogatepass"))
 
+    def encode_words(self, words: Sequence[str]) -> list[list[int]]:
+        """Each word's pieces as a byte-level BPE reads a word after a space (RoBERTa's
+        `Ġword`, what transformers' `add_prefix_space` gives words split beforehand); a
+        Metaspace tokenizer (XLM-R's ▁) marks every word alone already."""
+        if self._byte_level:
+            return self.encode_ids([" " + word for word in words])
+        return self.encode_ids(words)
+
     @property
     def kind(self) -> str:
-        return str(json.loads(self._json).get("model", {}).get("type", "unknown"))
+        return self._kind
 
     @property
     def vocab_hash(self) -> str:

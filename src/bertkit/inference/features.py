@@ -120,7 +120,7 @@ def _encode(tokenizer, items, words_given: bool, max_seq_length: int):
         encoded = tokenizer(list(items), max_length=max_seq_length, truncation=True)
         return encoded["input_ids"], None
     flat = [w for words in items for w in words]
-    pieces = tokenizer.encode_ids(flat) if flat else []
+    pieces = tokenizer.encode_words(flat) if flat else []
     rows, positions, at = [], [], 0
     for n, words in enumerate(items):
         ids, firsts = [cls_id], []

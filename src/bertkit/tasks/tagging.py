@@ -277,7 +277,7 @@ class WordTagger(Task):
 
     def featurize(self, examples, tokenizer, max_seq_length: int) -> list[Feature]:
         all_words = [w for e in examples for w in e.words]
-        pieces = tokenizer.encode_ids(all_words) if all_words else []
+        pieces = tokenizer.encode_words(all_words) if all_words else []
         unk = tokenizer.unk_token_id
         cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
         label_ids = {name: i for i, name in enumerate(self.labels() or [])}
