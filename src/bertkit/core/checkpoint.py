@@ -185,10 +185,17 @@ def _as_bert_names(state: dict[str, Any], family: Family) -> dict[str, Any]:
     if family.model_type == "bert":
         return state
     out = {}
+    masked_lm = any(name.startswith("decoder.") for name in state)  # (ModernBERT's decoder)
     for name, tensor in state.items():
         prefixed = name.startswith(family.prefix + ".")
-        bare = family.to_bert(name[len(family.prefix) + 1 :] if prefixed else name)
+        bare = family.to_bert(name[len(family.prefix) + 1 :] if prefixed else name, masked_lm)
         out[("bert." if prefixed else "") + bare] = tensor
+    for joined, parts in family.fused:  # one tensor there, several here (split on dim 0)
+        for name in [n for n in out if joined in n]:
+            tensor = out.pop(name)  # (None: names alone, `tensor_names`)
+            pieces = tensor.chunk(len(parts)) if tensor is not None else [None] * len(parts)
+            for part, piece in zip(parts, pieces, strict=True):
+                out[name.replace(joined, part)] = piece
     return out
 
 
@@ -196,10 +203,16 @@ def _as_family_names(state: dict[str, Any], family: Family) -> dict[str, Any]:
     """BERT's tensor names as `family`'s (what transformers' classes of it load)."""
     if family.model_type == "bert":
         return state
+    state = dict(state)
+    for joined, parts in family.fused:  # several tensors here, one there
+        for name in [n for n in state if parts[0] in n]:
+            pieces = [state.pop(name.replace(parts[0], part)) for part in parts]
+            state[name.replace(parts[0], joined)] = torch.cat(pieces)
     out = {}
+    masked_lm = any(name.startswith("cls.predictions.") for name in state)
     for name, tensor in state.items():
         prefixed = name.startswith("bert.")
-        bare = family.from_bert(name[len("bert.") :] if prefixed else name)
+        bare = family.from_bert(name[len("bert.") :] if prefixed else name, masked_lm)
         out[(family.prefix + "." if prefixed else "") + bare] = tensor
     return out
 

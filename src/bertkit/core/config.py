@@ -149,6 +149,16 @@ class BertConfig:
     embedding_size: int | None = None
     # MPNet's relative position buckets: a bias per head and bucket shared by every layer
     relative_attention_num_buckets: int | None = None
+    # ModernBERT's (transformers' names): rotary positions of two bases, for the layers of
+    # `layer_types` ("full_attention" or "sliding_attention": a window of `local_attention`
+    # pieces, half each side), and the linear layers' and LayerNorms' biases
+    global_rope_theta: float | None = None
+    local_rope_theta: float | None = None
+    layer_types: list[str] | None = None
+    local_attention: int | None = None
+    attention_bias: bool = True
+    mlp_bias: bool = True
+    norm_bias: bool = True
     # Anything else the file held, when read with strict=False; written back unchanged.
     extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -327,6 +337,8 @@ class BertConfig:
             raise ValueError(f"{source}: expected a JSON object, got {type(data).__name__}")
         model_type = data.get("model_type", "bert")
         family = family_of(model_type, source)
+        if family.adapt_config is not None:  # (ModernBERT's rope and layer types, both formats)
+            data = family.adapt_config(data)
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         values: dict[str, Any] = {"model_type": model_type, **family.config_defaults}
         extra: dict[str, Any] = {}
@@ -386,6 +398,8 @@ class BertConfig:
                 continue
             if f.name in ARCHITECTURE_CHOICES and value == ARCHITECTURE_CHOICES[f.name][0]:
                 continue  # the paper's: config.json stays what transformers writes
+            if f.name.endswith("_bias") and value is True:
+                continue  # (every BERT's; only ModernBERT's config.json says otherwise)
             if f.name == "id2label":
                 value = {str(k): v for k, v in value.items()}
             data[theirs.get(f.name, f.name)] = value

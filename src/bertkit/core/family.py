@@ -22,7 +22,9 @@ encoder chosen by a config field), not a copied model file.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -52,14 +54,27 @@ class Family:
     # defaults), and BertConfig's fields its config.json never holds
     config_defaults: dict[str, object] = field(default_factory=dict)
     unwritten_keys: tuple[str, ...] = ()
+    # the family's config.json made flat before reading (ModernBERT's rope parameters)
+    adapt_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # tensors that are one in the family's checkpoint and several in BERT's (ModernBERT's fused
+    # query-key-value, renamed `attention.self.qkv.` by `names`): split on dim 0 on reading,
+    # joined on saving
+    fused: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # ModernBERT's first layer normalises nothing before attention
+    first_attention_norm: bool = True
+    # names that mean the masked-LM head only in a checkpoint with its decoder (ModernBERT's
+    # `head.` is the classifiers' head elsewhere)
+    mlm_names: tuple[tuple[str, str], ...] = ()
 
-    def to_bert(self, name: str) -> str:
-        """A tensor name of this family's (without its prefix) as BERT's."""
-        return _renamed(name, self.names)
+    def to_bert(self, name: str, masked_lm: bool = False) -> str:
+        """A tensor name of this family's (without its prefix) as BERT's (`masked_lm`: of a
+        checkpoint with the masked-LM decoder, where `mlm_names` hold)."""
+        return _renamed(name, self.names + (self.mlm_names if masked_lm else ()))
 
-    def from_bert(self, name: str) -> str:
+    def from_bert(self, name: str, masked_lm: bool = False) -> str:
         """A BERT tensor name as this family's (without its prefix)."""
-        return _renamed(name, tuple((ours, theirs) for theirs, ours in self.names))
+        pairs = self.names + (self.mlm_names if masked_lm else ())
+        return _renamed(name, tuple((ours, theirs) for theirs, ours in pairs))
 
     def class_name(self, bert_class: str) -> str:
         """transformers' class of this family for one of bertkit's (BertModel ->
@@ -75,6 +90,28 @@ def _renamed(name: str, pairs: tuple[tuple[str, str], ...]) -> str:
         if count:
             return renamed
     return name
+
+
+def _modernbert_config(data: dict[str, Any]) -> dict[str, Any]:
+    """ModernBERT's config.json, either transformers' format (rope_parameters by layer type,
+    layer_types) or the original (global_rope_theta, global_attn_every_n_layers), as flat keys
+    BertConfig reads; the original keys are kept beside them."""
+    data = dict(data)
+    rope = data.get("rope_parameters") or {}
+    if "full_attention" in rope:
+        data.setdefault("global_rope_theta", rope["full_attention"]["rope_theta"])
+    if "sliding_attention" in rope:
+        data.setdefault("local_rope_theta", rope["sliding_attention"]["rope_theta"])
+    data.setdefault("global_rope_theta", 160000.0)
+    data.setdefault("local_rope_theta", 10000.0)
+    if data.get("layer_types") is None:
+        every = int(data.get("global_attn_every_n_layers", 3))
+        data["layer_types"] = [
+            "sliding_attention" if i % every else "full_attention"
+            for i in range(int(data.get("num_hidden_layers", 22)))
+        ]
+    data.setdefault("local_attention", 128)
+    return data
 
 
 _ROBERTA: dict[str, object] = {"pad_token_id": 1, "type_vocab_size": 1}  # RobertaConfig's defaults
@@ -108,6 +145,48 @@ FAMILIES: dict[str, Family] = {
             config_defaults={"pad_token_id": 1, "type_vocab_size": 0,
                              "relative_attention_num_buckets": 32},
             unwritten_keys=("type_vocab_size", "position_embedding_type", "is_decoder"),
+        ),
+        Family(
+            "modernbert", "model", "ModernBert", positions="rotary", pooler=False,
+            tokenizer="BPE", classifier="head", first_attention_norm=False,
+            adapt_config=_modernbert_config,
+            fused=(("attention.self.qkv.", ("attention.self.query.", "attention.self.key.",
+                                            "attention.self.value.")),),
+            mlm_names=(
+                ("head.dense.", "cls.predictions.transform.dense."),
+                ("head.norm.", "cls.predictions.transform.LayerNorm."),
+                ("decoder.bias", "cls.predictions.bias"),
+                ("decoder.weight", "cls.predictions.decoder.weight"),
+            ),
+            names=(
+                ("embeddings.tok_embeddings.", "embeddings.word_embeddings."),
+                ("embeddings.norm.", "embeddings.LayerNorm."),
+                ("final_norm.", "encoder.LayerNorm."),
+            ) + tuple(
+                ("layers.{n}." + theirs, "encoder.layer.{n}." + ours)
+                for theirs, ours in (
+                    ("attn_norm.", "attention.output.LayerNorm."),
+                    ("attn.Wo.", "attention.output.dense."),
+                    ("mlp_norm.", "output.LayerNorm."),
+                    ("mlp.Wi.", "intermediate.dense."),
+                    ("mlp.Wo.", "output.dense."),
+                    ("attn.Wqkv.", "attention.self.qkv."),
+                )
+            ),
+            config_keys={"hidden_activation": "hidden_act", "norm_eps": "layer_norm_eps",
+                         "attention_dropout": "attention_probs_dropout_prob",
+                         "mlp_dropout": "hidden_dropout_prob"},
+            kept_keys=("initializer_cutoff_factor", "embedding_dropout", "decoder_bias",
+                       "classifier_pooling", "classifier_bias", "classifier_activation",
+                       "deterministic_flash_attn", "sparse_prediction", "sparse_pred_ignore_index",
+                       "reference_compile", "repad_logits_with_grad", "global_attn_every_n_layers",
+                       "rope_parameters", "cls_token_id", "sep_token_id", "bos_token_id",
+                       "eos_token_id", "tie_word_embeddings"),
+            config_defaults={"type_vocab_size": 0, "layer_norm_position": "pre",
+                             "feed_forward": "glu", "hidden_dropout_prob": 0.0,
+                             "attention_probs_dropout_prob": 0.0, "layer_norm_eps": 1e-5},
+            unwritten_keys=("type_vocab_size", "layer_norm_position", "feed_forward",
+                            "position_embedding_type", "is_decoder"),
         ),
         Family("electra", "electra", "Electra", pooler=False, classifier="gelu",
                kept_keys=("summary_type", "summary_use_proj", "summary_activation",

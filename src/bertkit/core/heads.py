@@ -28,7 +28,7 @@ from bertkit.core.losses import (
     span_loss,
     token_loss,
 )
-from bertkit.core.model import BertModel, BertPreTrainedModel
+from bertkit.core.model import BertModel, BertPreTrainedModel, activation
 from bertkit.core.unpad import Layouts
 
 
@@ -342,14 +342,26 @@ class BertForSequenceClassification(_Head):
                                                              self.kind)  # fmt: skip
         else:
             self.classifier = nn.Linear(hidden, self.num_labels)
+        if self.kind == "head":  # ModernBERT's: its prediction head on [CLS] or the mean
+            self.head = PredictionHead(config)
+            self.mean = config.extra.get("classifier_pooling", "cls") == "mean"
+            self.reads_cls_only = not self.mean
         self.init_weights()
 
-    def _logits(self, out) -> torch.Tensor:  # (B, C)
+    def _logits(self, out, attention_mask: torch.Tensor | None) -> torch.Tensor:  # (B, C)
         if self.kind == "pooler":
             return self.classifier(self.dropout(out.pooler_output))
         first = out.last_hidden_state[:, 0]  # <s> / [CLS]
         if self.kind == "pre_classifier":
             return self.classifier(self.dropout(torch.relu(self.pre_classifier(first))))
+        if self.kind == "head":
+            pooled = first
+            if self.mean:
+                hidden = out.last_hidden_state
+                mask = (torch.ones(hidden.shape[:2], device=hidden.device)
+                        if attention_mask is None else attention_mask).unsqueeze(-1).to(hidden.dtype)  # fmt: skip
+                pooled = (hidden * mask).sum(1) / mask.sum(1)
+            return self.classifier(self.dropout(self.head(pooled)))
         return self.classifier(self.dropout(first))
 
     def forward(
@@ -371,7 +383,7 @@ class BertForSequenceClassification(_Head):
             output_attentions=output_attentions,
             layouts=layouts,
         )
-        logits = self._logits(out)
+        logits = self._logits(out, attention_mask)
         loss = None
         if labels is not None:
             problem = self.config.problem_type or (
@@ -383,6 +395,21 @@ class BertForSequenceClassification(_Head):
             )
             loss = sequence_loss(logits, labels, problem)
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
+
+
+class PredictionHead(nn.Module):
+    """ModernBERT's head before its classifiers: dense (its `classifier_bias`), activation
+    (`classifier_activation`), LayerNorm (`norm_bias`)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.dense = nn.Linear(hidden, hidden, bias=bool(config.extra.get("classifier_bias", True)))
+        self.act = activation(str(config.extra.get("classifier_activation", config.hidden_act)))
+        self.norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps, bias=config.norm_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.act(self.dense(x)))
 
 
 class _ClassificationHead(nn.Module):
@@ -408,6 +435,10 @@ class BertForTokenClassification(_PerTokenHead):
         super().__init__(config)
         self.num_labels = config.num_labels
         self._init_encoder(config)
+        # ModernBERT's prediction head before the classifier
+        self.head = (
+            PredictionHead(config) if family_of(config.model_type).classifier == "head" else None
+        )
         self.dropout = nn.Dropout(_classifier_dropout(config))
         self.classifier = nn.Linear(config.hidden_size, self.num_labels)
         self.init_weights()
@@ -431,6 +462,8 @@ class BertForTokenClassification(_PerTokenHead):
             output_attentions=output_attentions,
             layouts=layouts,
         )
+        if self.head is not None:
+            hidden = self.head(hidden)
         logits = self.classifier(self.dropout(hidden))  # (B, S, C)
         loss = token_loss(logits, labels) if labels is not None else None
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)

@@ -14,11 +14,17 @@ from bertkit.core.model import activation
 
 
 class BertPredictionHeadTransform(nn.Module):
+    """dense, activation, LayerNorm (ModernBERT's: its `classifier_bias` and
+    `classifier_activation`, LayerNorms without bias)."""
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = activation(config.hidden_act)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        bias = bool(config.extra.get("classifier_bias", True))  # (only ModernBERT's says)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=bias)
+        self.act = activation(str(config.extra.get("classifier_activation", config.hidden_act)))
+        self.LayerNorm = nn.LayerNorm(
+            config.hidden_size, eps=config.layer_norm_eps, bias=config.norm_bias
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.act(self.dense(x)))

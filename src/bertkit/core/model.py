@@ -37,12 +37,15 @@ class BertEmbeddings(nn.Module):
         super().__init__()
         width = config.embedding_size or config.hidden_size
         self.word_embeddings = nn.Embedding(config.vocab_size, width)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, width)
+        rotary = family_of(config.model_type).positions == "rotary"  # (positions in attention)
+        self.position_embeddings = (
+            None if rotary else nn.Embedding(config.max_position_embeddings, width)
+        )
         self.position_offset = config.position_offset
         self.token_type_embeddings = (
             nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
         )
-        self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps)
+        self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps, bias=config.norm_bias)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
@@ -54,19 +57,24 @@ class BertEmbeddings(nn.Module):
         layout: TokenLayout | None = None,
     ) -> torch.Tensor:  # (B, S, H); with `layout`, its rows (its dropout masks: TokenLayout)
         seq_len, first = input_ids.shape[1], self.position_offset
-        if position_ids is None:
-            positions = self.position_embeddings.weight[first : first + seq_len]  # (S, H)
-        else:
-            positions = self.position_embeddings(position_ids)
+        table = self.position_embeddings
+        positions: torch.Tensor | float = 0.0
+        if table is not None and position_ids is None:
+            positions = table.weight[first : first + seq_len]  # (S, H)
+        elif table is not None:
+            positions = table(position_ids)
+        segments: torch.Tensor | None = None  # (looked up first: an export's node order)
+        if self.token_type_embeddings is not None and token_type_ids is None:
+            segments = self.token_type_embeddings.weight[0]  # (H,): all segment A
+        elif self.token_type_embeddings is not None:
+            segments = self.token_type_embeddings(token_type_ids)  # (B, S, H)
         words = self.word_embeddings(input_ids)
-        if self.token_type_embeddings is None:  # no segments (DistilBERT)
-            embeddings = words + positions
-        else:  # words + segments + positions, in transformers' order of the sums
-            if token_type_ids is None:
-                segments = self.token_type_embeddings.weight[0]  # (H,): all segment A
-            else:
-                segments = self.token_type_embeddings(token_type_ids)  # (B, S, H)
+        if segments is not None:  # words + segments + positions, transformers' order of the sums
             embeddings = words + segments + positions
+        elif table is not None:  # no segments (DistilBERT, MPNet)
+            embeddings = words + positions
+        else:  # rotary positions and no segments (ModernBERT)
+            embeddings = words
         embeddings = self.LayerNorm(embeddings)
         if layout is None:
             return self.dropout(embeddings)
@@ -76,30 +84,33 @@ class BertEmbeddings(nn.Module):
 class _Projections(nn.Module):
     """Query, key and value of multi-head attention (HF's `BertSelfAttention`'s weights)."""
 
-    def __init__(self, hidden: int) -> None:
+    def __init__(self, hidden: int, bias: bool = True) -> None:
         super().__init__()
-        self.query = nn.Linear(hidden, hidden)
-        self.key = nn.Linear(hidden, hidden)
-        self.value = nn.Linear(hidden, hidden)
+        self.query = nn.Linear(hidden, hidden, bias=bias)
+        self.key = nn.Linear(hidden, hidden, bias=bias)
+        self.value = nn.Linear(hidden, hidden, bias=bias)
 
 
 class _Projection(nn.Module):
     """A dense layer, and the LayerNorm after its residual sum when `eps` is given."""
 
-    def __init__(self, size_in: int, size_out: int, eps: float | None = None) -> None:
+    def __init__(self, size_in: int, size_out: int, eps: float | None = None, bias: bool = True,
+                 norm_bias: bool = True) -> None:  # fmt: skip
         super().__init__()
-        self.dense = nn.Linear(size_in, size_out)
+        self.dense = nn.Linear(size_in, size_out, bias=bias)
         if eps is not None:
-            self.LayerNorm = nn.LayerNorm(size_out, eps=eps)
+            self.LayerNorm = nn.LayerNorm(size_out, eps=eps, bias=norm_bias)
 
 
 class _Attention(nn.Module):
-    """Attention's weights: `self` (query, key, value) and `output` (dense + LayerNorm)."""
+    """Attention's weights: `self` (query, key, value) and `output` (dense + LayerNorm; none in
+    ModernBERT's first layer, which normalises nothing before attention)."""
 
-    def __init__(self, hidden: int, eps: float) -> None:
+    def __init__(self, hidden: int, eps: float | None, bias: bool = True,
+                 norm_bias: bool = True) -> None:  # fmt: skip
         super().__init__()
-        self.self = _Projections(hidden)
-        self.output = _Projection(hidden, hidden, eps)
+        self.self = _Projections(hidden, bias)
+        self.output = _Projection(hidden, hidden, eps, bias, norm_bias)
 
 
 # The containers above hold weights only, under the names of Google's and HF's checkpoints
@@ -110,7 +121,7 @@ class BertLayer(nn.Module):
     LayerNorms (attention.output's before attention, output's before the feed-forward). GLU
     (`feed_forward="glu"`): FFN(x) = (act(x W) * (x V)) W_2 with [W; V] the intermediate dense."""
 
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, index: int = 0) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.layer_norm_eps
         self.num_heads = config.num_attention_heads
@@ -118,10 +129,16 @@ class BertLayer(nn.Module):
         self.attention_dropout = config.attention_probs_dropout_prob
         self.pre_ln = config.layer_norm_position == "pre"
         self.glu = config.feed_forward == "glu"
-        self.attention = _Attention(hidden, eps)
+        family = family_of(config.model_type)
+        first_norm = eps if index or family.first_attention_norm else None
+        self.attention = _Attention(hidden, first_norm, config.attention_bias, config.norm_bias)
         up = 2 * config.intermediate_size if self.glu else config.intermediate_size
-        self.intermediate = _Projection(hidden, up)
-        self.output = _Projection(config.intermediate_size, hidden, eps)
+        self.intermediate = _Projection(hidden, up, bias=config.mlp_bias)
+        self.output = _Projection(config.intermediate_size, hidden, eps, config.mlp_bias,
+                                  config.norm_bias)  # fmt: skip
+        # ModernBERT's: this layer's kind ("full_attention" or "sliding_attention"), whose mask
+        # and rotary base the encoder passes
+        self.kind = config.layer_types[index] if config.layer_types else "full_attention"
         self.act = activation(config.hidden_act)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         # (DistilBERT's layers draw no dropout after the attention's output projection)
@@ -135,6 +152,7 @@ class BertLayer(nn.Module):
         layout: TokenLayout,
         output_attentions: bool = False,
         read: tuple[torch.Tensor, TokenLayout] | None = None,  # (rows, their layout): see below
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,  # (cos, sin) (S, D): ModernBERT
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows in, rows out. With `read`, every row is still a key and a value, but the query
         projection, attention, output projection and feed-forward (five sixths of a layer's
@@ -142,12 +160,17 @@ class BertLayer(nn.Module):
         (in `read`'s layout); queries and attention at every row where `read` has no
         `queries` (parity, a left-to-right mask, one layout structure: `BertModel.layouts`)."""
         attn, out = self.attention.self, self.attention.output
-        normed = out.LayerNorm(x) if self.pre_ln else x
+        normed = out.LayerNorm(x) if self.pre_ln and hasattr(out, "LayerNorm") else x
         within = None if read is None else read[0]  # the rows that come out (None: all)
         dropout_p = self.attention_dropout if self.training else 0.0
         probs = None
         k, v = attn.key(normed), attn.value(normed)  # (N, H) rows
-        if layout.spans is not None and not output_attentions:
+        if rotary is not None:  # positions turn queries and keys: on the grid
+            context, probs = self._grid_attention(attn.query(normed), k, v, mask, layout,
+                                                  dropout_p, output_attentions, rotary=rotary)  # fmt: skip
+            if within is not None:
+                context = context.flatten(0, -2).index_select(0, within)
+        elif layout.spans is not None and not output_attentions:
             # sequence by sequence on the rows (CPU, right padding: see TokenLayout.attend),
             # queries only where the output is read
             asked = normed if within is None else normed.index_select(0, within)
@@ -192,6 +215,7 @@ class BertLayer(nn.Module):
         dropout_p: float,
         output_attentions: bool,
         asked: TokenLayout | None = None,  # q holds these rows' queries alone (its `queries`)
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # context rows (N or R, H), probs (B, A, S, S)
         """Attention on the (B, S) grid: the rows scattered into it, the context gathered back.
         With `asked`, the queries are in their own (B, width) grid (`TokenLayout.to_queries`):
@@ -202,6 +226,8 @@ class BertLayer(nn.Module):
         q = layout.to_grid(q) if asked is None else asked.to_queries(q)
         asks = q.shape[1]  # S, or the queries' grid width
         q = q.view(batch, asks, heads, size).transpose(1, 2)
+        if rotary is not None:
+            q, k = _rotated(q, rotary), _rotated(k, rotary)
         probs = None
         # SDPA draws its dropout with torch's CPU generator, one element at a time: on the CPU,
         # unless parity asks for those draws, attention is computed here with bertkit.core.dropout's
@@ -250,7 +276,7 @@ class BertLayer(nn.Module):
 class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.layer = nn.ModuleList(BertLayer(config, i) for i in range(config.num_hidden_layers))
         # MPNet's: a bias per head and bucket of relative distance, shared by every layer
         buckets = config.relative_attention_num_buckets
         self.relative_attention_bias = (
@@ -258,7 +284,7 @@ class BertEncoder(nn.Module):
         )
         # pre-LN layers leave the residual stream un-normalised: one LayerNorm after the last
         self.LayerNorm = (
-            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+            nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.norm_bias)
             if config.layer_norm_position == "pre"
             else None
         )
@@ -273,18 +299,20 @@ class BertEncoder(nn.Module):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         read: tuple[torch.Tensor, TokenLayout] | None = None,  # the last layer's, see BertLayer
+        kinds: dict[str, tuple[Any, Any]] | None = None,  # kind -> (mask, rotary): ModernBERT
     ) -> tuple[torch.Tensor, tuple | None, tuple | None]:
         hidden_states: list[torch.Tensor] | None = [x] if output_hidden_states else None
         attentions: list[torch.Tensor] | None = [] if output_attentions else None
         last = len(self.layer) - 1
         for i, layer in enumerate(self.layer):
             read_i = read if i == last else None
+            mask_i, rotary = (mask, None) if kinds is None else kinds[str(layer.kind)]
             if self.gradient_checkpointing and self.training and not output_attentions:
                 x, probs = activation_checkpoint(
-                    layer, x, mask, layout, False, read_i, use_reentrant=False
+                    layer, x, mask_i, layout, False, read_i, rotary, use_reentrant=False
                 )
             else:
-                x, probs = layer(x, mask, layout, output_attentions, read_i)
+                x, probs = layer(x, mask_i, layout, output_attentions, read_i, rotary)
             if i == last and self.LayerNorm is not None:
                 x = self.LayerNorm(x)
             if hidden_states is not None:
@@ -379,6 +407,25 @@ def relative_buckets(seq_len: int, buckets: int, device: torch.device | str,
     return bucket + torch.where(n < exact, n, scaled.clamp(max=half - 1))
 
 
+def rotary_tables(seq_len: int, head_size: int, theta: float, device: torch.device | str
+                  ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(cos, sin), each (S, D) in fp32: rotary positions of base `theta` (RoFormer's, as
+    ModernBERT computes them: frequencies theta^(-2i/D), the head's two halves turned)."""
+    rates = 1.0 / (theta ** (torch.arange(0, head_size, 2, dtype=torch.float) / head_size))
+    angles = torch.arange(seq_len, device=device).float()[:, None] * rates.to(device)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def _rotated(x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x (B, A, S, D) turned by the rotary tables, in fp32 and back to x's dtype."""
+    cos, sin = rotary
+    half = x.shape[-1] // 2
+    wide = x.float()
+    turned = torch.cat((-wide[..., half:], wide[..., :half]), dim=-1)
+    return (wide * cos + turned * sin).to(x.dtype)
+
+
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A Boolean mask (True = may attend) as scores to add: 0, or the dtype's minimum (exp of
     it minus the row's maximum is 0, as for -inf, without a row of -inf ever making NaN). A mask
@@ -461,7 +508,8 @@ class BertPreTrainedModel(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+            if module.bias is not None:  # (ModernBERT's have none)
+                nn.init.zeros_(module.bias)
         elif isinstance(module, nn.LSTM):
             module.reset_parameters()
 
@@ -559,7 +607,8 @@ class BertModel(BertPreTrainedModel):
             by_sequence = (self.attention_by_sequence and not self.training and width is not None
                            and seq_len >= width and not causal and not parity
                            and not self.padded_only
-                           and self.encoder.relative_attention_bias is None)  # fmt: skip
+                           and self.encoder.relative_attention_bias is None
+                           and self.embeddings.position_embeddings is not None)  # fmt: skip
             layout = TokenLayout.unpadded(attention_mask, multiple, parity, gather=one,
                                           by_sequence=by_sequence)  # fmt: skip
             masked = one or layout.index is not None or causal or self.padded_only
@@ -579,7 +628,8 @@ class BertModel(BertPreTrainedModel):
             # where attention takes the grid, the last layer asks only the read rows' queries
             # (`TokenLayout.queries`): not for one layout structure (the queries' grid changes
             # width), a left-to-right mask (one per query) or parity (transformers' draws)
-            grid_queries = not (one or causal or parity or layout.spans is not None)
+            grid_queries = not (one or causal or parity or layout.spans is not None
+                                or self.embeddings.position_embeddings is None)  # fmt: skip
             read = layout.subset(keep, 1 if one else multiple, queries=grid_queries)
         return Layouts(layout, read, masked)
 
@@ -645,17 +695,44 @@ class BertModel(BertPreTrainedModel):
             mask = None
         if self.encoder.relative_attention_bias is not None:  # MPNet's, added to every score
             mask = self._relative_bias(seq_len, input_ids.device, mask)
+        kinds = self._kinds(seq_len, input_ids.device, mask)  # ModernBERT's layer kinds
         x = self.embeddings(input_ids, token_type_ids, position_ids, layout)  # rows
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)
         x, hidden_states, attentions = self.encoder(
-            x, mask, layout, output_hidden_states, output_attentions, read
+            x, mask, layout, output_hidden_states, output_attentions, read, kinds
         )
         x = (layout if read is None else read[1]).to_grid(x)  # (B, S, H)
         if hidden_states is not None:
             hidden_states = tuple(layout.to_grid(h) for h in hidden_states)
         pooled = self.pooler(x, pool_at) if self.pooler is not None else None  # (B, H)
         return BertModelOutput(x, pooled, hidden_states, attentions)
+
+    def _kinds(self, seq_len: int, device: torch.device, mask: torch.Tensor | None
+               ) -> dict[str, tuple[Any, Any]] | None:  # fmt: skip
+        """For rotary positions (ModernBERT's): each kind of layer's mask and (cos, sin) —
+        global layers the padding mask, sliding ones also a window of `local_attention`
+        pieces, half each side."""
+        config = self.config
+        if self.embeddings.position_embeddings is not None:
+            return None
+        size, theta = config.head_size, config.global_rope_theta or 160000.0
+        kinds: dict[str, tuple[Any, Any]] = {
+            "full_attention": (mask, rotary_tables(seq_len, size, theta, device))
+        }
+        if config.layer_types and "sliding_attention" in config.layer_types:
+            position = torch.arange(seq_len, device=device)
+            reach = (config.local_attention or 128) // 2
+            band = ((position[:, None] - position[None, :]).abs() <= reach)[None, None]
+            if mask is None:
+                local = band  # (1, 1, S, S)
+            elif mask.dtype == torch.bool:
+                local = mask & band
+            else:  # an additive mask (an exported model's)
+                local = mask + _additive(band, mask.dtype)
+            local_theta = config.local_rope_theta or 10000.0
+            kinds["sliding_attention"] = (local, rotary_tables(seq_len, size, local_theta, device))
+        return kinds
 
     def _relative_bias(self, seq_len: int, device: torch.device,
                        mask: torch.Tensor | None) -> torch.Tensor:  # fmt: skip

@@ -42,9 +42,10 @@ def apply(
     encoder = model if isinstance(model, BertModel) else model.bert
     assert isinstance(encoder, BertModel)
     if position_init == "sinusoidal":
-        sinusoidal_positions_(
-            encoder.embeddings.position_embeddings, encoder.config.initializer_range
-        )
+        table = encoder.embeddings.position_embeddings
+        if table is None:
+            raise ValueError("position_init sinusoidal: this model has rotary positions, no table")
+        sinusoidal_positions_(table, encoder.config.initializer_range)
     if attention_init in ("mimetic", "mimetic-qk"):
         vo = None if attention_init == "mimetic-qk" else (0.4, 0.4)
         for layer in encoder.encoder.layer:
@@ -162,6 +163,7 @@ def local_attention_(
             torch.logspace(math.log10(0.2), math.log10(0.005), pairs - high, dtype=torch.float64),
         ]
     )
+    assert embeddings.position_embeddings is not None  # (a BERT's, pre-trained here)
     positions = embeddings.position_embeddings.weight
     p = torch.arange(positions.shape[0], dtype=torch.float64)[:, None]
     # amplitude: the position part's norm equals a token embedding's norm over its dimensions
