@@ -3,8 +3,9 @@
     BERTKIT_DATA=../shared/data python benchmarks/family_forward.py --rounds 5 \
         --out docs/results/family/forward.json
 
-For every family bertkit reads (BERT, RoBERTa, XLM-RoBERTa, MPNet, ELECTRA, DistilBERT): a model of
-its base size (L12 H768 A12; DistilBERT's 6 layers; XLM-R's 250k vocabulary) with random weights
+For every family bertkit reads (BERT, RoBERTa, XLM-RoBERTa, MPNet, ELECTRA, DistilBERT, ModernBERT):
+a model of its base size (L12 H768 A12; DistilBERT's 6 layers; XLM-R's 250k vocabulary;
+ModernBERT-base's 22 layers and intermediate 1152) with random weights
 made by transformers and saved as it saves them, then loaded by both. The inputs are batches of
 32 with the lengths of SST-2's first training sentences (WordPiece pieces of the uncased BERT
 vocabulary, random ids of each model's vocabulary: the cost depends on the lengths, not the
@@ -18,6 +19,7 @@ bertkit's ratio to transformers at the precision `auto` chooses, with the machin
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 from pathlib import Path
 
@@ -41,6 +43,10 @@ def reference_models():
     yield "mpnet", T.MPNetModel(T.MPNetConfig(**BASE, vocab_size=30527))
     yield "electra", T.ElectraModel(T.ElectraConfig(**BASE, embedding_size=768))
     yield "distilbert", T.DistilBertModel(T.DistilBertConfig())
+    yield "modernbert", T.ModernBertModel(T.ModernBertConfig(
+        vocab_size=50368, hidden_size=768, intermediate_size=1152, num_hidden_layers=22,
+        num_attention_heads=12, pad_token_id=50283, bos_token_id=50281, eos_token_id=50282,
+        cls_token_id=50281, sep_token_id=50282))  # fmt: skip
 
 
 def batches(count: int, batch_size: int, vocab: int, seed: int = 0):
@@ -67,7 +73,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--out", type=Path, help="write the figures here as JSON")
+    parser.add_argument("--families", nargs="+", help="only these (default: all)")
+    parser.add_argument("--out", type=Path, help="write the figures here as JSON (a file that "
+                        "holds other families' figures keeps them)")  # fmt: skip
     add_timing_arguments(parser, rounds=5, threads=None)
     args = parser.parse_args()
     machine = start(args)
@@ -75,7 +83,11 @@ def main() -> None:
     from bertkit.precision import cast_for_inference, resolve_precision
 
     report: dict = {"machine": machine, "batch_size": args.batch_size, "families": {}}
+    if args.out and args.out.exists() and args.families:  # add to the figures already there
+        report["families"] = json.loads(args.out.read_text())["families"]
     for family, reference in reference_models():
+        if args.families and family not in args.families:
+            continue
         folder = Path(tempfile.mkdtemp(prefix=f"bertkit-{family}-"))
         reference.eval().save_pretrained(folder)
         ours = BertModel.from_pretrained(folder).eval()

@@ -153,6 +153,7 @@ class BertLayer(nn.Module):
         output_attentions: bool = False,
         read: tuple[torch.Tensor, TokenLayout] | None = None,  # (rows, their layout): see below
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,  # (cos, sin) (S, D): ModernBERT
+        reach: int | None = None,  # a sliding layer's: keys at most this far from the query
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows in, rows out. With `read`, every row is still a key and a value, but the query
         projection, attention, output projection and feed-forward (five sixths of a layer's
@@ -167,7 +168,8 @@ class BertLayer(nn.Module):
         k, v = attn.key(normed), attn.value(normed)  # (N, H) rows
         if rotary is not None:  # positions turn queries and keys: on the grid
             context, probs = self._grid_attention(attn.query(normed), k, v, mask, layout,
-                                                  dropout_p, output_attentions, rotary=rotary)  # fmt: skip
+                                                  dropout_p, output_attentions, rotary=rotary,
+                                                  reach=reach)  # fmt: skip
             if within is not None:
                 context = context.flatten(0, -2).index_select(0, within)
         elif layout.spans is not None and not output_attentions:
@@ -216,6 +218,7 @@ class BertLayer(nn.Module):
         output_attentions: bool,
         asked: TokenLayout | None = None,  # q holds these rows' queries alone (its `queries`)
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+        reach: int | None = None,  # a sliding window's half: attention chunk by chunk
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # context rows (N or R, H), probs (B, A, S, S)
         """Attention on the (B, S) grid: the rows scattered into it, the context gathered back.
         With `asked`, the queries are in their own (B, width) grid (`TokenLayout.to_queries`):
@@ -229,6 +232,10 @@ class BertLayer(nn.Module):
         if rotary is not None:
             q, k = _rotated(q, rotary), _rotated(k, rotary)
         probs = None
+        if reach is not None:  # a sliding window: each chunk of queries against its neighbours
+            context = _local_attention(q, k, v, mask, reach, size**-0.5, dropout_p, self.training)
+            context = context.transpose(1, 2)  # (B, S, A, D)
+            return layout.to_rows(context), None
         # SDPA draws its dropout with torch's CPU generator, one element at a time: on the CPU,
         # unless parity asks for those draws, attention is computed here with bertkit.core.dropout's
         fast_masks = dropout_p > 0.0 and not layout.parity and q.device.type == "cpu"
@@ -299,20 +306,20 @@ class BertEncoder(nn.Module):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         read: tuple[torch.Tensor, TokenLayout] | None = None,  # the last layer's, see BertLayer
-        kinds: dict[str, tuple[Any, Any]] | None = None,  # kind -> (mask, rotary): ModernBERT
+        kinds: dict[str, tuple[Any, Any, Any]] | None = None,  # kind -> (mask, rotary, reach)
     ) -> tuple[torch.Tensor, tuple | None, tuple | None]:
         hidden_states: list[torch.Tensor] | None = [x] if output_hidden_states else None
         attentions: list[torch.Tensor] | None = [] if output_attentions else None
         last = len(self.layer) - 1
         for i, layer in enumerate(self.layer):
             read_i = read if i == last else None
-            mask_i, rotary = (mask, None) if kinds is None else kinds[str(layer.kind)]
+            mask_i, rotary, reach = (mask, None, None) if kinds is None else kinds[str(layer.kind)]
             if self.gradient_checkpointing and self.training and not output_attentions:
                 x, probs = activation_checkpoint(
-                    layer, x, mask_i, layout, False, read_i, rotary, use_reentrant=False
+                    layer, x, mask_i, layout, False, read_i, rotary, reach, use_reentrant=False
                 )
             else:
-                x, probs = layer(x, mask_i, layout, output_attentions, read_i, rotary)
+                x, probs = layer(x, mask_i, layout, output_attentions, read_i, rotary, reach)
             if i == last and self.LayerNorm is not None:
                 x = self.LayerNorm(x)
             if hidden_states is not None:
@@ -424,6 +431,43 @@ def _rotated(x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torc
     wide = x.float()
     turned = torch.cat((-wide[..., half:], wide[..., :half]), dim=-1)
     return (wide * cos + turned * sin).to(x.dtype)
+
+
+def _local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     mask: torch.Tensor | None, reach: int, scale: float, dropout_p: float,
+                     training: bool) -> torch.Tensor:  # fmt: skip
+    """Attention of (B, A, S, D) queries to the keys at most `reach` positions away (a sliding
+    window, ModernBERT's local layers), chunk by chunk: the queries in chunks of `reach`, each
+    against its own chunk and one each side (every key it may see), so the scores are
+    (S, 3 reach) a head, not (S, S). `mask` (B, 1, 1, S) True at real keys, or None. Scores
+    and softmax in fp32, the weighted sum in v's dtype. -> (B, A, S, D)"""
+    batch, heads, seq_len, size = q.shape
+    chunk = max(reach, 1)
+    count = -(-seq_len // chunk)
+    tail = count * chunk - seq_len
+    queries = F.pad(q.float(), (0, 0, 0, tail)).view(batch, heads, count, chunk, size)
+
+    def windows(t: torch.Tensor) -> torch.Tensor:  # (B, A, S, D) -> (B, A, count, 3 chunk, D)
+        padded = F.pad(t, (0, 0, chunk, chunk + tail))
+        return padded.unfold(2, 3 * chunk, chunk).transpose(-1, -2)
+
+    keys, values = windows(k.float()), windows(v)
+    query_at = torch.arange(count * chunk, device=q.device).view(count, chunk, 1)
+    key_at = (torch.arange(count, device=q.device).view(count, 1, 1) * chunk - chunk
+              + torch.arange(3 * chunk, device=q.device).view(1, 1, -1))  # fmt: skip
+    allowed = ((query_at - key_at).abs() <= reach) & (key_at >= 0) & (key_at < seq_len)
+    allowed = allowed[None, None]  # (1, 1, count, chunk, 3 chunk)
+    if mask is not None:
+        real = F.pad(mask.reshape(batch, seq_len), (chunk, chunk + tail))
+        real = real.unfold(1, 3 * chunk, chunk)[:, None, :, None, :]  # (B, 1, count, 1, 3c)
+        allowed = allowed & real
+    scores = (queries * scale) @ keys.transpose(-1, -2)  # (B, A, count, chunk, 3 chunk)
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    probs = scores.softmax(dim=-1)
+    if dropout_p > 0.0 and training:
+        probs = F.dropout(probs, dropout_p, True)
+    context = probs.to(v.dtype) @ values  # (B, A, count, chunk, D)
+    return context.reshape(batch, heads, count * chunk, size)[:, :, :seq_len]
 
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -695,7 +739,7 @@ class BertModel(BertPreTrainedModel):
             mask = None
         if self.encoder.relative_attention_bias is not None:  # MPNet's, added to every score
             mask = self._relative_bias(seq_len, input_ids.device, mask)
-        kinds = self._kinds(seq_len, input_ids.device, mask)  # ModernBERT's layer kinds
+        kinds = self._kinds(seq_len, input_ids.device, mask, output_attentions)  # ModernBERT's
         x = self.embeddings(input_ids, token_type_ids, position_ids, layout)  # rows
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)
@@ -708,21 +752,27 @@ class BertModel(BertPreTrainedModel):
         pooled = self.pooler(x, pool_at) if self.pooler is not None else None  # (B, H)
         return BertModelOutput(x, pooled, hidden_states, attentions)
 
-    def _kinds(self, seq_len: int, device: torch.device, mask: torch.Tensor | None
-               ) -> dict[str, tuple[Any, Any]] | None:  # fmt: skip
-        """For rotary positions (ModernBERT's): each kind of layer's mask and (cos, sin) —
-        global layers the padding mask, sliding ones also a window of `local_attention`
-        pieces, half each side."""
+    def _kinds(self, seq_len: int, device: torch.device, mask: torch.Tensor | None,
+               output_attentions: bool = False) -> dict[str, tuple[Any, Any, Any]] | None:  # fmt: skip
+        """For rotary positions (ModernBERT's): each kind of layer's mask, (cos, sin) and
+        reach. Global layers: the padding mask. Sliding ones: a window of `local_attention`
+        pieces, half each side, computed chunk by chunk (`_local_attention`: the keys within
+        reach only, a few times the window a query instead of the whole input); as one band
+        mask over the grid where the probabilities are asked for or the model is exported."""
         config = self.config
         if self.embeddings.position_embeddings is not None:
             return None
         size, theta = config.head_size, config.global_rope_theta or 160000.0
-        kinds: dict[str, tuple[Any, Any]] = {
-            "full_attention": (mask, rotary_tables(seq_len, size, theta, device))
+        kinds: dict[str, tuple[Any, Any, Any]] = {
+            "full_attention": (mask, rotary_tables(seq_len, size, theta, device), None)
         }
         if config.layer_types and "sliding_attention" in config.layer_types:
-            position = torch.arange(seq_len, device=device)
             reach = (config.local_attention or 128) // 2
+            tables = rotary_tables(seq_len, size, config.local_rope_theta or 10000.0, device)
+            if not (output_attentions or self.padded_only):
+                kinds["sliding_attention"] = (mask, tables, reach)
+                return kinds
+            position = torch.arange(seq_len, device=device)
             band = ((position[:, None] - position[None, :]).abs() <= reach)[None, None]
             if mask is None:
                 local = band  # (1, 1, S, S)
@@ -730,8 +780,7 @@ class BertModel(BertPreTrainedModel):
                 local = mask & band
             else:  # an additive mask (an exported model's)
                 local = mask + _additive(band, mask.dtype)
-            local_theta = config.local_rope_theta or 10000.0
-            kinds["sliding_attention"] = (local, rotary_tables(seq_len, size, local_theta, device))
+            kinds["sliding_attention"] = (local, tables, None)
         return kinds
 
     def _relative_bias(self, seq_len: int, device: torch.device,
