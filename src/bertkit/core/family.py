@@ -114,6 +114,12 @@ def _modernbert_config(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _per_layer(prefix: str, pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """Renames inside every layer: the family's layer `prefix` ("transformer.layer.{n}.") and
+    each (theirs, BERT's) name within it."""
+    return tuple((prefix + theirs, "encoder.layer.{n}." + ours) for theirs, ours in pairs)
+
+
 _ROBERTA: dict[str, object] = {"pad_token_id": 1, "type_vocab_size": 1}  # RobertaConfig's defaults
 # RoBERTa's masked-LM head (and XLM-R's, MPNet's): BERT's transform, decoder and bias renamed
 _LM_HEAD = (
@@ -132,15 +138,15 @@ FAMILIES: dict[str, Family] = {
                classifier="tanh", names=_LM_HEAD, config_defaults=_ROBERTA),
         Family(
             "mpnet", "mpnet", "MPNet", positions="offset", tokenizer_json=True, classifier="tanh",
-            names=_LM_HEAD + tuple(
-                ("encoder.layer.{n}." + theirs, "encoder.layer.{n}." + ours)
-                for theirs, ours in (
+            names=_LM_HEAD + _per_layer(
+                "encoder.layer.{n}.",
+                (
                     ("attention.attn.q.", "attention.self.query."),
                     ("attention.attn.k.", "attention.self.key."),
                     ("attention.attn.v.", "attention.self.value."),
                     ("attention.attn.o.", "attention.output.dense."),
                     ("attention.LayerNorm.", "attention.output.LayerNorm."),
-                )
+                ),
             ),
             config_defaults={"pad_token_id": 1, "type_vocab_size": 0,
                              "relative_attention_num_buckets": 32},
@@ -162,16 +168,16 @@ FAMILIES: dict[str, Family] = {
                 ("embeddings.tok_embeddings.", "embeddings.word_embeddings."),
                 ("embeddings.norm.", "embeddings.LayerNorm."),
                 ("final_norm.", "encoder.LayerNorm."),
-            ) + tuple(
-                ("layers.{n}." + theirs, "encoder.layer.{n}." + ours)
-                for theirs, ours in (
+            ) + _per_layer(
+                "layers.{n}.",
+                (
                     ("attn_norm.", "attention.output.LayerNorm."),
                     ("attn.Wo.", "attention.output.dense."),
                     ("mlp_norm.", "output.LayerNorm."),
                     ("mlp.Wi.", "intermediate.dense."),
                     ("mlp.Wo.", "output.dense."),
                     ("attn.Wqkv.", "attention.self.qkv."),
-                )
+                ),
             ),
             config_keys={"hidden_activation": "hidden_act", "norm_eps": "layer_norm_eps",
                          "attention_dropout": "attention_probs_dropout_prob",
@@ -203,9 +209,9 @@ FAMILIES: dict[str, Family] = {
                 ("vocab_layer_norm.", "cls.predictions.transform.LayerNorm."),
                 ("vocab_projector.weight", "cls.predictions.decoder.weight"),
                 ("vocab_projector.bias", "cls.predictions.bias"),
-            ) + tuple(
-                ("transformer.layer.{n}." + theirs, "encoder.layer.{n}." + ours)
-                for theirs, ours in (
+            ) + _per_layer(
+                "transformer.layer.{n}.",
+                (
                     ("attention.q_lin.", "attention.self.query."),
                     ("attention.k_lin.", "attention.self.key."),
                     ("attention.v_lin.", "attention.self.value."),
@@ -214,7 +220,7 @@ FAMILIES: dict[str, Family] = {
                     ("ffn.lin1.", "intermediate.dense."),
                     ("ffn.lin2.", "output.dense."),
                     ("output_layer_norm.", "output.LayerNorm."),
-                )
+                ),
             ),
             config_keys={
                 "dim": "hidden_size",
