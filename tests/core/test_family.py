@@ -448,3 +448,20 @@ def test_a_family_tagger_fine_tunes_predicts_serves_and_exports(folders, family,
     assert exported["tags"] == answer["tags"]
     loaded = T.AutoModelForTokenClassification.from_pretrained(out)
     assert type(loaded).__name__.lower().startswith(family)
+
+
+@pytest.mark.parametrize("family", ["xlm-roberta", "modernbert"])
+def test_sentence_transformers_reads_a_folder_bertkit_saved(folders, family, tmp_path):
+    """A family encoder saved by bertkit (its weights, config and tokenizer files) loads in
+    sentence-transformers, whose mean-pooled vectors equal bertkit's `Embedder`'s."""
+    st = pytest.importorskip("sentence_transformers")
+    from bertkit.core.tokenizer import BertTokenizer
+    from bertkit.inference.embedder import Embedder
+
+    out = tmp_path / "saved"
+    BertModel.from_pretrained(folders[family]).save_pretrained(
+        out, tokenizer=BertTokenizer.from_pretrained(folders[family])
+    )
+    theirs = st.SentenceTransformer(str(out), device="cpu")
+    expected = theirs.encode(TEXTS, normalize_embeddings=True)
+    np.testing.assert_allclose(Embedder(out, precision="fp32")(TEXTS), expected, atol=1e-5)
