@@ -319,32 +319,28 @@ def test_the_commands_that_read_an_encoder_take_a_family_folder(folders, family,
     np.testing.assert_allclose(answers["onnx"], answers["torch"], atol=1e-5)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_parity_fine_tuning_of_a_family_follows_transformers_run_for_run(folders, family, tmp_path):
-    """`--parity --precision fp32` on a family folder: every step's loss and the dev figures of
-    bertkit's run equal those of transformers' own class of the family (its classifier: RoBERTa's
-    dense + tanh, ELECTRA's GELU, DistilBERT's pre_classifier), started from the same weights —
-    saved by bertkit in the family's layout and loaded by transformers — on the same batches
-    with the same dropout draws."""
+def _parity_runs(task, data, folder, auto_class, tmp_path, dropout=0.1):
+    """A `--parity --precision fp32` run of bertkit's model and one of transformers' `auto_class`
+    started from the same weights (saved by bertkit in the family's layout, loaded by
+    transformers) on the same batches: {"ours"/"theirs": (each step's losses, results)} and
+    how many forwards transformers' model made."""
     from bertkit.finetuning.train import FinetuneConfig, build_model, finetune
 
-    from helpers import OWN_QUICK, topic_files
+    from helpers import OWN_QUICK
 
-    segments = T.AutoConfig.from_pretrained(folders[family]).to_dict().get("type_vocab_size", 0)
+    segments = T.AutoConfig.from_pretrained(folder).to_dict().get("type_vocab_size", 0)
+    calls = []
 
     class Theirs(torch.nn.Module):
-        calls = 0
-
         def __init__(self, ours, where) -> None:
             super().__init__()
             ours.save_pretrained(where)
-            self.hf = T.AutoModelForSequenceClassification.from_pretrained(where)
-            assert type(self.hf).__name__.lower().startswith(family.replace("-", ""))
+            self.hf = auto_class.from_pretrained(where)
             self.config = ours.config
 
         def forward(self, **inputs):
-            Theirs.calls += 1
-            if not segments:  # (DistilBERT and MPNet take no token types)
+            calls.append(1)
+            if not segments:  # (DistilBERT, MPNet and ModernBERT take no token types)
                 inputs.pop("token_type_ids", None)
             return self.hf(**inputs)
 
@@ -352,28 +348,70 @@ def test_parity_fine_tuning_of_a_family_follows_transformers_run_for_run(folders
             self.hf.save_pretrained(directory)
             tokenizer.save_pretrained(directory)
 
-    data = topic_files(tmp_path)
-    runs = {}
-    # ModernBERT drops out elsewhere than BERT (inside its MLP, after its attention's Wo) and
-    # is released without dropout: its parity run keeps its own 0
-    dropout = 0.0 if family == "modernbert" else 0.1
     config = FinetuneConfig(
         **OWN_QUICK | {"epochs": 2, "parity": True, "precision": "fp32", "dropout": dropout}
     )
     theirs = lambda task, model, seed: Theirs(build_model(task, model, seed), tmp_path / "start")  # noqa: E731
+    runs = {}
     for side, build in (("ours", None), ("theirs", theirs)):
         out = tmp_path / side
-        results = finetune("text-classification", folders[family], data, out, config, build=build)
+        results = finetune(task, folder, data, out, config, build=build)
         lines = (out / "log.jsonl").read_text().splitlines()
         runs[side] = [e["loss"] for e in map(json.loads, lines) if e["split"] == "train"], results
+    return runs, len(calls)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parity_fine_tuning_of_a_family_follows_transformers_run_for_run(folders, family, tmp_path):
+    """`--parity --precision fp32` on a family folder: every step's loss and the dev figures of
+    bertkit's run equal those of transformers' own class of the family (its classifier: RoBERTa's
+    dense + tanh, ELECTRA's GELU, DistilBERT's pre_classifier), started from the same weights —
+    saved by bertkit in the family's layout and loaded by transformers — on the same batches
+    with the same dropout draws."""
+    from helpers import topic_files
+
+    # ModernBERT drops out elsewhere than BERT (inside its MLP, after its attention's Wo) and
+    # is released without dropout: its parity run keeps its own 0
+    runs, calls = _parity_runs("text-classification", topic_files(tmp_path), folders[family],
+                               T.AutoModelForSequenceClassification, tmp_path,
+                               dropout=0.0 if family == "modernbert" else 0.1)  # fmt: skip
     (ours, ours_results), (theirs, theirs_results) = runs["ours"], runs["theirs"]
-    assert Theirs.calls >= len(theirs) >= 5
+    assert calls >= len(theirs) >= 5
     assert ours == pytest.approx(theirs, abs=1e-5), (ours, theirs)
     assert ours_results["dev"] == pytest.approx(theirs_results["dev"], abs=1e-6)
     saved = json.loads((tmp_path / "ours" / "config.json").read_text())
-    assert saved["model_type"] == family and saved["architectures"][0].endswith(
-        "ForSequenceClassification"
-    )
+    assert saved["model_type"] == family
+    assert saved["architectures"][0].endswith("ForSequenceClassification")
+
+
+@pytest.mark.parametrize("family", ["roberta", "mpnet"])
+def test_parity_multiple_choice_of_a_family_follows_transformers(folders, family, tmp_path):
+    """Multiple choice on RoBERTa and MPNet (the pooler and one linear score, as their
+    transformers classes have it; each choice laid out as the family's pair): bertkit's
+    `--parity` run equals transformers' step for step."""
+    from helpers import ENTITY_WORDS
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 64), ("dev", 16)):
+        rows = []
+        for _ in range(count):
+            city = str(rng.choice(ENTITY_WORDS["city"]))
+            choices = [f"visits {city}"] + [
+                f"eats {f}" for f in rng.choice(ENTITY_WORDS["food"], 2)
+            ]
+            order = rng.permutation(3)
+            rows.append({"context": f"ann loves {city}", "choices": [choices[i] for i in order],
+                         "label": int(np.argwhere(order == 0)[0][0])})  # fmt: skip
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from bertkit.tasks.own import DataConfig
+
+    data = DataConfig(train=str(tmp_path / "train.jsonl"), validation=str(tmp_path / "dev.jsonl"))
+    runs, calls = _parity_runs("multiple-choice", data, folders[family],
+                               T.AutoModelForMultipleChoice, tmp_path)  # fmt: skip
+    (ours, ours_results), (theirs, theirs_results) = runs["ours"], runs["theirs"]
+    assert calls >= len(theirs) >= 5
+    assert ours == pytest.approx(theirs, abs=1e-5), (ours, theirs)
+    assert ours_results["dev"] == pytest.approx(theirs_results["dev"], abs=1e-6)
 
 
 @pytest.mark.parametrize("family", ["roberta", "mpnet", "distilbert", "modernbert"])
