@@ -503,3 +503,22 @@ def test_sentence_transformers_reads_a_folder_bertkit_saved(folders, family, tmp
     theirs = st.SentenceTransformer(str(out), device="cpu")
     expected = theirs.encode(TEXTS, normalize_embeddings=True)
     np.testing.assert_allclose(Embedder(out, precision="fp32")(TEXTS), expected, atol=1e-5)
+
+
+def test_a_family_head_saved_by_transformers_opens_as_its_head(folders, tmp_path):
+    """A folder transformers saved with RobertaForSequenceClassification (no task record)
+    opens with bertkit's sequence classifier, its logits transformers' own."""
+    from bertkit.inference.loader import load
+
+    folder = tmp_path / "classifier"
+    shutil.copytree(folders["roberta"], folder)
+    torch.manual_seed(2)
+    config = T.AutoConfig.from_pretrained(folder, num_labels=3)
+    reference = T.AutoModelForSequenceClassification.from_config(config).eval()
+    reference.save_pretrained(folder)
+    loaded = load(folder)
+    assert loaded.head == "BertForSequenceClassification"
+    ids = torch.tensor([[0, 5, 9, 11, 2]])
+    with torch.no_grad():
+        expected = reference(input_ids=ids).logits
+        assert torch.allclose(loaded.model(ids).logits, expected, atol=1e-6)

@@ -81,6 +81,13 @@ class Family:
         RobertaModel)."""
         return bert_class.replace("Bert", self.title, 1)
 
+    def bert_class(self, class_name: str) -> str:
+        """bertkit's class for transformers' class of this family (RobertaForSequence-
+        Classification -> BertForSequenceClassification); other names as they are."""
+        if class_name.startswith(self.title):
+            return "Bert" + class_name[len(self.title) :]
+        return class_name
+
 
 def _renamed(name: str, pairs: tuple[tuple[str, str], ...]) -> str:
     """`name` with the first of `pairs`' beginnings it starts with replaced by its partner."""

@@ -36,7 +36,7 @@ from bertkit.errors import InputError
 from bertkit.precision import compile_for_inference, inference_compile, resolve_precision
 from bertkit.serve.clients import HfStyle, Ids, hf_parameters
 from bertkit.serve.config import ServeConfig
-from bertkit.serve.routes import ROUTES, Text
+from bertkit.serve.routes import ROUTES, Text, kind_of
 from bertkit.settings import BACKENDS, QUANTIZATIONS, replaced
 
 if TYPE_CHECKING:
@@ -226,7 +226,7 @@ class ServedModel:
         and max_chars; default its defaults): InputError (413 or 422) says what is wrong. Each
         input is what `run(endpoint, ...)` takes."""
         if not isinstance(body, dict):
-            raise InputError(f"the body must be a JSON object, not {_kind(body)}")
+            raise InputError(f"the body must be a JSON object, not {kind_of(body)}")
         return ROUTES[endpoint].parse(self, body, limits or ServeConfig())
 
     def shape(self, endpoint: str, items: list[Any], results: list[Any],
@@ -239,7 +239,7 @@ class ServedModel:
         """What `POST /` (and `/invocations`) runs for `body`: the endpoint, the body as that
         endpoint takes it, and how to answer in Hugging Face's shape (`clients`)."""
         if not isinstance(body, dict):
-            raise InputError(f"the body must be a JSON object, not {_kind(body)}")
+            raise InputError(f"the body must be a JSON object, not {kind_of(body)}")
         inputs = body.get("inputs")
         single = isinstance(inputs, str)
         if "query" in body and "texts" in body:
@@ -400,9 +400,3 @@ class ServedModel:
             small, large = inputs
             for batch in ([small], [small, large], [large] * self.max_batch_size):
                 self.run(endpoint, batch)
-
-
-def _kind(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a text", bool: "true/false"}.get(
-        type(value), "a number" if isinstance(value, (int, float)) else "null"
-    )

@@ -383,7 +383,7 @@ def _inputs(body: dict, route: str, limits: ServeConfig, extra: set[str]) -> lis
     if isinstance(inputs, (str, dict)):
         inputs = [inputs]
     if not isinstance(inputs, list):
-        raise InputError(f'"inputs" must be a text, a list or an object, not {_kind(inputs)}')
+        raise InputError(f'"inputs" must be a text, a list or an object, not {kind_of(inputs)}')
     if not inputs:
         raise InputError('"inputs" is empty')
     _check_limits(inputs, limits, "inputs")
@@ -448,11 +448,12 @@ def _openai_input(given: Any, vocab: int) -> list[str | Ids]:
             texts.append(Ids(item))
         else:
             raise InputError(f"input[{n}]: a text or a non-empty list of token ids expected, "
-                             f"not {_kind(item)}")  # fmt: skip
+                             f"not {kind_of(item)}")  # fmt: skip
     return texts
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
+    """A JSON value's kind as an error message names it ("an object", "a text", ...)."""
     return {dict: "an object", list: "a list", str: "a text", bool: "true/false"}.get(
         type(value), "a number" if isinstance(value, (int, float)) else "null"
     )
@@ -473,7 +474,7 @@ def _text_or_pair(item: Any, n: int) -> Words:
         return item
     if isinstance(item, list) and len(item) == 2 and all(isinstance(t, str) for t in item):
         return (item[0], item[1])
-    raise InputError(f"inputs[{n}]: a text or a pair of texts [a, b], not {_kind(item)}")
+    raise InputError(f"inputs[{n}]: a text or a pair of texts [a, b], not {kind_of(item)}")
 
 
 def _flag(body: dict, name: str) -> bool:
