@@ -10,7 +10,6 @@ literally in the text are recognised as such, as in Hugging Face's tokenizers.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -31,6 +30,8 @@ from tokenizers import (
 )
 
 from bertkit._io import atomic_write_text
+from bertkit.core.config import BertConfig
+from bertkit.core.family import FAMILIES, family_of
 from bertkit.core.hub import model_dir
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -314,11 +315,16 @@ class BertTokenizer:
             start += first if part == "A" else len(part)
         raise ValueError("the tokenizer's pair layout has no second segment")
 
-    @functools.lru_cache(maxsize=2)  # noqa: B019 - two entries, the tokenizer lives as long
     def _layout(self, pair: bool) -> tuple[tuple[Any, int], ...]:
         """The post-processor's layout: runs of special ids and the markers "A" and "B", each
         with its segment id (from encoding a probe text, or pair, and reading which pieces are
-        whose)."""
+        whose), worked out once per tokenizer."""
+        layouts = self.__dict__.setdefault("_layouts", {})
+        if pair not in layouts:
+            layouts[pair] = self._probe_layout(pair)
+        return layouts[pair]
+
+    def _probe_layout(self, pair: bool) -> tuple[tuple[Any, int], ...]:
         probe = self.backend.encode("a", "b") if pair else self.backend.encode("a")
         parts: list[tuple[Any, int]] = []
         for token, sequence, type_id in zip(probe.ids, probe.sequence_ids, probe.type_ids,
@@ -349,8 +355,6 @@ class BertTokenizer:
     def check_model(self, config: Any, where: Any) -> None:
         """Refuse (ValueError naming `where`) a model this tokenizer is not the tokenizer of:
         another kind of tokenizer than its family ships, or more tokens than it embeds."""
-        from bertkit.core.family import family_of
-
         family = family_of(config.model_type)
         if self.kind != family.tokenizer:
             raise ValueError(
@@ -529,13 +533,13 @@ class JsonTokenizer(BertTokenizer):
         self._kind = str(shape.get("model", {}).get("type", "unknown"))
         self._byte_level = '"ByteLevel"' in json.dumps(shape.get("pre_tokenizer"))
         self.vocab_file = file
-        self._config_files = {
+        self._config_files = {  # (written back as they are)
             name: (directory / name).read_text(encoding="utf-8")
             for name in ("tokenizer_config.json", "special_tokens_map.json")
             if (directory / name).exists()
         }
-        settings = _json_object(directory / "tokenizer_config.json")
-        mapped = _json_object(directory / "special_tokens_map.json")
+        settings, mapped = _json_object(directory / "tokenizer_config.json", self._config_files), \
+            _json_object(directory / "special_tokens_map.json", self._config_files)  # fmt: skip
         vocab = backend.get_vocab(with_added_tokens=True)
         self._ids = dict(vocab)
         self._tokens = [""] * (max(vocab.values()) + 1)
@@ -569,15 +573,9 @@ class JsonTokenizer(BertTokenizer):
         if isinstance(length, int) and 0 < length < 1_000_000:
             settings["model_max_length"] = length
         model = _json_object(directory / "config.json")
-        positions = model.get("max_position_embeddings")
-        if "model_max_length" not in settings and isinstance(positions, int):
-            from bertkit.core.family import FAMILIES
-
-            family = FAMILIES.get(model.get("model_type", "bert"))
-            offset = (
-                model.get("pad_token_id", 1) + 1 if family and family.positions == "offset" else 0
-            )
-            settings["model_max_length"] = positions - offset
+        if "model_max_length" not in settings and "vocab_size" in model:
+            # the positions an input may have (less RoBERTa's offset): the config's to say
+            settings["model_max_length"] = BertConfig.from_dict(model, strict=False).max_length
         settings["token_types"] = int(model.get("type_vocab_size", 0) or 0) > 1
         settings.update(overrides)
         return cls(directory, **settings)
@@ -631,19 +629,19 @@ _JSON_ROLES = {
 def _ships_json(directory: Path) -> bool:
     """Whether the folder's model is of a family whose special tokens its tokenizer.json holds,
     not its vocab.txt (MPNet's: `core.family`)."""
-    from bertkit.core.family import FAMILIES
-
     model_type = _json_object(directory / "config.json").get("model_type", "bert")
     family = FAMILIES.get(model_type)
     return family is not None and family.tokenizer_json
 
 
-def _json_object(path: Path) -> dict[str, Any]:
-    """A JSON file's object ({} without the file); ValueError naming a broken one."""
-    if not path.exists():
+def _json_object(path: Path, read: dict[str, str] | None = None) -> dict[str, Any]:
+    """A JSON file's object ({} without the file), from its text in `read` (by file name) where
+    it was read already; ValueError naming a broken one."""
+    text = (read or {}).get(path.name)
+    if text is None and not path.exists():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(text if text is not None else path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: invalid JSON ({err})") from None
     return data if isinstance(data, dict) else {}
