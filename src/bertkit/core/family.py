@@ -69,11 +69,11 @@ class Family:
     def to_bert(self, name: str, masked_lm: bool = False) -> str:
         """A tensor name of this family's (without its prefix) as BERT's (`masked_lm`: of a
         checkpoint with the masked-LM decoder, where `mlm_names` hold)."""
-        return _renamed(name, self.names + (self.mlm_names if masked_lm else ()))
+        return _renamed(name, (self.mlm_names if masked_lm else ()) + self.names)
 
     def from_bert(self, name: str, masked_lm: bool = False) -> str:
         """A BERT tensor name as this family's (without its prefix)."""
-        pairs = self.names + (self.mlm_names if masked_lm else ())
+        pairs = (self.mlm_names if masked_lm else ()) + self.names
         return _renamed(name, tuple((ours, theirs) for theirs, ours in pairs))
 
     def class_name(self, bert_class: str) -> str:
@@ -175,6 +175,7 @@ FAMILIES: dict[str, Family] = {
                 ("embeddings.tok_embeddings.", "embeddings.word_embeddings."),
                 ("embeddings.norm.", "embeddings.LayerNorm."),
                 ("final_norm.", "encoder.LayerNorm."),
+                ("head.norm.", "head.LayerNorm."),  # (the classifiers' head, as BERT's transform)
             ) + _per_layer(
                 "layers.{n}.",
                 (

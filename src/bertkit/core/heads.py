@@ -17,6 +17,7 @@ from bertkit.core.embedding import BertForSentenceEmbedding
 from bertkit.core.family import family_of
 from bertkit.core.lm_head import (
     BertOnlyMLMHead,
+    BertPredictionHeadTransform,
     BertPreTrainingHeads,
     gather_positions,
 )
@@ -28,7 +29,7 @@ from bertkit.core.losses import (
     span_loss,
     token_loss,
 )
-from bertkit.core.model import BertModel, BertPreTrainedModel, activation
+from bertkit.core.model import BertModel, BertPreTrainedModel
 from bertkit.core.unpad import Layouts
 
 
@@ -343,7 +344,7 @@ class BertForSequenceClassification(_Head):
         else:
             self.classifier = nn.Linear(hidden, self.num_labels)
         if self.kind == "head":  # ModernBERT's: its prediction head on [CLS] or the mean
-            self.head = PredictionHead(config)
+            self.head = BertPredictionHeadTransform(config)  # (`head.norm` there: family)
             self.mean = config.extra.get("classifier_pooling", "cls") == "mean"
             self.reads_cls_only = not self.mean
         self.init_weights()
@@ -397,21 +398,6 @@ class BertForSequenceClassification(_Head):
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions)
 
 
-class PredictionHead(nn.Module):
-    """ModernBERT's head before its classifiers: dense (its `classifier_bias`), activation
-    (`classifier_activation`), LayerNorm (`norm_bias`)."""
-
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__()
-        hidden = config.hidden_size
-        self.dense = nn.Linear(hidden, hidden, bias=bool(config.extra.get("classifier_bias", True)))
-        self.act = activation(str(config.extra.get("classifier_activation", config.hidden_act)))
-        self.norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps, bias=config.norm_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.act(self.dense(x)))
-
-
 class _ClassificationHead(nn.Module):
     """RoBERTa's (tanh) and ELECTRA's (GELU) classifier on the first token's state, after the
     head's dropout: dense, activation, dropout, out_proj."""
@@ -437,7 +423,9 @@ class BertForTokenClassification(_PerTokenHead):
         self._init_encoder(config)
         # ModernBERT's prediction head before the classifier
         self.head = (
-            PredictionHead(config) if family_of(config.model_type).classifier == "head" else None
+            BertPredictionHeadTransform(config)
+            if family_of(config.model_type).classifier == "head"
+            else None
         )
         self.dropout = nn.Dropout(_classifier_dropout(config))
         self.classifier = nn.Linear(config.hidden_size, self.num_labels)

@@ -14,8 +14,9 @@ from bertkit.core.model import activation
 
 
 class BertPredictionHeadTransform(nn.Module):
-    """dense, activation, LayerNorm (ModernBERT's: its `classifier_bias` and
-    `classifier_activation`, LayerNorms without bias)."""
+    """dense, activation, LayerNorm: the masked LM's transform, and ModernBERT's head before its
+    classifiers too (with its `classifier_bias` and `classifier_activation`, LayerNorms without
+    bias; its `head.norm` is this LayerNorm: `core.family`)."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()

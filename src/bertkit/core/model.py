@@ -142,7 +142,7 @@ class BertLayer(nn.Module):
         self.act = activation(config.hidden_act)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         # (DistilBERT's layers draw no dropout after the attention's output projection)
-        self.attention_output_dropout = family_of(config.model_type).attention_output_dropout
+        self.attention_output_dropout = family.attention_output_dropout
 
     def forward(
         self,
