@@ -255,6 +255,19 @@ def tagged_sentences(count: int, seed: int = 0):
     return sentences
 
 
+def choice_rows(count: int, rng) -> list[dict]:
+    """Multiple-choice rows: a context naming a city, three choices (visiting it, eating two
+    foods) in a random order, the index of the right one."""
+    rows = []
+    for _ in range(count):
+        city = str(rng.choice(ENTITY_WORDS["city"]))
+        choices = [f"visits {city}"] + [f"eats {f}" for f in rng.choice(ENTITY_WORDS["food"], 2)]
+        order = rng.permutation(3)
+        rows.append({"context": f"ann loves {city}", "choices": [choices[i] for i in order],
+                     "label": int(np.argwhere(order == 0)[0][0])})  # fmt: skip
+    return rows
+
+
 def conll_text(sentences) -> str:
     """CoNLL columns: a word and its tag a line, a blank line after each sentence."""
     return "".join(

@@ -389,19 +389,11 @@ def test_parity_multiple_choice_of_a_family_follows_transformers(folders, family
     """Multiple choice on RoBERTa and MPNet (the pooler and one linear score, as their
     transformers classes have it; each choice laid out as the family's pair): bertkit's
     `--parity` run equals transformers' step for step."""
-    from helpers import ENTITY_WORDS
+    from helpers import choice_rows
 
     rng = np.random.default_rng(0)
     for split, count in (("train", 64), ("dev", 16)):
-        rows = []
-        for _ in range(count):
-            city = str(rng.choice(ENTITY_WORDS["city"]))
-            choices = [f"visits {city}"] + [
-                f"eats {f}" for f in rng.choice(ENTITY_WORDS["food"], 2)
-            ]
-            order = rng.permutation(3)
-            rows.append({"context": f"ann loves {city}", "choices": [choices[i] for i in order],
-                         "label": int(np.argwhere(order == 0)[0][0])})  # fmt: skip
+        rows = choice_rows(count, rng)
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     from bertkit.tasks.own import DataConfig
 

@@ -14,7 +14,7 @@ from bertkit.tasks import get_task
 from bertkit.tasks.base import DataError
 from bertkit.tasks.own import DataConfig
 
-from helpers import ENTITY_WORDS, FILLER, OWN_QUICK
+from helpers import ENTITY_WORDS, FILLER, OWN_QUICK, choice_rows
 
 
 def squad_file(path, count, seed, unanswerable=0.0):
@@ -69,21 +69,7 @@ def test_question_answering_on_squad_files_of_any_name(words_model, tmp_path):
 
 def test_multiple_choice_from_json_lines(words_model, tmp_path):
     rng = np.random.default_rng(0)
-
-    def rows(n):
-        out = []
-        for _ in range(n):
-            city = str(rng.choice(ENTITY_WORDS["city"]))
-            choices = [f"visits {city}"] + [
-                f"eats {f}" for f in rng.choice(ENTITY_WORDS["food"], 2)
-            ]
-            order = rng.permutation(3)
-            shuffled = [choices[i] for i in order]
-            out.append({"context": f"ann loves {city}", "choices": shuffled,
-                        "label": int(np.argwhere(order == 0)[0][0])})  # fmt: skip
-        return out
-
-    train, dev = rows(120), rows(30)
+    train, dev = choice_rows(120, rng), choice_rows(30, rng)
     dev[0]["label"] = dev[0]["choices"][dev[0]["label"]]  # the right choice's text works too
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dev))

@@ -4,8 +4,8 @@ TensorFlow checkpoints, read without TensorFlow.
 Our state-dict names *are* Hugging Face's (`bert.encoder.layer.0.attention.self.query.weight`),
 so the HF layout needs no renaming beyond legacy spellings; Google's names convert by the table
 below (kernels transposed); the family's checkpoints (RoBERTa, DistilBERT, ...) are read under
-BERT's names and written back under their own (`core.family`). Every load reports missing and unexpected tensors by name and refuses
-shape mismatches, naming the tensor and both shapes.
+BERT's names and written back under their own (`core.family`). Every load reports missing and
+unexpected tensors by name and refuses shape mismatches, naming the tensor and both shapes.
 """
 
 from __future__ import annotations
