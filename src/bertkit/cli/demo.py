@@ -100,7 +100,8 @@ def run_demo(
     }
     settings = apply_recipe("laptop", given)
     out_dir = Path(out_dir)
-    if settings.resume and not _same_objective(out_dir, settings.objective):
+    objective = settings.objective or "mlm+nsp"  # (the recipe's; else a BERT's)
+    if settings.resume and not _same_objective(out_dir, objective):
         # an earlier demo's run with another objective (the recipe went without NSP on 2026-11-25-26):
         # a demo is a throwaway, so it starts afresh rather than refusing
         say(f"0. {out_dir} holds an earlier demo with another objective: starting afresh")
@@ -161,7 +162,7 @@ def _demo_pretraining(
     """Step 4: pre-training, its held-out figures printed as they come."""
     from bertkit.pretraining.train import run_pretraining
 
-    nsp = settings.objective == "mlm+nsp"
+    nsp = settings.objective in (None, "mlm+nsp")  # (None: a BERT's default)
     objective = "MLM + NSP" if nsp else "masked LM (no NSP)"
     say(
         f"4. pre-training BERT-{settings.config} with {objective} (the laptop recipe: batch "

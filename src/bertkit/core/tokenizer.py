@@ -344,8 +344,22 @@ class BertTokenizer:
         return len(text)
 
     def encode_words(self, words: Sequence[str]) -> list[list[int]]:
-        """Each word's pieces, as a text split into these words is read (tagging)."""
+        """Each text's pieces as it reads inside a longer text, after a space: the words of a
+        text split beforehand (tagging), the sentences of a document (pre-training shards)."""
         return self.encode_ids(words)
+
+    def ordinary_ids(self) -> list[int]:
+        """The ids of pieces of text, not of special tokens or reserved slots ([CLS], [unused7]):
+        what masked-LM pre-training draws its random replacements from (Google draws from the
+        whole vocabulary)."""
+        return [
+            i for i, t in enumerate(self._tokens) if not (t.startswith("[") and t.endswith("]"))
+        ]
+
+    def continues_word(self) -> list[bool]:
+        """Per id, whether its piece continues the word before it (WordPiece's ##): the pieces
+        whole-word masking chooses together."""
+        return [t.startswith("##") for t in self._tokens]
 
     @property
     def kind(self) -> str:
@@ -599,6 +613,31 @@ class JsonTokenizer(BertTokenizer):
         if self._byte_level:
             return self.encode_ids([" " + word for word in words])
         return self.encode_ids(words)
+
+    def ordinary_ids(self) -> list[int]:
+        """The ids of pieces of text: not the tokenizer's added special tokens (<s>, <mask>,
+        ModernBERT's [unused0] ...) nor a bracketed reserved slot."""
+        added = {i for i, t in self.backend.get_added_tokens_decoder().items() if t.special}
+        special = added | set(self.all_special_ids)
+        return [i for i in super().ordinary_ids() if i not in special]
+
+    def continues_word(self) -> list[bool]:
+        """Per id, whether its piece continues the word before it: a WordPiece's prefix (##), a
+        byte-level BPE piece without the space mark (Ġ, so punctuation after a word goes with
+        it), a SentencePiece piece without its ▁; special tokens start their own. A model
+        without word marks has every piece a word (whole-word masking is then per piece)."""
+        model = json.loads(self._json).get("model", {})
+        special = set(self.all_special_ids) | set(self.backend.get_added_tokens_decoder())
+        if self._kind == "WordPiece":
+            prefix = model.get("continuing_subword_prefix") or "##"
+            flags = [t.startswith(prefix) for t in self._tokens]
+        elif self._byte_level:
+            flags = [not t.startswith("\u0120") for t in self._tokens]
+        elif '"Metaspace"' in self._json:
+            flags = [not t.startswith("\u2581") for t in self._tokens]
+        else:
+            flags = [False] * len(self._tokens)
+        return [flag and i not in special for i, flag in enumerate(flags)]
 
     @property
     def kind(self) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from bertkit.core.losses import IGNORE_INDEX
-from bertkit.core.tokenizer import CLS, MASK, PAD, SEP, BertTokenizer
+from bertkit.core.tokenizer import BertTokenizer
 from bertkit.pretraining.instances import (
     OBJECTIVES,
     document_instances,
@@ -80,17 +80,20 @@ class PretrainingData:
         # every batch padded to seq_len and to the most predictions a sequence can have (CUDA
         # graphs replay one shape); else to the batch's longest
         self.fixed_shapes = fixed_shapes
-        vocab = tokenizer.vocab
-        self.cls_id, self.sep_id, self.pad_id = vocab[CLS], vocab[SEP], vocab[PAD]
-        if MASK not in vocab:
-            raise ValueError("the vocabulary has no [MASK] token: it cannot pre-train a masked LM")
-        self.mask_id = vocab[MASK]
-        tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
+        self.pad_id = tokenizer.pad_token_id
+        if tokenizer.mask_token_id is None:
+            raise ValueError(
+                f"the tokenizer has no mask token ({tokenizer.mask_token}): it cannot pre-train "
+                "a masked LM"
+            )
+        self.mask_id = tokenizer.mask_token_id
+        # the special tokens around the segments as the tokenizer lays them out: BERT's
+        # [CLS] A [SEP] (B [SEP]) with segments 0 (then 1), RoBERTa's <s> A </s></s> B </s>
+        self.layout = _Layout(tokenizer, pair=objective == "mlm+nsp")
         # random replacements: ordinary tokens only (Google draws from the whole vocabulary,
         # [CLS], [PAD] and [unusedN] included)
-        ordinary = [i for i, t in enumerate(tokens) if not (t.startswith("[") and t.endswith("]"))]
-        self.random_ids = np.asarray(ordinary, dtype=np.int64)
-        self.is_continuation = np.asarray([t.startswith("##") for t in tokens], dtype=bool)
+        self.random_ids = np.asarray(tokenizer.ordinary_ids(), dtype=np.int64)
+        self.is_continuation = np.asarray(tokenizer.continues_word(), dtype=bool)
         self.epoch, self.row = 0, 0
         self._plan_version: int | None = None
         self._plan = np.zeros((0, 7), np.int64)
@@ -109,6 +112,7 @@ class PretrainingData:
                 max_seq_length=self.seq_len,
                 short_seq_prob=self.short_seq_prob,
                 objective=self.objective,
+                specials=self.layout.specials,
             )
             self._plan_version = version
         return self._plan
@@ -153,13 +157,7 @@ class PretrainingData:
         shard_a, a0, a1, shard_b, b0, b1, is_random = (int(x) for x in span)
         a = np.asarray(self.shards.tokens[shard_a][a0:a1], dtype=np.int64)
         b = np.asarray(self.shards.tokens[shard_b][b0:b1], dtype=np.int64)
-        if self.objective == "mlm+nsp":
-            ids = np.concatenate([[self.cls_id], a, [self.sep_id], b, [self.sep_id]])
-            segments = np.zeros(len(ids), np.int64)
-            segments[len(a) + 2 :] = 1
-        else:
-            ids = np.concatenate([[self.cls_id], a, [self.sep_id]])
-            segments = np.zeros(len(ids), np.int64)
+        ids, segments, maskable = self.layout(a, b if self.objective == "mlm+nsp" else None)
         if self.objective == "ltr":  # predict every next token, left to right
             positions = np.arange(len(ids) - 1)
             return {
@@ -169,7 +167,6 @@ class PretrainingData:
                 "labels": ids[1:],
                 "nsp": -1,
             }
-        maskable = (ids != self.cls_id) & (ids != self.sep_id)
         rng = np.random.default_rng(key)
         corrupted, positions, labels = mask_tokens(
             ids,
@@ -232,8 +229,10 @@ def build_plan(
     max_seq_length: int,
     short_seq_prob: float,
     objective: str,
+    specials: int | None = None,
 ) -> np.ndarray:
-    """Every document's instances, shuffled: an (n, 7) int64 array of `SPAN_FIELDS`."""
+    """Every document's instances, shuffled: an (n, 7) int64 array of `SPAN_FIELDS`
+    (`specials`: the special tokens an instance adds, `document_instances`)."""
     num_documents = shards.num_documents
     rows: list[tuple[int, ...]] = []
     for document in range(num_documents):
@@ -249,7 +248,33 @@ def build_plan(
                 max_seq_length=max_seq_length,
                 short_seq_prob=short_seq_prob,
                 objective=objective,
+                specials=specials,
             )
         )
     plan = np.asarray(rows, dtype=np.int64).reshape(-1, 7)
     return plan[rng.permutation(len(plan))]
+
+
+class _Layout:
+    """An instance's ids, segment ids and maskable positions from its segments' ids, laid out
+    as the tokenizer lays out one text (or a pair); its special tokens are never masked."""
+
+    def __init__(self, tokenizer: BertTokenizer, *, pair: bool) -> None:
+        ids, types = tokenizer.with_specials([-1], [-2] if pair else None)  # -1: A, -2: B
+        self.template, self.types = np.asarray(ids, np.int64), np.asarray(types, np.int64)
+        markers = (-1, -2) if pair else (-1,)
+        self.slots = [int(np.flatnonzero(self.template == m)[0]) for m in markers]
+        self.specials = len(ids) - len(self.slots)  # what an instance adds to its segments
+        self.special_ids = np.unique(self.template[self.template >= 0])
+
+    def __call__(self, a: np.ndarray, b: np.ndarray | None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        pieces: list[np.ndarray] = []
+        types: list[np.ndarray] = []
+        start = 0
+        for slot, segment in zip(self.slots, [a] if b is None else [a, b], strict=True):
+            pieces += [self.template[start:slot], segment]
+            types += [self.types[start:slot], np.full(len(segment), self.types[slot], np.int64)]
+            start = slot + 1
+        ids = np.concatenate([*pieces, self.template[start:]])
+        return ids, np.concatenate([*types, self.types[start:]]), ~np.isin(ids, self.special_ids)

@@ -26,7 +26,8 @@ OBJECTIVES = ("mlm+nsp", "mlm", "ltr")
 
 
 def special_token_budget(objective: str) -> int:
-    """[CLS] A [SEP] B [SEP] with NSP, [CLS] A [SEP] otherwise."""
+    """[CLS] A [SEP] B [SEP] with NSP, [CLS] A [SEP] otherwise (BERT's; a tokenizer of the
+    family says its own: `PretrainingData`)."""
     return 3 if objective == "mlm+nsp" else 2
 
 
@@ -41,12 +42,14 @@ def document_instances(
     max_seq_length: int = 128,
     short_seq_prob: float = 0.1,
     objective: str = "mlm+nsp",
+    specials: int | None = None,
 ) -> list[tuple[int, int, int, int, int, int, int]]:
     """Instances from one document.
 
     `bounds` holds the token offsets of the document's sentences (start of each, then the end);
     `random_document(d)` returns (shard, bounds) of document d. Segments are runs of whole
-    sentences up to a target length (`max_seq_length` minus the special tokens, or with
+    sentences up to a target length (`max_seq_length` minus the `specials` tokens, default
+    `special_token_budget(objective)`, or with
     probability `short_seq_prob` a random shorter one); with NSP, A is a random prefix of the run
     and B is the rest (IsNext) or, with probability 0.5, a run from another document (NotNext),
     the unused sentences being put back.
@@ -56,7 +59,9 @@ def document_instances(
     nsp = objective == "mlm+nsp"
     if nsp and num_documents < 2:
         raise ValueError("next-sentence prediction needs at least 2 documents")
-    max_tokens = max_seq_length - special_token_budget(objective)
+    max_tokens = max_seq_length - (
+        special_token_budget(objective) if specials is None else specials
+    )
     if max_tokens < 2:
         raise ValueError(f"max_seq_length {max_seq_length} leaves no room for segments")
     lengths = np.diff(bounds).tolist()

@@ -88,7 +88,6 @@ def merge_parts(
 ) -> dict[str, Any]:
     """The shards of `parts` (folders `prepare --part` wrote), checked and merged into
     `out_dir`; its metadata."""
-    from bertkit.core.tokenizer import BertTokenizer
 
     opened = [Shards(p) for p in parts]
     records = []
@@ -117,7 +116,7 @@ def merge_parts(
         stats.empty_documents += skipped["empty_documents"]
         stats.bad_lines += skipped["bad_lines"]
         stats.problems += skipped["problems"][: 20 - len(stats.problems)]
-    tokenizer = BertTokenizer.from_pretrained(opened[0].directory)
+    tokenizer = opened[0].tokenizer()
     extra = {
         "sources": [s for _, shards in ordered for s in shards.meta.get("sources", [])],
         "source_bytes": sum(shards.meta.get("source_bytes", 0) for _, shards in ordered),

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from bertkit._io import atomic_write_text, sha256_of
-from bertkit.core.tokenizer import BertTokenizer
+from bertkit.core.tokenizer import BertTokenizer, JsonTokenizer
 from bertkit.pretraining.corpus import CorpusStats, expand_paths, raw_documents, sentences_of
 
 FORMAT_VERSION = 1
@@ -55,10 +55,10 @@ class EncodedChunk:
     dropped_documents: int  # documents left with no token
 
 
-def _init_worker(vocab: list[str], lowercase: bool) -> None:
+def _init_worker(tokenizer: BertTokenizer) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the processes are the parallelism
     global _WORKER_TOKENIZER
-    _WORKER_TOKENIZER = BertTokenizer(vocab=vocab, lowercase=lowercase)
+    _WORKER_TOKENIZER = tokenizer
 
 
 def encode_documents(
@@ -72,7 +72,7 @@ def encode_documents(
         found = sentences_of(units, needs_split)
         sentences.extend(found)
         per_document.append(len(found))
-    ids = tokenizer.encode_ids(sentences)
+    ids = tokenizer.encode_words(sentences)  # as they read inside the document
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     tokens = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(lengths.sum()))
     # sentences and documents that tokenise to nothing (e.g. only control characters) go
@@ -266,6 +266,7 @@ def write_shards(
             "vocab_hash": tokenizer.vocab_hash,
             "vocab_size": tokenizer.vocab_size,
             "lowercase": tokenizer.lowercase,
+            **_tokenizer_record(tokenizer),
             "dtype": dtype.name,
             "num_tokens": sum(s["tokens"] for s in shards),
             "num_sentences": sum(s["sentences"] for s in shards),
@@ -288,6 +289,15 @@ def write_shards(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return meta
+
+
+def _tokenizer_record(tokenizer: BertTokenizer) -> dict[str, Any]:
+    """How `Shards.tokenizer` opens the tokenizer saved beside the shards: a tokenizer.json
+    (the BERT family's) with its settings; a vocab.txt needs nothing more."""
+    if not isinstance(tokenizer, JsonTokenizer):
+        return {}
+    return {"tokenizer": {"class": "JsonTokenizer", "token_types": tokenizer.token_types,
+                          "model_max_length": tokenizer.model_max_length}}  # fmt: skip
 
 
 def chunk_from_token_documents(
@@ -324,7 +334,7 @@ def _encoded(
         workers,
         mp_context=context,
         initializer=_init_worker,
-        initargs=(tokenizer._tokens, tokenizer.lowercase),
+        initargs=(tokenizer,),  # (pickled whole: its casing and accents as they are)
     ) as pool:
         pending: deque[Future] = deque()
         for chunk in chunks:
@@ -461,6 +471,18 @@ class Shards:
                 chunk = np.asarray(tokens[start : start + (1 << 24)])
                 counts += np.bincount(chunk, minlength=vocab_size)[:vocab_size]
         return counts
+
+    def tokenizer(self) -> BertTokenizer:
+        """The tokenizer whose ids the shards hold, saved beside them: a WordPiece vocab.txt
+        or a family's tokenizer.json (with the settings meta.json records)."""
+        record = self.meta.get("tokenizer")
+        if isinstance(record, dict) and record.get("class") == "JsonTokenizer":
+            return JsonTokenizer(
+                self.directory,
+                token_types=bool(record.get("token_types")),
+                model_max_length=int(record.get("model_max_length", 512)),
+            )
+        return BertTokenizer.from_pretrained(self.directory)
 
     def check_vocab(self, tokenizer: BertTokenizer) -> None:
         """Refuse shards tokenised with another vocabulary (their ids would mean other words)."""

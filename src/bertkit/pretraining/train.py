@@ -195,10 +195,13 @@ def resolve_config(
     `feed_forward` (if given) set the architecture beyond the paper (a GLU feed-forward with
     2/3 of the config's intermediate size, rounded to a multiple of 8: the MLP's parameters)."""
     resolved = BertConfig.resolve(config, vocab_size)
-    if seq_len > resolved.max_position_embeddings:
+    if seq_len > resolved.max_length:
         raise ValueError(
-            f"--seq-len {seq_len} exceeds max_position_embeddings {resolved.max_position_embeddings}"
-        )
+            f"--seq-len {seq_len} exceeds the {resolved.max_length} positions the model has "
+            f"(max_position_embeddings {resolved.max_position_embeddings}"
+            + (f", less RoBERTa's offset of {resolved.position_offset})"
+               if resolved.position_offset else ")")
+        )  # fmt: skip
     if dropout is not None:
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"--dropout {dropout} is not in [0, 1)")
@@ -217,6 +220,22 @@ def resolve_config(
     return dataclasses.replace(resolved, is_decoder=objective == "ltr")
 
 
+def objective_for(objective: str | None, model: BertConfig) -> str:
+    """A run's objective: as given, else BERT's masked LM with next-sentence prediction, and
+    the masked LM alone for a model of the family after BERT (RoBERTa dropped NSP, and no
+    checkpoint of the family has a next-sentence head). NSP or the left-to-right LM (Table 5's
+    BERT ablations) on such a model is refused, naming it."""
+    if model.model_type == "bert":
+        return objective or "mlm+nsp"
+    if objective in (None, "mlm"):
+        return "mlm"
+    raise ValueError(
+        f"--objective {objective}: a {model.model_type} model pre-trains with --objective mlm "
+        "(the family after BERT has no next-sentence head, and left-to-right LM is an ablation "
+        "of BERT's)"
+    )
+
+
 @flat_names
 @dataclass
 class PretrainConfig(Settings):
@@ -230,9 +249,11 @@ class PretrainConfig(Settings):
         "model size (tiny, mini, small, medium, base, large), a config JSON or a BertConfig "
         "(default: --init-from's own, else tiny)",
     )
-    objective: str = setting(
-        "mlm+nsp",
-        "mlm+nsp (BERT), mlm (No NSP) or ltr (left-to-right LM): Table 5's rows",
+    objective: str | None = setting(
+        None,
+        "mlm+nsp (BERT), mlm (No NSP) or ltr (left-to-right LM): Table 5's rows (default: "
+        "mlm+nsp; mlm for a model of the family after BERT, RoBERTa on, which has no "
+        "next-sentence head)",
         choices=OBJECTIVES,
     )
     max_steps: int | None = setting(None, "optimiser steps", check="positive")
@@ -527,9 +548,14 @@ def _train_phase(
     on_entry: Callable[[dict[str, Any]], None] | None,
 ) -> list[dict[str, Any]]:
     shards = _opened(Shards(data))
-    tokenizer = BertTokenizer.from_pretrained(data)
+    tokenizer = shards.tokenizer()
     if c.init_from is not None:  # its ids must mean the checkpoint's words
         _check_vocabulary(data, tokenizer, c.init_from)
+    base = c.config if c.config is not None else _own_config(c.init_from)
+    c = dataclasses.replace(
+        c, objective=objective_for(c.objective, BertConfig.resolve(base, tokenizer.vocab_size))
+    )
+    assert c.objective is not None
     parts = dist.world_size * c.accumulation
     if c.batch_size % parts:
         raise ValueError(
@@ -537,7 +563,7 @@ def _train_phase(
         )
     assert c.eval_seq_len is not None  # phase_plan sets it
     model_config = resolve_config(
-        c.config if c.config is not None else _own_config(c.init_from),
+        base,
         tokenizer.vocab_size,
         max(c.seq_len, c.eval_seq_len),
         c.objective,
@@ -673,6 +699,7 @@ def _batches(
     compile_mode: str,
 ) -> PretrainingData | PrefetchedData:
     """This rank's micro-batches, made in worker processes where there are any."""
+    assert c.objective is not None  # (resolved: `objective_for`)
     stream = PretrainingData(
         shards,
         tokenizer,
