@@ -39,6 +39,9 @@ class Family:
     # [CLS]), "tanh" / "gelu" (RoBERTa's and ELECTRA's dense + activation + out_proj on the
     # first token's state), "pre_classifier" (DistilBERT's pre_classifier + ReLU + classifier)
     classifier: str = "pooler"
+    # its multiple-choice scorer: "pooler" (BERT's and RoBERTa's), "pre_classifier"
+    # (DistilBERT's), "summary" (ELECTRA's sequence_summary) or "head" (ModernBERT's)
+    choice_classifier: str = "pooler"
     # dropout on the attention's output projection (DistilBERT has none there)
     attention_output_dropout: bool = True
     # transformers' tensor-name beginnings (after the prefix) and BERT's, "{n}" a layer's number
@@ -161,7 +164,8 @@ FAMILIES: dict[str, Family] = {
         ),
         Family(
             "modernbert", "model", "ModernBert", positions="rotary", pooler=False,
-            tokenizer="BPE", classifier="head", first_attention_norm=False,
+            tokenizer="BPE", classifier="head", choice_classifier="head",
+            first_attention_norm=False,
             adapt_config=_modernbert_config,
             fused=(("attention.self.qkv.", ("attention.self.query.", "attention.self.key.",
                                             "attention.self.value.")),),
@@ -203,14 +207,21 @@ FAMILIES: dict[str, Family] = {
                             "position_embedding_type", "is_decoder"),
         ),
         Family("electra", "electra", "Electra", pooler=False, classifier="gelu",
+               choice_classifier="summary",
                kept_keys=("summary_type", "summary_use_proj", "summary_activation",
-                          "summary_last_dropout")),
+                          "summary_last_dropout", "summary_first_dropout",
+                          "summary_proj_to_labels"),
+               # the generator's masked LM (ElectraForMaskedLM), narrowed to embedding_size
+               names=(("generator_predictions.", "cls.predictions.transform."),
+                      ("generator_lm_head.weight", "cls.predictions.decoder.weight"),
+                      ("generator_lm_head.bias", "cls.predictions.bias"))),
         Family(
             "distilbert",
             "distilbert",
             "DistilBert",
             pooler=False,
             classifier="pre_classifier",
+            choice_classifier="pre_classifier",
             attention_output_dropout=False,
             names=(
                 ("vocab_transform.", "cls.predictions.transform.dense."),

@@ -29,7 +29,7 @@ from bertkit.core.losses import (
     span_loss,
     token_loss,
 )
-from bertkit.core.model import BertModel, BertPreTrainedModel
+from bertkit.core.model import BertModel, BertPreTrainedModel, activation
 from bertkit.core.unpad import Layouts
 
 
@@ -318,43 +318,44 @@ class BertForMaskedLM(_MaskedLMMixin, _Head):
         return BertHeadOutput(logits, loss, out.hidden_states, out.attentions, total, correct)
 
 
-class BertForSequenceClassification(_Head):
-    """A linear layer on the pooled [CLS] vector. `config.num_labels == 1` is regression (MSE,
-    e.g. STS-B); otherwise softmax cross-entropy, or sigmoid BCE for multi-label
-    (`problem_type`, as in Hugging Face). The family's own classifier where its checkpoints
-    have another (`Family.classifier`: RoBERTa's dense + tanh + out_proj on the first token,
-    ELECTRA's with GELU, DistilBERT's pre_classifier + ReLU), so that their fine-tuned weights
-    load and save under their names."""
+class _PooledClassifier(_Head):
+    """A head that scores one vector per input, with the classifier its family's checkpoints
+    have (`kind`): "pooler" (BERT's linear layer on the pooled [CLS]), "tanh" / "gelu"
+    (RoBERTa's and ELECTRA's dense + activation + out_proj on the first token), "pre_classifier"
+    (DistilBERT's pre_classifier + ReLU), "summary" (ELECTRA's multiple choice: its
+    sequence_summary, a projection and GELU, then a linear layer) or "head" (ModernBERT's
+    prediction head on [CLS] or the mean) — under the names its checkpoints give them, so
+    that fine-tuned weights load and save in the family's layout."""
 
     per_position, reads_cls_only = False, True
 
-    def __init__(self, config: BertConfig) -> None:
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.kind = family_of(config.model_type).classifier
-        self.bert = BertModel(config, add_pooling_layer=self.kind == "pooler")
+    def _add_classifier(self, config: BertConfig, kind: str, outputs: int) -> None:
+        self.kind = kind
+        self.bert = BertModel(config, add_pooling_layer=kind == "pooler")
         hidden, dropout = config.hidden_size, _classifier_dropout(config)
-        if self.kind == "pre_classifier":  # DistilBERT's, its own dropout
+        if kind == "pre_classifier":  # DistilBERT's, its own dropout
             self.pre_classifier = nn.Linear(hidden, hidden)
             dropout = float(config.extra.get("seq_classif_dropout", 0.2))
+        if kind == "summary":  # (its dropout is the summary's own)
+            self.sequence_summary = _SequenceSummary(config)
         self.dropout = nn.Dropout(dropout)
-        if self.kind in ("tanh", "gelu"):
-            self.classifier: nn.Module = _ClassificationHead(hidden, self.num_labels, dropout,
-                                                             self.kind)  # fmt: skip
+        if kind in ("tanh", "gelu"):
+            self.classifier: nn.Module = _ClassificationHead(hidden, outputs, dropout, kind)
         else:
-            self.classifier = nn.Linear(hidden, self.num_labels)
-        if self.kind == "head":  # ModernBERT's: its prediction head on [CLS] or the mean
+            self.classifier = nn.Linear(hidden, outputs)
+        if kind == "head":  # ModernBERT's: its prediction head on [CLS] or the mean
             self.head = BertPredictionHeadTransform(config)  # (`head.norm` there: family)
             self.mean = config.extra.get("classifier_pooling", "cls") == "mean"
             self.reads_cls_only = not self.mean
-        self.init_weights()
 
-    def _logits(self, out, attention_mask: torch.Tensor | None) -> torch.Tensor:  # (B, C)
+    def _logits(self, out, attention_mask: torch.Tensor | None) -> torch.Tensor:  # (B, outputs)
         if self.kind == "pooler":
             return self.classifier(self.dropout(out.pooler_output))
         first = out.last_hidden_state[:, 0]  # <s> / [CLS]
         if self.kind == "pre_classifier":
             return self.classifier(self.dropout(torch.relu(self.pre_classifier(first))))
+        if self.kind == "summary":
+            return self.classifier(self.sequence_summary(first))
         if self.kind == "head":
             pooled = first
             if self.mean:
@@ -364,6 +365,20 @@ class BertForSequenceClassification(_Head):
                 pooled = (hidden * mask).sum(1) / mask.sum(1)
             return self.classifier(self.dropout(self.head(pooled)))
         return self.classifier(self.dropout(first))
+
+
+class BertForSequenceClassification(_PooledClassifier):
+    """A linear layer on the pooled [CLS] vector. `config.num_labels == 1` is regression (MSE,
+    e.g. STS-B); otherwise softmax cross-entropy, or sigmoid BCE for multi-label
+    (`problem_type`, as in Hugging Face). The family's own classifier where its checkpoints
+    have another (`Family.classifier`: RoBERTa's dense + tanh + out_proj on the first token,
+    ELECTRA's with GELU, DistilBERT's pre_classifier + ReLU, ModernBERT's head)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self._add_classifier(config, family_of(config.model_type).classifier, self.num_labels)
+        self.init_weights()
 
     def forward(
         self,
@@ -411,6 +426,39 @@ class _ClassificationHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out_proj(self.dropout(self.activation(self.dense(x))))
+
+
+class _SequenceSummary(nn.Module):
+    """ELECTRA's multiple-choice summary of the first token's state (transformers'
+    ElectraSequenceSummary as ELECTRA's configs set it): dropout where `summary_first_dropout`
+    says, a projection (`summary_use_proj`), the activation (`summary_activation`, GELU) and
+    dropout (`summary_last_dropout`, 0.1)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        extra = config.extra
+        if extra.get("summary_type", "first") != "first" or extra.get("summary_proj_to_labels"):
+            raise ValueError(
+                f"ELECTRA's summary_type {extra.get('summary_type')!r} (proj_to_labels "
+                f"{extra.get('summary_proj_to_labels')}): bertkit reads the first token's state "
+                "through a projection as wide as the model (summary_type first)"
+            )
+        hidden = config.hidden_size
+        self.summary = (
+            nn.Linear(hidden, hidden) if extra.get("summary_use_proj", True) else nn.Identity()
+        )
+        name = extra.get("summary_activation", "gelu")
+        self.activation = activation(str(name)) if name else nn.Identity()
+
+        def dropout(key: str, default: float) -> nn.Module:
+            p = float(extra.get(key, default) or 0.0)
+            return nn.Dropout(p) if p > 0 else nn.Identity()
+
+        self.first_dropout = dropout("summary_first_dropout", 0.0)
+        self.last_dropout = dropout("summary_last_dropout", 0.1)
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        return self.last_dropout(self.activation(self.summary(self.first_dropout(first))))
 
 
 class BertForTokenClassification(_PerTokenHead):
@@ -540,18 +588,15 @@ class BertBiLSTMForQuestionAnswering(BertForQuestionAnswering):
     with_bilstm = True
 
 
-class BertForMultipleChoice(_Head):
+class BertForMultipleChoice(_PooledClassifier):
     """One `[CLS] context [SEP] choice [SEP]` per choice, a score from the pooled vector, softmax
-    over the choices (SWAG)."""
-
-    per_position, reads_cls_only = False, True
+    over the choices (SWAG). The family's own scorer where its checkpoints have another
+    (`Family.choice_classifier`: DistilBERT's pre_classifier, ELECTRA's sequence_summary,
+    ModernBERT's head)."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
-        _needs_pooler(config, "multiple choice")
-        self.bert = BertModel(config)
-        self.dropout = nn.Dropout(_classifier_dropout(config))
-        self.classifier = nn.Linear(config.hidden_size, 1)
+        self._add_classifier(config, family_of(config.model_type).choice_classifier, 1)
         self.init_weights()
 
     def forward(
@@ -582,8 +627,7 @@ class BertForMultipleChoice(_Head):
             output_attentions=output_attentions,
             layouts=layouts,
         )
-        scores = self.classifier(self.dropout(out.pooler_output))  # (B*C, 1)
-        logits = scores.view(batch, choices)
+        logits = self._logits(out, flat(attention_mask)).view(batch, choices)
         loss = (
             sequence_loss(logits, labels, "single_label_classification")
             if labels is not None

@@ -16,28 +16,30 @@ from bertkit.core.model import activation
 class BertPredictionHeadTransform(nn.Module):
     """dense, activation, LayerNorm: the masked LM's transform, and ModernBERT's head before its
     classifiers too (with its `classifier_bias` and `classifier_activation`, LayerNorms without
-    bias; its `head.norm` is this LayerNorm: `core.family`)."""
+    bias; its `head.norm` is this LayerNorm: `core.family`). `width`: its output's, the
+    hidden size unless given (ELECTRA's masked LM narrows to its embedding size)."""
 
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, width: int | None = None) -> None:
         super().__init__()
+        width = width or config.hidden_size
         bias = bool(config.extra.get("classifier_bias", True))  # (only ModernBERT's says)
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=bias)
+        self.dense = nn.Linear(config.hidden_size, width, bias=bias)
         self.act = activation(str(config.extra.get("classifier_activation", config.hidden_act)))
-        self.LayerNorm = nn.LayerNorm(
-            config.hidden_size, eps=config.layer_norm_eps, bias=config.norm_bias
-        )
+        self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps, bias=config.norm_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.act(self.dense(x)))
 
 
 class BertLMPredictionHead(nn.Module):
-    """transform -> vocabulary logits with the word-embedding matrix (tied) + an output bias."""
+    """transform -> vocabulary logits with the word-embedding matrix (tied) + an output bias;
+    as wide as the word embeddings (ELECTRA's `embedding_size`)."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.transform = BertPredictionHeadTransform(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)  # tied
+        width = config.embedding_size or config.hidden_size
+        self.transform = BertPredictionHeadTransform(config, width)
+        self.decoder = nn.Linear(width, config.vocab_size, bias=False)  # tied
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., H) -> (..., V)
