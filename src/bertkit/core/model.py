@@ -24,6 +24,7 @@ from bertkit.core.checkpoint import NEW_WEIGHTS, load_pretrained, save_pretraine
 from bertkit.core.config import BertConfig
 from bertkit.core.dropout import dropout as fast_dropout
 from bertkit.core.family import family_of
+from bertkit.core.rotary import local_attention, rotary_tables, rotated
 from bertkit.core.unpad import Layouts, TokenLayout, by_sequence_from, row_multiple
 
 
@@ -166,7 +167,14 @@ class BertLayer(nn.Module):
         dropout_p = self.attention_dropout if self.training else 0.0
         probs = None
         k, v = attn.key(normed), attn.value(normed)  # (N, H) rows
-        if rotary is not None:  # positions turn queries and keys: on the grid
+        if rotary is not None and layout.spans is not None and not output_attentions:
+            # ModernBERT sequence by sequence on the rows: each turned by its own positions,
+            # its window over its own tokens (every query: its rows are few where it is read)
+            context = layout.attend(attn.query(normed), k, v, self.num_heads,
+                                    self.head_size**-0.5, dropout_p, rotary=rotary, reach=reach)  # fmt: skip
+            if within is not None:
+                context = context.index_select(0, within)
+        elif rotary is not None:  # positions turn queries and keys: on the grid
             context, probs = self._grid_attention(attn.query(normed), k, v, mask, layout,
                                                   dropout_p, output_attentions, rotary=rotary,
                                                   reach=reach)  # fmt: skip
@@ -230,10 +238,10 @@ class BertLayer(nn.Module):
         asks = q.shape[1]  # S, or the queries' grid width
         q = q.view(batch, asks, heads, size).transpose(1, 2)
         if rotary is not None:
-            q, k = _rotated(q, rotary), _rotated(k, rotary)
+            q, k = rotated(q, rotary), rotated(k, rotary)
         probs = None
         if reach is not None:  # a sliding window: each chunk of queries against its neighbours
-            context = _local_attention(q, k, v, mask, reach, size**-0.5, dropout_p, self.training)
+            context = local_attention(q, k, v, mask, reach, size**-0.5, dropout_p, self.training)
             context = context.transpose(1, 2)  # (B, S, A, D)
             return layout.to_rows(context), None
         # SDPA draws its dropout with torch's CPU generator, one element at a time: on the CPU,
@@ -414,62 +422,6 @@ def relative_buckets(seq_len: int, buckets: int, device: torch.device | str,
     return bucket + torch.where(n < exact, n, scaled.clamp(max=half - 1))
 
 
-def rotary_tables(seq_len: int, head_size: int, theta: float, device: torch.device | str
-                  ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(cos, sin), each (S, D) in fp32: rotary positions of base `theta` (RoFormer's, as
-    ModernBERT computes them: frequencies theta^(-2i/D), the head's two halves turned)."""
-    rates = 1.0 / (theta ** (torch.arange(0, head_size, 2, dtype=torch.float) / head_size))
-    angles = torch.arange(seq_len, device=device).float()[:, None] * rates.to(device)
-    angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos(), angles.sin()
-
-
-def _rotated(x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """x (B, A, S, D) turned by the rotary tables, in fp32 and back to x's dtype."""
-    cos, sin = rotary
-    half = x.shape[-1] // 2
-    wide = x.float()
-    turned = torch.cat((-wide[..., half:], wide[..., :half]), dim=-1)
-    return (wide * cos + turned * sin).to(x.dtype)
-
-
-def _local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     mask: torch.Tensor | None, reach: int, scale: float, dropout_p: float,
-                     training: bool) -> torch.Tensor:  # fmt: skip
-    """Attention of (B, A, S, D) queries to the keys at most `reach` positions away (a sliding
-    window, ModernBERT's local layers), chunk by chunk: the queries in chunks of `reach`, each
-    against its own chunk and one each side (every key it may see), so the scores are
-    (S, 3 reach) a head, not (S, S). `mask` (B, 1, 1, S) True at real keys, or None. Scores
-    and softmax in fp32, the weighted sum in v's dtype. -> (B, A, S, D)"""
-    batch, heads, seq_len, size = q.shape
-    chunk = max(reach, 1)
-    count = -(-seq_len // chunk)
-    tail = count * chunk - seq_len
-    queries = F.pad(q.float(), (0, 0, 0, tail)).view(batch, heads, count, chunk, size)
-
-    def windows(t: torch.Tensor) -> torch.Tensor:  # (B, A, S, D) -> (B, A, count, 3 chunk, D)
-        padded = F.pad(t, (0, 0, chunk, chunk + tail))
-        return padded.unfold(2, 3 * chunk, chunk).transpose(-1, -2)
-
-    keys, values = windows(k.float()), windows(v)
-    query_at = torch.arange(count * chunk, device=q.device).view(count, chunk, 1)
-    key_at = (torch.arange(count, device=q.device).view(count, 1, 1) * chunk - chunk
-              + torch.arange(3 * chunk, device=q.device).view(1, 1, -1))  # fmt: skip
-    allowed = ((query_at - key_at).abs() <= reach) & (key_at >= 0) & (key_at < seq_len)
-    allowed = allowed[None, None]  # (1, 1, count, chunk, 3 chunk)
-    if mask is not None:
-        real = F.pad(mask.reshape(batch, seq_len), (chunk, chunk + tail))
-        real = real.unfold(1, 3 * chunk, chunk)[:, None, :, None, :]  # (B, 1, count, 1, 3c)
-        allowed = allowed & real
-    scores = (queries * scale) @ keys.transpose(-1, -2)  # (B, A, count, chunk, 3 chunk)
-    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    probs = scores.softmax(dim=-1)
-    if dropout_p > 0.0 and training:
-        probs = F.dropout(probs, dropout_p, True)
-    context = probs.to(v.dtype) @ values  # (B, A, count, chunk, D)
-    return context.reshape(batch, heads, count * chunk, size)[:, :, :seq_len]
-
-
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A Boolean mask (True = may attend) as scores to add: 0, or the dtype's minimum (exp of
     it minus the row's maximum is 0, as for -inf, without a row of -inf ever making NaN). A mask
@@ -645,14 +597,14 @@ class BertModel(BertPreTrainedModel):
         if unpad and attention_mask is not None:
             # attention sequence by sequence on the rows where it beats SDPA on the grid: in
             # inference on the CPU, on grids wide enough (TokenLayout.attend, by_sequence_from);
-            # not where the mask is more than padding, nor for an exported (`padded_only`) model
-            # or in parity mode (SDPA's numbers, as transformers computes them)
+            # not where the mask is more than padding, nor for an exported (`padded_only`) or
+            # compiled (`one`: a loop over each batch's own spans is no one graph) model, nor in
+            # parity mode (SDPA's numbers, as transformers computes them)
             width = by_sequence_from(torch.device(device))
             by_sequence = (self.attention_by_sequence and not self.training and width is not None
-                           and seq_len >= width and not causal and not parity
+                           and seq_len >= width and not causal and not parity and not one
                            and not self.padded_only
-                           and self.encoder.relative_attention_bias is None
-                           and self.embeddings.position_embeddings is not None)  # fmt: skip
+                           and self.encoder.relative_attention_bias is None)  # fmt: skip
             layout = TokenLayout.unpadded(attention_mask, multiple, parity, gather=one,
                                           by_sequence=by_sequence)  # fmt: skip
             masked = one or layout.index is not None or causal or self.padded_only
@@ -756,7 +708,7 @@ class BertModel(BertPreTrainedModel):
                output_attentions: bool = False) -> dict[str, tuple[Any, Any, Any]] | None:  # fmt: skip
         """For rotary positions (ModernBERT's): each kind of layer's mask, (cos, sin) and
         reach. Global layers: the padding mask. Sliding ones: a window of `local_attention`
-        pieces, half each side, computed chunk by chunk (`_local_attention`: the keys within
+        pieces, half each side, computed chunk by chunk (`local_attention`: the keys within
         reach only, a few times the window a query instead of the whole input); as one band
         mask over the grid where the probabilities are asked for or the model is exported."""
         config = self.config

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from bertkit._device import to_device
 from bertkit.core import dropout as fast
+from bertkit.core.rotary import local_attention, rotated
 
 
 @dataclass
@@ -208,6 +209,8 @@ class TokenLayout:
         scale: float,
         dropout_p: float = 0.0,
         within: torch.Tensor | None = None,  # (R,) sorted rows: q holds only their queries
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,  # (cos, sin) (S, D): ModernBERT
+        reach: int | None = None,  # a sliding layer's: keys at most this far from the query
     ) -> torch.Tensor:  # (N or R, H): softmax(q k^T scale) v over each sequence's real tokens
         """Attention over each sequence's own rows, by `spans`: no grid to scatter the rows into
         and gather them back from, no padded keys, no mask. On the CPU that takes 0.5-0.7 of the
@@ -218,8 +221,12 @@ class TokenLayout:
         sum in v's dtype. `dropout_p` drops probabilities with `bertkit.core.dropout`'s masks.
         `within`: q (R, H) holds the queries of these rows only (a last layer whose output is
         read at a few rows: `BertModel.forward`'s `read_cls_only`, `read_positions`), and only
-        their context comes back; keys and values are every row's."""
+        their context comes back; keys and values are every row's. `rotary`: queries and keys
+        turned by their positions in their own sequence; `reach`: a sliding window, each
+        sequence's keys chunk by chunk (`rotary.local_attention`), never a padded grid's
+        (ModernBERT's; neither with `within`)."""
         assert self.spans is not None, "a layout without spans attends on the grid"
+        assert within is None or (rotary is None and reach is None)
         rows, hidden = q.shape
         size = hidden // heads
         queries = [(first, count) for first, count, _ in self.spans]
@@ -241,11 +248,26 @@ class TokenLayout:
             for (first, _, keys), (at, count) in zip(self.spans, queries, strict=True):
                 if not count:
                     continue
-                scores = torch.bmm(heads_of(q, at, count), heads_of(k, first, keys).transpose(1, 2))
-                probs = scores.softmax(dim=-1)
-                if dropout_p > 0.0:
-                    probs = fast.dropout(probs, dropout_p, True)
-                context = torch.bmm(probs.to(v.dtype), heads_of(v, first, keys))
+                asked, known = heads_of(q, at, count), heads_of(k, first, keys)
+                if rotary is not None:  # positions 0 .. keys - 1 of this sequence
+                    turn = (rotary[0][:keys], rotary[1][:keys])
+                    asked, known = rotated(asked, turn), rotated(known, turn)
+                if reach is not None:
+                    context = local_attention(asked[None], known[None],
+                                              heads_of(v, first, keys)[None], None, reach, 1.0,
+                                              dropout_p, dropout_p > 0.0)[0]  # fmt: skip
+                elif keys >= SDPA_FROM and dropout_p == 0.0:  # (A, n, n) scores too big to hold
+                    context = F.scaled_dot_product_attention(  # (4-D: its flash kernel)
+                        asked[None],
+                        known[None],
+                        heads_of(v, first, keys).float()[None],
+                        scale=1.0,
+                    )[0].to(v.dtype)
+                else:
+                    probs = torch.bmm(asked, known.transpose(1, 2)).softmax(dim=-1)
+                    if dropout_p > 0.0:
+                        probs = fast.dropout(probs, dropout_p, True)
+                    context = torch.bmm(probs.to(v.dtype), heads_of(v, first, keys))
                 context = context.transpose(0, 1)  # (n, A, D)
                 if out is None:
                     pieces.append(context.reshape(count, hidden))
@@ -368,6 +390,11 @@ def row_multiple(device: torch.device) -> int:
     64 row counts, for at most 63 extra rows of work a step."""
     autocast = device.type == "cpu" and torch.is_autocast_enabled("cpu")
     return 64 if autocast else 1
+
+
+# From this many keys a sequence attends with SDPA's kernel, which holds no (A, n, n) scores:
+# 12 heads of 8,192 keys would hold 3.2 GB of them in fp32 (ModernBERT's long inputs).
+SDPA_FROM = 1024
 
 
 def by_sequence_from(device: torch.device) -> int | None:
