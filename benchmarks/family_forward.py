@@ -28,24 +28,33 @@ from _harness import add_timing_arguments, alternate, emit, medians, start
 from embedder_vs_st import sentences
 
 BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+SMALL = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256)
 
 
-def reference_models():
-    """(family, transformers model) pairs at base size, random weights."""
+def reference_models(small: bool = False):
+    """(family, transformers model) pairs at base size (`small`: 2 layers of H128 A4, ModernBERT
+    3 with a 16-piece window), random weights."""
     import transformers as T
 
-    yield "bert", T.BertModel(T.BertConfig(**BASE))
-    yield "roberta", T.RobertaModel(T.RobertaConfig(**BASE, vocab_size=50265,
+    base = SMALL if small else BASE
+    yield "bert", T.BertModel(T.BertConfig(**base))
+    yield "roberta", T.RobertaModel(T.RobertaConfig(**base, vocab_size=50265,
                                                     max_position_embeddings=514, type_vocab_size=1))  # fmt: skip
-    yield "xlm-roberta", T.XLMRobertaModel(T.XLMRobertaConfig(**BASE, vocab_size=250002,
+    yield "xlm-roberta", T.XLMRobertaModel(T.XLMRobertaConfig(**base, vocab_size=250002,
                                                               max_position_embeddings=514,
                                                               type_vocab_size=1))  # fmt: skip
-    yield "mpnet", T.MPNetModel(T.MPNetConfig(**BASE, vocab_size=30527))
-    yield "electra", T.ElectraModel(T.ElectraConfig(**BASE, embedding_size=768))
-    yield "distilbert", T.DistilBertModel(T.DistilBertConfig())
+    yield "mpnet", T.MPNetModel(T.MPNetConfig(**base, vocab_size=30527))
+    yield "electra", T.ElectraModel(T.ElectraConfig(**base, embedding_size=base["hidden_size"]))
+    yield "distilbert", T.DistilBertModel(
+        T.DistilBertConfig(dim=128, n_layers=2, n_heads=4, hidden_dim=256) if small
+        else T.DistilBertConfig()
+    )  # fmt: skip
+    modern = (dict(hidden_size=128, intermediate_size=192, num_hidden_layers=3,
+                   num_attention_heads=4, local_attention=16) if small else
+              dict(hidden_size=768, intermediate_size=1152, num_hidden_layers=22,
+                   num_attention_heads=12))  # fmt: skip
     yield "modernbert", T.ModernBertModel(T.ModernBertConfig(
-        vocab_size=50368, hidden_size=768, intermediate_size=1152, num_hidden_layers=22,
-        num_attention_heads=12, pad_token_id=50283, bos_token_id=50281, eos_token_id=50282,
+        vocab_size=50368, **modern, pad_token_id=50283, bos_token_id=50281, eos_token_id=50282,
         cls_token_id=50281, sep_token_id=50282))  # fmt: skip
 
 
