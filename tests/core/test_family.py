@@ -661,3 +661,28 @@ def test_modernbert_attends_sequence_by_sequence_as_transformers_on_the_grid(fol
     with torch.no_grad():
         ours = classifier.eval()(inputs["input_ids"], attention_mask=inputs["attention_mask"])
         torch.testing.assert_close(ours.logits, reference(**inputs).logits, atol=1e-5, rtol=0)
+
+
+def test_modernbert_by_sequence_under_bf16_autocast_keeps_the_added_rows_apart(
+    folders, monkeypatch
+):
+    """Under bf16 autocast the rows are rounded up to 64 and the extra rows sit in a sequence's
+    span after its real ones: they take no rotary position and no window, and every real
+    token's state is the grid's (to bf16's rounding)."""
+    from bertkit.core import model as model_module
+
+    monkeypatch.setattr(model_module, "by_sequence_from", lambda device: 48)  # (the tiny width)
+    model = BertModel.from_pretrained(folders["modernbert"]).eval()
+    lengths = [64, 37, 61, 3]
+    ids = torch.randint(5, 250, (4, 64), generator=torch.Generator().manual_seed(0))
+    mask = (torch.arange(64)[None] < torch.tensor(lengths)[:, None]).long()
+    outputs = {}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        layout = model.layouts(mask, (4, 64), "cpu", unpad=True, causal=False).rows
+        assert layout.spans is not None and any(c > k for _, c, k in layout.spans)
+        for by_sequence in (True, False):
+            model.attention_by_sequence = by_sequence
+            outputs[by_sequence] = model(ids, attention_mask=mask, unpad=True).last_hidden_state
+    real = mask.bool()
+    torch.testing.assert_close(outputs[True][real].float(), outputs[False][real].float(),
+                               atol=5e-2, rtol=0)  # fmt: skip

@@ -249,9 +249,10 @@ class TokenLayout:
                 if not count:
                     continue
                 asked, known = heads_of(q, at, count), heads_of(k, first, keys)
-                if rotary is not None:  # positions 0 .. keys - 1 of this sequence
+                if rotary is not None:  # positions 0 .. keys - 1 of this sequence; the rows
+                    # added after it (`row_multiple`) have none and are read by nothing
                     turn = (rotary[0][:keys], rotary[1][:keys])
-                    asked, known = rotated(asked, turn), rotated(known, turn)
+                    asked, known = rotated(asked[:, :keys], turn), rotated(known, turn)
                 if reach is not None:
                     context = local_attention(asked[None], known[None],
                                               heads_of(v, first, keys)[None], None, reach, 1.0,
@@ -268,6 +269,8 @@ class TokenLayout:
                     if dropout_p > 0.0:
                         probs = fast.dropout(probs, dropout_p, True)
                     context = torch.bmm(probs.to(v.dtype), heads_of(v, first, keys))
+                if context.shape[1] < count:  # (rotary: zeros at the added rows)
+                    context = F.pad(context, (0, 0, 0, count - context.shape[1]))
                 context = context.transpose(0, 1)  # (n, A, D)
                 if out is None:
                     pieces.append(context.reshape(count, hidden))
