@@ -545,7 +545,13 @@ class JsonTokenizer(BertTokenizer):
         self.backend, self._settings = backend, None
         shape = json.loads(self._json)
         self._kind = str(shape.get("model", {}).get("type", "unknown"))
-        self._byte_level = '"ByteLevel"' in json.dumps(shape.get("pre_tokenizer"))
+        pre_tokenizer = json.dumps(shape.get("pre_tokenizer"))
+        # how its pieces mark words (`continues_word`): Ġ, ▁, or a WordPiece's ##
+        self._byte_level, self._metaspace = (
+            '"ByteLevel"' in pre_tokenizer,
+            '"Metaspace"' in pre_tokenizer,
+        )
+        self._word_prefix = shape.get("model", {}).get("continuing_subword_prefix") or "##"
         self.vocab_file = file
         self._config_files = {  # (written back as they are)
             name: (directory / name).read_text(encoding="utf-8")
@@ -626,14 +632,12 @@ class JsonTokenizer(BertTokenizer):
         byte-level BPE piece without the space mark (Ġ, so punctuation after a word goes with
         it), a SentencePiece piece without its ▁; special tokens start their own. A model
         without word marks has every piece a word (whole-word masking is then per piece)."""
-        model = json.loads(self._json).get("model", {})
         special = set(self.all_special_ids) | set(self.backend.get_added_tokens_decoder())
         if self._kind == "WordPiece":
-            prefix = model.get("continuing_subword_prefix") or "##"
-            flags = [t.startswith(prefix) for t in self._tokens]
+            flags = [t.startswith(self._word_prefix) for t in self._tokens]
         elif self._byte_level:
             flags = [not t.startswith("\u0120") for t in self._tokens]
-        elif '"Metaspace"' in self._json:
+        elif self._metaspace:
             flags = [not t.startswith("\u2581") for t in self._tokens]
         else:
             flags = [False] * len(self._tokens)

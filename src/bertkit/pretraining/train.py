@@ -551,10 +551,10 @@ def _train_phase(
     tokenizer = shards.tokenizer()
     if c.init_from is not None:  # its ids must mean the checkpoint's words
         _check_vocabulary(data, tokenizer, c.init_from)
-    base = c.config if c.config is not None else _own_config(c.init_from)
-    c = dataclasses.replace(
-        c, objective=objective_for(c.objective, BertConfig.resolve(base, tokenizer.vocab_size))
+    base = BertConfig.resolve(
+        c.config if c.config is not None else _own_config(c.init_from), tokenizer.vocab_size
     )
+    c = dataclasses.replace(c, objective=objective_for(c.objective, base))
     assert c.objective is not None
     parts = dist.world_size * c.accumulation
     if c.batch_size % parts:
