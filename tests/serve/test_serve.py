@@ -154,6 +154,8 @@ def test_openai_embeddings_tokenise_each_text_once_and_count_its_pieces(minilm_d
     items = served.parse("v1/embeddings", {"input": texts})
     assert calls == []
     answer = served.shape("v1/embeddings", items, served.run("v1/embeddings", items))
+    assert calls == [texts]  # once, when the batch ran
+    calls.clear()
     pieces = sum(len(tokenizer(t)["input_ids"]) for t in texts)
     assert answer["usage"] == {"prompt_tokens": pieces, "total_tokens": pieces}
     long = "word " * 600  # over 256 pieces: all-MiniLM-L6-v2's sentence_bert_config.json length

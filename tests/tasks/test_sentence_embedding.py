@@ -203,7 +203,7 @@ def test_the_embedder_runs_at_its_precision_and_answers_in_the_order_asked(minil
     assert fp32.precision.name == "fp32" and fp32([]).shape == (0, 384)
     bf16 = Embedder(minilm_dir, device="cpu", precision="bf16", batch_size=2)
     assert bf16.precision.name == "bf16"
-    assert bf16.model.bert.encoder.layer[0].attention.self.query.weight.dtype == torch.bfloat16
+    assert bf16.encoder.encoder.layer[0].attention.self.query.weight.dtype == torch.bfloat16
     vectors = bf16(texts)  # bf16's rounding: equal within it, and not bit for bit
     assert vectors.dtype == np.float32 and np.allclose(
         np.linalg.norm(vectors, axis=1), 1, atol=1e-5

@@ -1,30 +1,63 @@
-"""`Embedder`: vectors of raw texts from a model folder, in batches: the one encoding path of
-the Python API, `bertkit embed`'s corpus jobs (`jobs.embed.EmbeddingMapper`) and search
-queries.
+"""`Embedder`: vectors of raw texts from a model folder — the one path from text to vectors.
+The Python API, `bertkit embed`'s corpus jobs (`jobs.embed.EmbeddingMapper`), search's queries
+(`jobs.embed.query_embedder`) and serve's /embed, /v1/embeddings and /similarity all call it, so
+one text gets one vector through every door.
 
-Embedder("runs/emb")(["A man is eating.", "Someone eats."])   # (2, H) unit vectors
+    Embedder("runs/emb")(["A man is eating.", "Someone eats."])   # (2, H) unit vectors
+
+One length rule (`reading_length`): the folder's declared length (sentence-transformers'
+`sentence_bert_config.json`, a fine-tuned folder's task record), else what its tokenizer and its
+positions allow — sentence-transformers' own rule. One pooling rule: the folder's declared
+pooling (`1_Pooling/config.json`), else the mean of the real tokens' final states.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from bertkit.core.embedding import declared_length
-from bertkit.inference.loader import load
+from bertkit.core.embedding import declared_length, pool, read_pooling
+from bertkit.inference.loader import Loaded, load
+
+
+class Ids(tuple):
+    """A text given as the model's own token ids (its [CLS] and [SEP] included, as the model's
+    tokenizer writes them), run as they are (cut to the length)."""
+
+
+Text = str | tuple[str, str] | Ids  # a text, a pair of texts, or the model's token ids
+Row = tuple[list[int], list[int]]  # an input's ids as the model reads it, and its segment ids
+
+
+def reading_length(loaded: Loaded, given: int | None = None) -> int:
+    """Where a model's texts are cut, in pieces with the special tokens: `given`, else the
+    folder's declared length, else the tokenizer's `model_max_length` — never past the
+    positions (sentence-transformers' rule: all-MiniLM-L6-v2 declares 256; a plain BERT
+    folder reads 512).
+
+    >>> reading_length(load("bert-tiny-folder"))   # doctest: +SKIP
+    512
+    """
+    positions = loaded.config.max_length
+    longest = min(loaded.tokenizer.model_max_length, positions)
+    return min(given or declared_length(loaded.path) or longest, positions)
 
 
 class Embedder:
-    """Vectors of raw texts from a model folder (a bertkit sentence-embedding model, a
-    sentence-transformers folder, or any BERT: its declared pooling, else mean), unit length
-    unless `normalize` is false, in batches of `batch_size` formed longest first (a batch of
-    like lengths wastes less on padding; the unpadded encoder computes real tokens only).
-    `precision` as for predict and serve: `auto` is bf16 autocast where the device runs bf16
-    natively (the vectors then equal fp32's within bf16's rounding), fp32 elsewhere.
-    `max_seq_length`: where texts are cut (default: the folder's declared length, else 128).
+    """Vectors of texts (`Text`: a text, a pair, or token ids) from a model folder — a bertkit
+    sentence-embedding model, a sentence-transformers folder, a fine-tuned folder's encoder, or
+    any encoder of the family: its declared pooling, else mean; unit length unless `normalize`
+    is false; in batches of `batch_size` formed longest first (a batch of like lengths wastes
+    less on padding; the unpadded encoder computes real tokens only). `precision` as for predict
+    and serve: `auto` is bf16 autocast where the device runs bf16 natively (the vectors then
+    equal fp32's within bf16's rounding), fp32 elsewhere. `max_seq_length`: where texts are cut
+    (default: `reading_length`'s rule). `backend` (torch|onnx) and `compile` (off|on) as
+    `bertkit predict` takes them.
 
     >>> Embedder("runs/emb")(["a text", "another"]).shape   # doctest: +SKIP
     (2, 384)
@@ -40,49 +73,143 @@ class Embedder:
         precision: str = "auto",
         pooling: str | None = None,
         normalize: bool = True,
+        backend: str = "torch",
+        compile: str = "off",
     ) -> None:
-        loaded = load(model, head="BertForSentenceEmbedding", device=device, precision=precision)
-        self.loaded, self.model, self.device = loaded, loaded.model, loaded.device
+        loaded = load(model, head="BertModel", device=device, precision=precision,
+                      backend=backend, compile=compile)  # fmt: skip
+        self._open(loaded, loaded.model, batch_size, max_seq_length, pooling, normalize)
+
+    @classmethod
+    def of(
+        cls,
+        loaded: Loaded,
+        encoder: Any = None,
+        *,
+        batch_size: int = 64,
+        max_seq_length: int | None = None,
+        pooling: str | None = None,
+        normalize: bool = True,
+    ) -> Embedder:
+        """The embedder of a folder already opened (`loader.load`): its `encoder` (default
+        `loaded.model`; a head's `.bert`, an ONNX export of the encoder) — what serve embeds
+        with, whatever else the folder answers."""
+        embedder = cls.__new__(cls)
+        embedder._open(loaded, loaded.model if encoder is None else encoder, batch_size,
+                       max_seq_length, pooling, normalize)  # fmt: skip
+        return embedder
+
+    def _open(self, loaded: Loaded, encoder: Any, batch_size: int, max_seq_length: int | None,
+              pooling: str | None, normalize: bool) -> None:  # fmt: skip
+        self.loaded, self.encoder, self.device = loaded, encoder, loaded.device
         self.tokenizer, self.precision = loaded.tokenizer, loaded.precision
-        if pooling is not None:
-            self.model.pooling = pooling
+        self.pooling = pooling or read_pooling(loaded.path) or "mean"
+        pool(torch.zeros(1, 1, 1), torch.ones(1, 1), self.pooling)  # an unknown pooling refused
         self.batch_size, self.normalize = batch_size, normalize
-        positions = loaded.config.max_length
-        self.max_seq_length = min(max_seq_length or declared_length(loaded.path) or 128, positions)
+        self.max_seq_length = reading_length(loaded, max_seq_length)
         self.dimension = loaded.config.hidden_size
-        self.pad_id = loaded.config.pad_token_id or 0
-        # a text as its model reads it: [CLS] … [SEP], RoBERTa's <s> … </s>
-        self.cls_id, self.sep_id = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+        self.pad_id = self.tokenizer.pad_token_id
+        self.pair_specials = self.tokenizer.special_tokens_added(True)
 
-    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+    def __call__(self, texts: Sequence[Text]) -> np.ndarray:
         """(N, H) float32 vectors of `texts`, in their order."""
-        return self.encode(self.inputs(texts)[0])
+        return self.encode(self.inputs(texts)[0])[0]
 
-    def inputs(self, texts: Sequence[str]) -> tuple[list[list[int]], list[int]]:
-        """Each text's ids as the model reads it ([CLS] … [SEP], cut to `max_seq_length`), and
-        its length before the cut."""
-        pieces = self.tokenizer.encode_ids(list(texts)) if texts else []
-        room = self.max_seq_length - 2
-        inputs = [[self.cls_id, *ids[:room], self.sep_id] for ids in pieces]
-        return inputs, [len(ids) + 2 for ids in pieces]
+    def inputs(self, texts: Sequence[Text]) -> tuple[list[Row], list[int]]:
+        """Each text as the model reads it ([CLS] A [SEP], a pair as the tokenizer lays pairs
+        out, token ids as given; cut to `max_seq_length`), and its pieces before the cut."""
+        rows: list[Row | None] = [None] * len(texts)
+        lengths = [0] * len(texts)
+        singles = [i for i, t in enumerate(texts) if isinstance(t, str)]
+        pairs = [i for i, t in enumerate(texts) if not isinstance(t, (str, Ids))]
+        for i, text in enumerate(texts):
+            if isinstance(text, Ids):
+                ids = list(text[: self.max_seq_length])
+                rows[i], lengths[i] = (ids, [0] * len(ids)), len(text)
+        if singles:
+            room = self.max_seq_length - self.tokenizer.special_tokens_added(False)
+            plain = [str(texts[i]) for i in singles]
+            for i, ids in zip(singles, self.tokenizer.encode_ids(plain), strict=True):
+                rows[i] = self.tokenizer.with_specials(ids[:room])
+                lengths[i] = len(ids) + self.max_seq_length - room
+        if pairs:
+            firsts = self.tokenizer.encode_ids([texts[i][0] for i in pairs])
+            seconds = self.tokenizer.encode_ids([texts[i][1] for i in pairs])
+            cut = []
+            for i, a, b in zip(pairs, firsts, seconds, strict=True):
+                lengths[i] = len(a) + len(b) + self.pair_specials
+                if lengths[i] <= self.max_seq_length:
+                    rows[i] = self.tokenizer.with_specials(a, b or None)
+                else:
+                    cut.append(i)
+            if cut:  # the tokenizer's own longest-first cut, as a cross-encoder's
+                encoded = self.tokenizer([texts[i][0] for i in cut], [texts[i][1] for i in cut],
+                                         max_length=self.max_seq_length, truncation=True)  # fmt: skip
+                for i, ids, types in zip(cut, encoded["input_ids"], encoded["token_type_ids"],
+                                         strict=True):  # fmt: skip
+                    rows[i] = (ids, types)
+        return rows, lengths  # type: ignore[return-value]
 
-    @torch.no_grad()
-    def encode(self, inputs: list[list[int]]) -> np.ndarray:
-        """(N, H) float32 vectors of token id lists ([CLS] … [SEP]), longest first in batches,
-        back in the order given."""
-        order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))
-        out = np.zeros((len(inputs), self.dimension), np.float32)
+    @torch.inference_mode()
+    def encode(
+        self,
+        rows: Sequence[Row],
+        *,
+        pooling: str | Sequence[str] | None = None,
+        normalize: bool | Sequence[bool] | None = None,
+    ) -> tuple[np.ndarray, list[int]]:
+        """(N, H) float32 vectors of `rows` (as `inputs` makes them), longest first in batches,
+        back in the order given, and each row's pieces. `pooling` and `normalize` (default: the
+        embedder's) may be given for each row (a server's batch mixes requests)."""
+        poolings = _each(pooling or self.pooling, len(rows))
+        normalized = _each(self.normalize if normalize is None else normalize, len(rows))
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
+        out = np.zeros((len(rows), self.dimension), np.float32)
         dtype = self.precision.dtype
         with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
             for start in range(0, len(order), self.batch_size):
                 chosen = order[start : start + self.batch_size]
-                width = len(inputs[chosen[0]])
-                ids = torch.full((len(chosen), width), self.pad_id, dtype=torch.long)
-                mask = torch.zeros((len(chosen), width), dtype=torch.long)
-                for row, i in enumerate(chosen):
-                    ids[row, : len(inputs[i])] = torch.tensor(inputs[i])
-                    mask[row, : len(inputs[i])] = 1
-                vectors = self.model(ids.to(self.device), torch.zeros_like(ids).to(self.device),
-                                     mask.to(self.device), normalize=self.normalize)  # fmt: skip
-                out[chosen] = vectors.float().cpu().numpy()
-        return out
+                hidden, mask = self._states([rows[i] for i in chosen])
+                for kind in {poolings[i] for i in chosen}:
+                    mine = [r for r, i in enumerate(chosen) if poolings[i] == kind]
+                    vectors = pool(hidden[mine], mask[mine], kind)
+                    unit = torch.tensor([normalized[chosen[r]] for r in mine]).unsqueeze(1)
+                    vectors = torch.where(unit, F.normalize(vectors, dim=-1), vectors)
+                    out[[chosen[r] for r in mine]] = vectors.numpy()
+        return out, [len(ids) for ids, _ in rows]
+
+    def _states(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The final states (B, S, H) float32 on the host of a batch of rows, and its mask."""
+        width = max(len(ids) for ids, _ in rows)
+        ids = np.full((len(rows), width), self.pad_id, np.int64)
+        types = np.zeros((len(rows), width), np.int64)
+        mask = np.zeros((len(rows), width), np.int64)
+        for row, (piece_ids, segments) in enumerate(rows):
+            ids[row, : len(piece_ids)] = piece_ids
+            types[row, : len(segments)] = segments
+            mask[row, : len(piece_ids)] = 1
+        input_ids, token_types, attention = map(torch.from_numpy, (ids, types, mask))
+        if isinstance(self.encoder, torch.nn.Module):
+            encoder: Any = self.encoder
+            # where the real tokens are, worked out on the host: the forward need not count
+            # them (and a compiled one must not)
+            layouts = encoder.layouts(attention, tuple(attention.shape), self.device, unpad=True,
+                                      causal=encoder.config.is_decoder).to(self.device)  # fmt: skip
+            hidden = encoder(input_ids.to(self.device), token_types.to(self.device),
+                             attention.to(self.device), unpad=True, layouts=layouts
+                             ).last_hidden_state  # fmt: skip
+        else:  # an ONNX Runtime session of the encoder
+            hidden = self.encoder(input_ids=input_ids, token_type_ids=token_types,
+                                  attention_mask=attention).last_hidden_state  # fmt: skip
+        return hidden.float().cpu(), attention
+
+
+def _each(value: Any, count: int) -> list[Any]:
+    """`value` for each of `count` rows: a sequence as it is, one value repeated.
+
+    >>> _each("mean", 2), _each([True, False], 2)
+    (['mean', 'mean'], [True, False])
+    """
+    if isinstance(value, (str, bool)):
+        return [value] * count
+    return list(value)

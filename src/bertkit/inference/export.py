@@ -27,13 +27,17 @@ from pathlib import Path
 import torch
 
 from bertkit._io import TASK_FILE, atomic_write_text
+from bertkit.core.embedding import POOLING_DIR
 from bertkit.inference.loader import ONNX_FILE, ONNX_INFO, load
 from bertkit.settings import QUANTIZATIONS
 
 INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 # (the tokenizer as the folder ships it: vocab.txt, or a family's tokenizer.json)
+# and how its texts are read (a sentence-transformers folder's length, pooling, normalisation),
+# so the export embeds as its source does
 _COPIED = ("config.json", "vocab.txt", "tokenizer_config.json", "tokenizer.json",
-           "special_tokens_map.json", TASK_FILE)  # fmt: skip
+           "special_tokens_map.json", TASK_FILE, "sentence_bert_config.json", "modules.json",
+           f"{POOLING_DIR}/config.json")  # fmt: skip
 
 
 def _outputs(head: str, model: torch.nn.Module) -> tuple[str, ...]:
@@ -129,6 +133,7 @@ def export_onnx(
         fp32.unlink()
     for name in _COPIED:
         if (model / name).exists():
+            (out / name).parent.mkdir(exist_ok=True)
             shutil.copyfile(model / name, out / name)
     atomic_write_text(
         out / ONNX_INFO,

@@ -95,19 +95,15 @@ class EmbeddingMapper:
     a row with an issue) and the rows' issues (truncation added)."""
 
     def __init__(self, model: str | os.PathLike, config: EmbedConfig) -> None:
-        from bertkit.core.embedding import declared_length, declared_normalize
+        from bertkit.core.embedding import declared_normalize
         from bertkit.inference.embedder import Embedder
 
         embedder = Embedder(model, device=config.device, batch_size=config.batch_size,
-                            precision=config.precision, pooling=config.pooling)  # fmt: skip
-        self.embedder, self.loaded, self.model = embedder, embedder.loaded, embedder.model
-        path, positions = embedder.loaded.path, embedder.loaded.config.max_length
-        embedder.normalize = (declared_normalize(path) if config.normalize == "auto"
-                              else config.normalize == "yes")  # fmt: skip
-        # a corpus is cut where the folder says, else at the positions (not the API's 128)
-        embedder.max_seq_length = min(
-            config.max_seq_length or declared_length(path) or positions, positions
-        )
+                            precision=config.precision, pooling=config.pooling,
+                            max_seq_length=config.max_seq_length)  # fmt: skip
+        self.embedder, self.loaded = embedder, embedder.loaded
+        embedder.normalize = (declared_normalize(embedder.loaded.path)
+                              if config.normalize == "auto" else config.normalize == "yes")  # fmt: skip
         self.normalize, self.max_seq_length = embedder.normalize, embedder.max_seq_length
         self.dtype, self.dimension = config.dtype, embedder.dimension
 
@@ -115,7 +111,7 @@ class EmbeddingMapper:
         """What the vectors depend on, for the manifest."""
         return {
             "kind": "embed",
-            "pooling": self.model.pooling,
+            "pooling": self.embedder.pooling,
             "normalize": self.normalize,
             "dimension": self.dimension,
             "dtype": self.dtype,
@@ -132,7 +128,7 @@ class EmbeddingMapper:
         for i, length in zip(todo, lengths, strict=True):
             if length > self.max_seq_length:
                 issues[i] = f"truncated: {length} tokens to {self.max_seq_length}"
-        vectors = self.embedder.encode(inputs)
+        vectors = self.embedder.encode(inputs)[0]
         dtype = np.float16 if self.dtype == "float16" else np.float32
         values = np.zeros((len(rows), self.dimension), dtype)
         values[todo] = vectors.astype(dtype)
@@ -145,6 +141,24 @@ class EmbeddingMapper:
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         """(N, H) float32 vectors of `texts` (queries, texts given on the command line)."""
         return self.embedder(texts)
+
+
+def query_embedder(plan: dict[str, Any], model: str | os.PathLike | None = None, *,
+                   device: str | None = None, batch_size: int = 64) -> EmbeddingMapper:  # fmt: skip
+    """The embedder of queries against vectors an embedding job wrote, read from its `plan`
+    (the manifest's): its model (or `model`, which must make vectors as wide), pooling,
+    normalisation, length and precision — the queries embedded as the corpus was."""
+    config = EmbedConfig(
+        pooling=plan["pooling"], normalize="yes" if plan["normalize"] else "no",
+        max_seq_length=plan["max_seq_length"], precision=plan.get("precision", "auto"),
+        batch_size=batch_size, device=device,
+    )  # fmt: skip
+    model = str(model or plan["model"]["name"])
+    mapper = EmbeddingMapper(model, config)
+    if mapper.dimension != plan["dimension"]:
+        raise ValueError(f"{model}: makes {mapper.dimension}-wide vectors, the corpus was "
+                         f"embedded {plan['dimension']}-wide")  # fmt: skip
+    return mapper
 
 
 @dataclass

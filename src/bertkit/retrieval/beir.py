@@ -142,7 +142,7 @@ def evaluate_retrieval(
     vectors (resumable) in out/corpus, the ranking as a TREC run file out/run.tsv and the
     scores in out/results.json."""
     from bertkit._io import write_json
-    from bertkit.jobs.embed import EmbedConfig, EmbeddingMapper, embed
+    from bertkit.jobs.embed import EmbedConfig, embed, query_embedder
 
     folder = Path(data)
     for name in ("corpus.jsonl", "queries.jsonl"):
@@ -156,10 +156,7 @@ def evaluate_retrieval(
         config = EmbedConfig(text_column="title,text", id_column="_id", batch_size=batch_size,
                              device=device, progress=progress, resume=True)  # fmt: skip
         manifest = embed(model, [folder / "corpus.jsonl"], vectors, config)
-        plan = manifest["plan"]
-        encoder = EmbeddingMapper(str(model), EmbedConfig(
-            pooling=plan["pooling"], normalize="yes" if plan["normalize"] else "no",
-            max_seq_length=plan["max_seq_length"], batch_size=batch_size, device=device))  # fmt: skip
+        encoder = query_embedder(manifest["plan"], model, device=device, batch_size=batch_size)
         names = sorted(queries)
         vectors_q = encoder.embed_texts([queries[q] for q in names])
         ids, scores = exact_top(vectors, vectors_q, top)

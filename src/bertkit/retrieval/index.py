@@ -116,7 +116,7 @@ class Searcher:
 
     def __init__(self, table: str | os.PathLike, model: str | os.PathLike | None = None, *,
                  rerank: str | os.PathLike | None = None, device: str | None = None) -> None:  # fmt: skip
-        from bertkit.jobs.embed import EmbedConfig, EmbeddingMapper
+        from bertkit.jobs.embed import query_embedder
 
         db, name = _open(table)
         self.table = db.open_table(name)
@@ -124,14 +124,7 @@ class Searcher:
         if raw is None:
             raise ValueError(f"{table}: not a table `bertkit index` wrote (no job plan)")
         self.plan = json.loads(raw)
-        config = EmbedConfig(
-            pooling=self.plan["pooling"], normalize="yes" if self.plan["normalize"] else "no",
-            max_seq_length=self.plan["max_seq_length"], device=device,
-        )  # fmt: skip
-        self.encoder = EmbeddingMapper(str(model or self.plan["model"]["name"]), config)
-        if self.encoder.dimension != self.plan["dimension"]:
-            raise ValueError(f"{model}: makes {self.encoder.dimension}-wide vectors, the table "
-                             f"holds {self.plan['dimension']}-wide ones")  # fmt: skip
+        self.encoder = query_embedder(self.plan, model, device=device)
         self.indexed = bool(self.table.list_indices())
         self.reranker = None
         if rerank is not None:

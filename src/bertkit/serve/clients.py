@@ -52,11 +52,6 @@ def base64_floats(vector: Any) -> str:
     return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
 
 
-class Ids(tuple):
-    """A text given as the model's own token ids (its [CLS] and [SEP] included, as the
-    model's tokenizer writes them), run as they are."""
-
-
 @dataclass(frozen=True)
 class HfStyle:
     """How `POST /` answers a request: as `InferenceClient` parses it. `single`: "inputs" was

@@ -31,10 +31,11 @@ import torch
 
 from bertkit._device import default_device
 from bertkit._io import TASK_FILE
-from bertkit.core.embedding import declared_length, pool, read_pooling
+from bertkit.core.embedding import read_pooling
 from bertkit.errors import InputError
+from bertkit.inference.embedder import Embedder, Ids
 from bertkit.precision import compile_for_inference, inference_compile, resolve_precision
-from bertkit.serve.clients import HfStyle, Ids, hf_parameters
+from bertkit.serve.clients import HfStyle, hf_parameters
 from bertkit.serve.config import ServeConfig
 from bertkit.serve.routes import ROUTES, Text, kind_of
 from bertkit.settings import BACKENDS, QUANTIZATIONS, replaced
@@ -108,7 +109,7 @@ class ServedModel:
         self.max_batch_size = config.max_batch_size
         self.predictor: Predictor | None = None
         self.fill: FillMask | None = None
-        self.encoder: Any = None  # what /embed runs: a torch BertModel, or an ONNX encoder export
+        self.embedder: Embedder | None = None  # what /embed runs: the encoder, on the one path
         self._count = on_forward
         self.task_name: str | None = None
         if (path / TASK_FILE).exists():
@@ -147,8 +148,11 @@ class ServedModel:
         self.tokenizer = self.predictor.tokenizer
         self.max_seq_length = self.predictor.max_seq_length
         self.task_name = self.predictor.task.name
-        if config.backend == "torch":
-            self.encoder = getattr(self.predictor.model, "bert", None)
+        encoder = getattr(self.predictor.model, "bert", None)
+        if config.backend == "torch" and encoder is not None:
+            self.embedder = Embedder.of(self.predictor.loaded, encoder,
+                                        batch_size=config.max_batch_size,
+                                        max_seq_length=self.max_seq_length)  # fmt: skip
         # counted calls, whichever backend (an ONNX session has no forward hooks)
         self.predictor.model = _Counting(self.predictor.model, on_forward)  # type: ignore[assignment]
 
@@ -165,23 +169,23 @@ class ServedModel:
                       device=self.device, precision=config.precision, backend=self.backend,
                       compile="off" if masked else config.compile)  # fmt: skip
         self.tokenizer = loaded.tokenizer
+        encoder = loaded.model
         if masked:
             self.fill = FillMask.of(loaded, batch_size=self.max_batch_size)
             loaded.model.register_forward_pre_hook(lambda *_: self._count())
-            self.encoder = loaded.model.bert
+            encoder = loaded.model.bert
             if inference_compile(config.compile, self.backend):
-                self.encoder = compile_for_inference(self.encoder)
+                encoder = compile_for_inference(encoder)
         elif self.backend == "onnx" and "last_hidden_state" not in loaded.model.names:
             raise ValueError(
                 f"{path}: an ONNX export of {loaded.model.info.get('head')} without a task "
                 f"(no {TASK_FILE}): nothing to serve"
             )
-        else:
-            self.encoder = loaded.model
-        # a sentence-transformers folder's own length (all-MiniLM-L6-v2: 256), as
-        # SentenceTransformer(path) cuts; else what the tokenizer and positions allow
-        longest = min(self.tokenizer.model_max_length, loaded.config.max_length)
-        self.max_seq_length = min(declared_length(self.source) or longest, longest)
+        # the one path: the folder's length (all-MiniLM-L6-v2: 256, as SentenceTransformer(path)
+        # cuts), else what the tokenizer and positions allow; its pooling
+        self.embedder = Embedder.of(loaded, encoder, batch_size=self.max_batch_size,
+                                    pooling=self.pooling)  # fmt: skip
+        self.max_seq_length = self.embedder.max_seq_length
 
     # ------------------------------------------------------------------ what it serves
     @property
@@ -288,10 +292,8 @@ class ServedModel:
 
     @property
     def hidden_size(self) -> int:
-        if isinstance(self.encoder, torch.nn.Module):
-            config: Any = self.encoder.config
-            return int(config.hidden_size)
-        return int(json.loads((self.path / "config.json").read_text())["hidden_size"])
+        assert self.embedder is not None
+        return self.embedder.dimension
 
     def task_input(self, text: str) -> Any:
         """An input this model's task takes, made of `text`."""
@@ -312,77 +314,15 @@ class ServedModel:
         with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
             return ROUTES[endpoint].run(self, items)
 
-    @torch.inference_mode()
     def embed(self, items: list[Text]) -> tuple[list[np.ndarray], list[int]]:
-        """Each item's vector, and its pieces ([CLS] and [SEP] with)."""
-        encoded = self._encode([item.text for item in items])
-        mask = encoded["attention_mask"]
+        """Each item's vector (the one path: `Embedder`), and its pieces (the special tokens
+        with)."""
+        assert self.embedder is not None
         self._count()
-        if isinstance(self.encoder, torch.nn.Module):
-            encoder: Any = self.encoder
-            # where the real tokens are, worked out here: the forward need not count them
-            layouts = encoder.layouts(
-                mask, tuple(mask.shape), self.device, unpad=True, causal=encoder.config.is_decoder
-            ).to(self.device)
-            hidden = (
-                encoder(
-                    encoded["input_ids"].to(self.device),
-                    encoded["token_type_ids"].to(self.device),
-                    mask.to(self.device),
-                    unpad=True,
-                    layouts=layouts,
-                )
-                .last_hidden_state.float()
-                .cpu()
-            )
-        else:
-            hidden = self.encoder(
-                input_ids=encoded["input_ids"],
-                token_type_ids=encoded["token_type_ids"],
-                attention_mask=mask,
-            ).last_hidden_state.float()
-        pooled = {p: pool(hidden, mask, p) for p in {item.pooling for item in items}}
-        vectors = []
-        for row, item in enumerate(items):
-            vector = pooled[item.pooling][row]
-            if item.normalize:
-                vector = vector / vector.norm().clamp(min=1e-12)
-            vectors.append(vector.numpy())  # float32: the response writes it as it is
-        return vectors, mask.sum(1).tolist()
-
-    def _encode(self, texts: list[Any]) -> dict[str, torch.Tensor]:
-        """Texts, pairs and token ids (`Ids`, run as they are) as a padded batch, each cut to
-        the model's length."""
-        if not any(isinstance(t, Ids) for t in texts):
-            firsts = [t if isinstance(t, str) else t[0] for t in texts]
-            pairs = [None if isinstance(t, str) else t[1] for t in texts]
-            return self.tokenizer(
-                firsts,
-                pairs if any(p is not None for p in pairs) else None,
-                max_length=self.max_seq_length,
-                truncation=True,
-                padding=True,
-                return_tensors="pt",
-            )
-        words = [t for t in texts if not isinstance(t, Ids)]
-        encoded = self.tokenizer(
-            [t if isinstance(t, str) else t[0] for t in words],
-            [None if isinstance(t, str) else t[1] for t in words],
-            max_length=self.max_seq_length,
-            truncation=True,
-        ) if words else {"input_ids": [], "token_type_ids": []}  # fmt: skip
-        tokenized = iter(zip(encoded["input_ids"], encoded["token_type_ids"], strict=True))
-        rows = [(list(t[: self.max_seq_length]), [0] * len(t[: self.max_seq_length]))
-                if isinstance(t, Ids) else next(tokenized) for t in texts]  # fmt: skip
-        width = max(len(ids) for ids, _ in rows)
-        pad = self.tokenizer.pad_token_id
-        return {
-            "input_ids": torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows]),
-            "token_type_ids": torch.tensor([seg + [0] * (width - len(seg)) for _, seg in rows]),
-            "attention_mask": torch.tensor(
-                [[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows]
-            ),  # fmt: skip
-        }
+        rows = self.embedder.inputs([item.text for item in items])[0]
+        vectors, pieces = self.embedder.encode(rows, pooling=[item.pooling for item in items],
+                                               normalize=[item.normalize for item in items])  # fmt: skip
+        return list(vectors), pieces  # float32: the response writes it as it is
 
     def warm(self) -> None:
         """Each route with inputs of its own once on a short input, on a short and a long one,

@@ -19,10 +19,10 @@ import numpy as np
 from bertkit._io import TASK_FILE
 from bertkit.core.embedding import POOLINGS
 from bertkit.errors import InputError
+from bertkit.inference.embedder import Ids
 from bertkit.serve.clients import (
     RERANK_FIELDS,
     HfStyle,
-    Ids,
     base64_floats,
     cohere_results,
     hf_fill_mask,
@@ -78,7 +78,7 @@ class Route:
     name: ClassVar[str]
 
     def answers(self, model: ServedModel) -> bool:
-        return model.encoder is not None
+        return model.embedder is not None
 
     def missing(self, model: ServedModel) -> str:
         return (
