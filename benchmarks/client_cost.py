@@ -1,4 +1,4 @@
-"""What the Python client costs itself (issue 69): one `httpx.AsyncClient` (the openai client's
+"""What the Python client costs itself: one `httpx.AsyncClient` (the openai client's
 transport) against a server with no model, by concurrent connections and by how long the
 server takes to answer, and where the client's time goes.
 

@@ -1,4 +1,4 @@
-"""A/B of fine-tuning step variants (issue 12 §1's levers), in one process, alternated round by
+"""A/B of fine-tuning step variants (the step's levers), in one process, alternated round by
 round; median step time of each and its ratio to the first (the loop's default). And the
 optimiser update alone, since that is what the optimiser variants change.
 

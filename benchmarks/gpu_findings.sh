@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The findings' last two rows (Table 6's small model, LTR) on a lent GPU machine, in one call: what a 2-core CPU session cannot
-# finish before it ends (runs/ does not outlive a session's machine): ~10 CPU-hours of LTR
+# The findings' last two rows (Table 6's small model, LTR) on a GPU machine, in one call: what a 2-core CPU machine cannot
+# finish in the time it is held (runs/ does not outlive the machine): ~10 CPU-hours of LTR
 # pre-training, ~8 of BERT-small's pre-training and fine-tuning.
 #
 #   1. Table 5, LTR & No NSP at the 3-hour scale: laptop_long_run.sh's command (25,381 steps,

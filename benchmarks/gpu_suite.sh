@@ -19,7 +19,7 @@
 #      and with CUDA graphs; BERT-small in the loop by default (CUDA graphs) and compiled.
 #   6. bf16 against fp32 loss curves: BERT-mini, 300 steps, the same data and seed.
 #   7. Inference: BERT-base padded, unpadded and compiled against transformers.
-#   8. First of all, fine-tuning and predict end to end (benchmarks/gpu_smoke.sh); then (issue 61)
+#   8. First of all, fine-tuning and predict end to end (benchmarks/gpu_smoke.sh); then
 #      bertkit compiled against transformers compiled, MFU by both counts.
 #
 # On the CPU machine, once (Wikipedia AA wiki_00..09 with the bert-base-uncased vocabulary,
@@ -111,9 +111,9 @@ bench=("$PY" benchmarks/gpu_throughput.py --data "$data" --out "$rows" "${device
 # `--compile auto`'s CUDA graphs for BERT-small, inference and BERT-large at 512 compiled, and its
 # deadline cut inductor's searches); ONLY="name ..." runs just those steps
 # fine-tuning and predict end to end on the card first (a minute): what no timed step runs;
-# then inductor's searches, which the third session's deadline cut
+# then inductor's searches, which the third run's deadline cut
 step finetune_smoke bash benchmarks/gpu_smoke.sh "$data" "$work/smoke" "${smoke[@]}"
-# issue 61: compiled against compiled (until now compiled bertkit met eager transformers), BERT-base
+# Compiled against compiled (until now compiled bertkit met eager transformers), BERT-base
 # phase 1 and BERT-large at 128, MFU by the strict count and the common one side by side
 step compiled_vs_compiled "${bench[@]}" --case "${base[@]}" "${large[0]}" \
   --variants bertkit-compiled transformers-compiled --profile bertkit-compiled
@@ -121,7 +121,7 @@ step compiled_vs_compiled "${bench[@]}" --case "${base[@]}" "${large[0]}" \
 # then the matrix products autotuned too (minutes of compiling)
 step base_tuned "${bench[@]}" --case "${base[@]}" --variants bertkit-compiled bertkit-tuned \
   --profile bertkit-compiled bertkit-tuned
-# CUDA graphs for BERT-base: the third session's host launched its kernels more slowly than the
+# CUDA graphs for BERT-base: the third run's host launched its kernels more slowly than the
 # card ran them (busy 75%); the padded path (one shape) and the unpadded one (row counts rounded
 # up to 512: a graph for each of a few counts)
 step base_graphs "${bench[@]}" --case "${base[@]}" \
@@ -146,7 +146,7 @@ step base "${bench[@]}" --case "${base[@]}" --variants bertkit bertkit-padded tr
 step large "${bench[@]}" --case "${large[@]}" --variants bertkit transformers --profile bertkit
 step small "${bench[@]}" --case "${small[@]}" \
   --variants bertkit bertkit-compiled "${graphs[@]}" transformers --profile bertkit
-# measured in the third session (2026-11-27 21:38), last
+# measured in the third run (2026-11-27 21:38), last
 # BERT-small in the loop as `--compile auto` runs it (CUDA graphs), then plain compiled
 step loop_small "$PY" -m bertkit.cli pretrain --data "$data" "${loop_small[@]}" \
   --warmup-steps 4 --log-every 20 --save-every 100000 --out "$work/loop_small"
@@ -156,7 +156,7 @@ step loop_small_compiled "$PY" -m bertkit.cli pretrain --data "$data" "${loop_sm
 # inference: padded, unpadded and compiled (predict/serve --compile on) against transformers
 step infer "$PY" benchmarks/forward_throughput.py "${infer[@]}" --compiled \
   --json "$work/logs/infer.json"
-# BERT-large compiled at 512 (128 x 256 was measured in the second session)
+# BERT-large compiled at 512 (128 x 256 was measured in the second run)
 step large_compiled "${bench[@]}" --case "${large_compiled[@]}" \
   --variants transformers bertkit-compiled --profile bertkit-compiled transformers
 for precision in fp32 "$bf16"; do

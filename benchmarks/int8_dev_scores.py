@@ -1,4 +1,4 @@
-"""What serving in int8 costs in dev score (issue 12 §2): a fine-tuned checkpoint scored on its
+"""What serving in int8 costs in dev score: a fine-tuned checkpoint scored on its
 task's dev set through PyTorch, its ONNX export in fp32, and in int8 (dynamic quantisation).
 
     BERTKIT_DATA=../shared/data python benchmarks/int8_dev_scores.py --model runs/mrpc \

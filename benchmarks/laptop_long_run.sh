@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The long run of the laptop recipe (issue 10, §5: NSP above 70%; how far masked LM goes) on
+# The long run of the laptop recipe (NSP above 70%; how far masked LM goes) on
 # Wikipedia AA, held out AB, bert-base-uncased vocabulary: 25,381 steps (92.7M tokens), the step
 # count its first run reached in a 3-hour budget on one thread (2026-11-23). Steps, not the
 # budget, define the model: a faster machine or bf16 would put far more tokens into 3 hours.
 # STEPS=N overrides the count.
 #
-# The argument picks Table 5's row at this scale (issue 28 §2), the same steps and data stream:
+# The argument picks Table 5's row at this scale, the same steps and data stream:
 #   mlm+nsp (BERT, the default) -> runs/long/laptop; mlm (No NSP) -> runs/long/mlm;
 #   ltr (LTR & No NSP; it predicts every piece, several times the cost) -> runs/long/ltr.
-# Resumable: run it again after a kill (SIGTERM saves a checkpoint) or a session's end and it
+# Resumable: run it again after a kill (SIGTERM saves a checkpoint) or the machine's end and it
 # continues from the run's trainer_state.pt (a new machine, without runs/, starts afresh). One
 # thread, at low priority, so other work can share the machine.
 #   BERTKIT_DATA=../shared/data bash benchmarks/laptop_long_run.sh [mlm+nsp|mlm|ltr]

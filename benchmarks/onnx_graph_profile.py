@@ -1,4 +1,4 @@
-"""Where ONNX Runtime spends its time in bertkit's exported graph and in transformers' (issue 12
+"""Where ONNX Runtime spends its time in bertkit's exported graph and in transformers' (
 §2): kernel time summed by operator, from ONNX Runtime's own profiler, for each graph on the same
 batch, alternated, plus the operators each graph holds after ONNX Runtime's fusions.
 

@@ -1,4 +1,4 @@
-"""Fine-tuning stability, BertAdam vs AdamW (issue 11 §3; Mosbach et al., ICLR 2021): many
+"""Fine-tuning stability, BertAdam vs AdamW (Mosbach et al., ICLR 2021): many
 seeds of each setting on small GLUE tasks, with the spread and the count of failed runs (dev score
 at or below the majority-class baseline).
 

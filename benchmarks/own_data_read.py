@@ -14,7 +14,7 @@ Two ways through it, each in its own process so that each peak RSS is its own:
   `bertkit finetune` holds for training (memory grows with the file: the peak over the RSS before the first row is
   printed, and per row).
 
-Goal (issue 25): the stream under 60 s on 2 cores with flat memory. The machine (CPU model, its
+Goal: the stream under 60 s on 2 cores with flat memory. The machine (CPU model, its
 vector extensions, threads) is printed beside the figures.
 """
 

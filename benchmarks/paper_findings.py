@@ -17,7 +17,7 @@ mean main score per task and row with 95% confidence intervals of the mean.
 Several `--lr` values make a grid, as the paper's fine-tuning does: every row and task is
 fine-tuned at each rate (OUT/NAME/TASK/lr_RATE) and reported at the rate whose mean score on the
 selection set is best for that row and task (findings.json keeps every rate's scores under "grid"
-and the choice under "lr"). With `--validation-split F` (the protocol of issue 28: 0.1) the
+and the choice under "lr"). With `--validation-split F` (the protocol's: 0.1) the
 selection set is a fraction of each task's training examples carved out (the same examples for
 every row, rate and seed), which also picks each run's epoch; the official dev set is then the
 test, scored once per run by the chosen model and touched by no choice. Without it (the protocol
@@ -26,7 +26,7 @@ Every row fine-tunes at `--dropout` (0.1, the paper's), whatever its checkpoint'
 Several `--dropout` values join the grid (OUT/NAME/TASK/lr_RATE_dropout_D): each row and task is
 reported at its best (rate, dropout) pair on the selection set, kept under "lr" and "dropout". A
 checkpoint pre-trained without dropout (the laptop recipe) may fine-tune best without it too, and
-issue 28 found the gap larger than the rate grid's, so the protocol chooses it like the rate.
+the protocol's study found the gap larger than the rate grid's, so the protocol chooses it like the rate.
 The table adds Holm's correction over all the row-vs-random comparisons it reports. `--random-init`
 also takes a checkpoint's config.json: random init of that architecture (pre-LN, GLU).
 `--report A/findings.json B/findings.json --out DIR` redraws one table and picture from finished

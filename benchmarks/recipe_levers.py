@@ -1,4 +1,4 @@
-"""Levers for a BERT from one CPU-hour (issue 28 §3): each a flag of `bertkit pretrain`, each a row
+"""Levers for a BERT from one CPU-hour: each a flag of `bertkit pretrain`, each a row
 trained for the same CPU time as the laptop recipe and scored on the same held-out sets.
 
     BERTKIT_DATA=../shared/data python benchmarks/recipe_levers.py --out runs/levers \

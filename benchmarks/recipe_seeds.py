@@ -1,5 +1,5 @@
 """The 10-minute laptop recipe with several pre-training seeds, scored on a held-out set that no
-recipe choice ever saw (issue 28 §1): the recipe was tuned on Wikipedia AB, so the final figure
+recipe choice ever saw: the recipe was tuned on Wikipedia AB, so the final figure
 comes from the last files of AA, kept out of training here.
 
     BERTKIT_DATA=../shared/data nice python benchmarks/recipe_seeds.py --out runs/recipe_seeds \
@@ -13,7 +13,7 @@ scored on both held-out sets by the evaluation pre-training runs (the same 20 ba
 every time, every chosen piece [MASK]). OUT/results.json: per seed and set, and the mean with a
 95% t interval over seeds (what one pre-training run cannot show: its spread).
 
-Table 6 at equal tokens (issue 28 §1): `--config mini --max-steps 3567 --out runs/sizes/mini`
+Table 6 at equal tokens: `--config mini --max-steps 3567 --out runs/sizes/mini`
 pre-trains another size for the 10-minute tiny seeds' mean step count instead of a budget (the
 recipe lowers the peak rate above width 256), on the same shards.
 """

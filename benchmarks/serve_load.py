@@ -1,4 +1,4 @@
-"""`bertkit serve` under load (issue 26): MiniLM fine-tuned on SST-2, behind bertkit's server
+"""`bertkit serve` under load: MiniLM fine-tuned on SST-2, behind bertkit's server
 (torch fp32, torch bf16 autocast, ONNX fp32, ONNX int8) and behind the server a user writes
 (one transformers `pipeline(...)` call per request in a FastAPI endpoint, as a `def` and as an
 `async def`), each driven by 1, 8 and 64 concurrent clients sending one short SST-2 sentence

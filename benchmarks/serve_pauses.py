@@ -1,7 +1,7 @@
 """Where a served request's tail latency comes from: `bertkit serve` under 64 one-sentence
 clients, the server logging every model call's time, every garbage collection's pause
 (`gc.callbacks`) and every stall of its event loop (a 5 ms sleep that woke late), then the
-latencies' percentiles beside the longest batches, pauses and stalls (issue 61).
+latencies' percentiles beside the longest batches, pauses and stalls.
 
     BERTKIT_DATA=../shared/data python benchmarks/serve_pauses.py [--model DIR] [--seconds 10]
     ... --src DIR   # the same from another source tree (e.g. a worktree of an earlier commit)

@@ -1,4 +1,4 @@
-"""`bertkit serve` against infinity-emb (the embedding server users pick instead), issue 61:
+"""`bertkit serve` against infinity-emb (the embedding server users pick instead):
 all-MiniLM-L6-v2, OpenAI-style bodies, 64 keep-alive clients, one sentence a request and eight.
 
     BERTKIT_DATA=../shared/data python benchmarks/serve_vs_infinity.py \
@@ -18,7 +18,7 @@ core.
 Bodies: `{"input": [sentences], "model": "all-MiniLM-L6-v2"}`, SST-2 dev sentences of 4-16
 words, each client starting at its own place in the list.
 
-Loads (`--loads`, issue 69), each against both servers in the same round:
+Loads (`--loads`), each against both servers in the same round:
 - `light`: the asyncio clients above, alone on the machine with the server;
 - `busy`: the same, with one busy process on the machine (a Python loop spinning on one
   core, as a batch job or a build beside the server would);
@@ -219,7 +219,7 @@ def measure(kind: str, server: Server, route: str, clients: int, seconds: float,
         import httpx
 
         info = httpx.get(f"http://127.0.0.1:{server.port}/info", timeout=10).json()
-        threads = info.get("threads", {"now": info["settings"]["threads"]})  # (before issue 69)
+        threads = info.get("threads", {"now": info["settings"]["threads"]})  # (older servers)
         result["threads"] = threads["now"]
         result["others_cpus"] = threads.get("others_busy_cpus", float("nan"))
         result["thread_changes"] = threads.get("changes", 0) - server.thread_changes

@@ -1,4 +1,4 @@
-"""Inference where users serve BERT on a CPU (issue 12 §2): a realistic padded batch and single
+"""Inference where users serve BERT on a CPU: a realistic padded batch and single
 requests, transformers eager against bertkit eager (padded and unpadded), ONNX Runtime on
 transformers' graph, and bertkit's ONNX export in fp32 and int8. All in one process, alternated
 round by round, medians; ratios against transformers eager measured in the same run.

@@ -2,7 +2,7 @@
 autocast where the device runs bf16 natively (a GPU that supports it; a CPU with AMX-BF16 or
 AVX512-BF16) and fp32 elsewhere, and says why. An explicit bf16 on a CPU without native bf16
 runs (it is emulated) with a warning: reported about 20x slower than fp32 on an AVX2-only AMD
-EPYC (issue 27: 25 s a step against 1.26 s). fp16 on a CPU is refused (no CPU kernels are faster for it, and its loss scaling is for
+EPYC (25 s a step against 1.26 s). fp16 on a CPU is refused (no CPU kernels are faster for it, and its loss scaling is for
 GPUs).
 
 The CPU's flags come from /proc/cpuinfo, or from `BERTKIT_CPU_FLAGS` (space-separated) where

@@ -123,7 +123,7 @@ class Trainer:
         self.wrapped = distributed.wrap(self.model, self.dist)
         self.progress = Progress()  # the step, training seconds, tokens, early stop (`state`)
         self.divergence = Divergence()
-        self._clock = time.perf_counter()  # (`seconds`: the checkpoint's plus this session's)
+        self._clock = time.perf_counter()  # (`seconds`: the checkpoint's plus this process's)
         self.compiled = compiles(config.compile, self.dist.device)
         if config.compile == "graphs":  # (the run made the model's shapes static)
             self.model.compile(mode="reduce-overhead")
@@ -261,7 +261,7 @@ class Trainer:
                 self.save_model(self.model, out)
         log = RunLog(out / LOG_FILE, main, keep_until=self.step if resumed else 0)
         if not self.finished():  # a finished run resumed writes nothing
-            # what this session computes in, and why (a resumed run may be on another machine)
+            # what this process computes in, and why (a resumed run may be on another machine)
             run = {"step": self.step, "split": "run", **self.precision.as_dict()}
             log.write(run | {"compiled": self.compiled, "graphs": config.compile == "graphs"})
             if config.progress and main:
@@ -425,7 +425,7 @@ class Trainer:
 @dataclass
 class _Window:
     """What the steps since the last log entry add up (summed on the device until it is read),
-    and the entries of this session."""
+    and the entries of this process."""
 
     entries: list[dict[str, Any]] = field(default_factory=list)
     sums: torch.Tensor | None = None
@@ -433,7 +433,7 @@ class _Window:
     tokens: int = 0
     steps: int = 0
     tick: float = field(default_factory=time.perf_counter)
-    compiling: float = 0.0  # seconds torch.compile took during this session's steps
+    compiling: float = 0.0  # seconds torch.compile took during this process's steps
 
     def add(self, micro: tuple[int, torch.Tensor]) -> None:
         real, stats = micro
