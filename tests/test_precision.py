@@ -83,25 +83,24 @@ def test_usable_cpus_follow_the_affinity_and_the_cgroup_quota(tmp_path):
     --cpus), v2 and v1 (fake cgroup files); an unlimited quota or none leaves the affinity."""
     import os
 
-    from bertkit._device import usable_cpus
+    from bertkit._device import Cpus, usable_cpus
 
     affinity = len(os.sched_getaffinity(0))
     v2 = tmp_path / "v2"
     v2.mkdir()
     (v2 / "cpu.max").write_text("max 100000\n")
-    assert usable_cpus(str(v2)) == (affinity, "the CPUs of this process's affinity")
+    assert usable_cpus(str(v2)) == Cpus(affinity, "affinity", "the CPUs of this process's affinity")
     (v2 / "cpu.max").write_text("50000 100000\n")  # half a CPU: one thread
-    count, why = usable_cpus(str(v2))
-    assert count == 1 and (
-        affinity == 1 or why == "the cgroup's CPU quota (50000 us each 100000 us)"
-    )
+    cpus = usable_cpus(str(v2))
+    assert cpus.count == 1 and (affinity == 1 or (cpus.source, cpus.why) == (
+        "quota", "the cgroup's CPU quota (50000 us each 100000 us)"))  # fmt: skip
     (v2 / "cpu.max").write_text(f"{100000 * (affinity + 8)} 100000\n")  # more than the affinity
-    assert usable_cpus(str(v2))[0] == affinity
+    assert usable_cpus(str(v2)).count == affinity
     v1 = tmp_path / "v1" / "cpu"
     v1.mkdir(parents=True)
     (v1 / "cpu.cfs_quota_us").write_text("100000\n")
     (v1 / "cpu.cfs_period_us").write_text("100000\n")
-    assert usable_cpus(str(tmp_path / "v1"))[0] == 1
+    assert usable_cpus(str(tmp_path / "v1")).count == 1
     (v1 / "cpu.cfs_quota_us").write_text("-1\n")  # unlimited
-    assert usable_cpus(str(tmp_path / "v1"))[0] == affinity
-    assert usable_cpus(str(tmp_path / "none"))[0] == affinity
+    assert usable_cpus(str(tmp_path / "v1")).count == affinity
+    assert usable_cpus(str(tmp_path / "none")).count == affinity

@@ -3,6 +3,11 @@ to it without making the host wait."""
 
 from __future__ import annotations
 
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 
 
@@ -33,25 +38,44 @@ def as_float64(value: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
     return torch.full((), float(value), dtype=torch.float64, device=like.device)
 
 
-def usable_cpus(cgroup: str | None = "/sys/fs/cgroup") -> tuple[int, str]:
+@dataclass(frozen=True)
+class Cpus:
+    """The CPUs this process may keep busy: `count`, what limits it (`source`: "affinity" —
+    `taskset`, a container's cpuset —, "quota" — a cgroup's CPU quota —, or "machine"), and
+    that in words (`why`)."""
+
+    count: int
+    source: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Threads:
+    """torch's thread count for a process (`count`), the CPUs it may use (`cpus`), and what set
+    the count (`source`: "flag" — a `--threads` —, "OMP_NUM_THREADS", "workers" — the CPUs
+    shared among local processes —, or "cpus"), in words (`why`)."""
+
+    count: int
+    cpus: Cpus
+    source: str
+    why: str
+
+
+def usable_cpus(cgroup: str | None = "/sys/fs/cgroup") -> Cpus:
     """How many CPUs this process may keep busy, and why: its affinity (`taskset`, a
     container's cpuset), capped by the CPU quota of its cgroup (a container's `--cpus`: v2's
     `cpu.max`, "200000 100000" = 2 CPUs; v1's `cpu.cfs_quota_us` / `cpu.cfs_period_us`), never
     the host's count, which a container on a large host would otherwise take for its own.
 
-    >>> usable_cpus(None)[0] >= 1
+    >>> usable_cpus(None).count >= 1
     True
     """
-    import math
-    import os
-    from pathlib import Path
-
     try:
-        count, why = len(os.sched_getaffinity(0)), "the CPUs of this process's affinity"
+        cpus = Cpus(len(os.sched_getaffinity(0)), "affinity", "the CPUs of this process's affinity")
     except AttributeError:  # pragma: no cover - not Linux
-        count, why = os.cpu_count() or 1, "the machine's CPUs"
+        cpus = Cpus(os.cpu_count() or 1, "machine", "the machine's CPUs")
     if cgroup is None:
-        return count, why
+        return cpus
     root = Path(cgroup)
     quota = period = None
     try:
@@ -65,26 +89,45 @@ def usable_cpus(cgroup: str | None = "/sys/fs/cgroup") -> tuple[int, str]:
                 quota = value
                 period = float((root / "cpu" / "cpu.cfs_period_us").read_text())
     except (OSError, ValueError):
-        return count, why
-    if quota and period and math.ceil(quota / period) < count:
-        count = max(1, math.ceil(quota / period))
-        why = f"the cgroup's CPU quota ({quota:.0f} us each {period:.0f} us)"
-    return count, why
+        return cpus
+    if quota and period and math.ceil(quota / period) < cpus.count:
+        return Cpus(max(1, math.ceil(quota / period)), "quota",
+                    f"the cgroup's CPU quota ({quota:.0f} us each {period:.0f} us)")  # fmt: skip
+    return cpus
 
 
-def fit_threads() -> int:
-    """torch's threads, lowered to the CPUs this process may use (`usable_cpus`) where torch
-    would run more: torch's default follows the affinity (`taskset -c 0`: one thread) but
-    reads no container CPU quota, so a 2-CPU quota on a large host would leave it one thread
-    per host core on 2 CPUs' worth of time, each operation waiting for its slowest. The user's own count (OMP_NUM_THREADS) is kept. The
-    default of every command and of the Python API (`predict`, `embed`, training, `serve`)."""
-    import os
+def thread_policy(given: int | None = None, *, workers: int = 1,
+                  cgroup: str | None = "/sys/fs/cgroup") -> Threads:  # fmt: skip
+    """How many threads torch computes with, and what set the count — the one thread policy
+    of every command, the Python API, training, the corpus jobs and `serve`: `given` (a
+    `--threads`); else the user's OMP_NUM_THREADS (torch has read it); else the usable CPUs
+    (`usable_cpus`) shared among `workers` local processes; else torch's own count, lowered to
+    the usable CPUs where it would run more: torch's default follows the affinity (`taskset
+    -c 0`: one thread) but reads no container CPU quota, so a 2-CPU quota on a large host
+    would leave it one thread per host core on 2 CPUs' worth of time, each operation waiting
+    for its slowest.
 
+    >>> thread_policy(3).count, thread_policy(3).source
+    (3, 'flag')
+    """
     import torch
 
+    cpus = usable_cpus(cgroup)
+    if given is not None:
+        return Threads(given, cpus, "flag", "--threads")
     if os.environ.get("OMP_NUM_THREADS"):
-        return torch.get_num_threads()
-    usable = usable_cpus()[0]
-    if torch.get_num_threads() > usable:
-        torch.set_num_threads(usable)
-    return torch.get_num_threads()
+        return Threads(torch.get_num_threads(), cpus, "OMP_NUM_THREADS", "OMP_NUM_THREADS")
+    if workers > 1:
+        return Threads(max(1, cpus.count // workers), cpus, "workers", f"{workers} workers")
+    return Threads(min(torch.get_num_threads(), cpus.count), cpus, "cpus", cpus.why)
+
+
+def fit_threads(given: int | None = None, *, workers: int = 1) -> Threads:
+    """torch's threads set as `thread_policy` chooses them; the choice. The default of every
+    command and of the Python API (`predict`, `embed`, training, `serve`)."""
+    import torch
+
+    threads = thread_policy(given, workers=workers)
+    if torch.get_num_threads() != threads.count:
+        torch.set_num_threads(threads.count)
+    return threads

@@ -10,6 +10,8 @@ import os
 import pytest
 import torch
 
+from bertkit import _device
+from bertkit._device import Cpus, Threads
 from bertkit.serve import cores as cores_module
 from bertkit.serve.cores import CoreShare
 
@@ -39,7 +41,7 @@ def write_stat(path, busy_ticks: dict[int, int]) -> None:
 def two_cpus(monkeypatch):
     """This process may use CPUs 0 and 1."""
     monkeypatch.setattr(cores_module.os, "sched_getaffinity", lambda pid: {0, 1})
-    return 2
+    return Cpus(2, "affinity", "test")
 
 
 def test_the_count_drops_while_another_process_holds_a_cpu_and_comes_back(
@@ -51,7 +53,7 @@ def test_the_count_drops_while_another_process_holds_a_cpu_and_comes_back(
     stat = tmp_path / "stat"
     busy = {0: 0, 1: 0}
     write_stat(stat, busy)
-    share = CoreShare(two_cpus, "test", stat=str(stat), cgroup=None, window=0.25)
+    share = CoreShare(two_cpus, stat=str(stat), cgroup=None, window=0.25)
     assert share.threads() == 2 and share.info()["adaptive"]
 
     def elapse(seconds: float, others: float, own: float) -> int:
@@ -83,7 +85,8 @@ def test_the_count_drops_while_another_process_holds_a_cpu_and_comes_back(
 
 def test_under_a_quota_others_are_the_cgroups_own_usage(tmp_path, monkeypatch):
     """In a container with --cpus 2, what competes is the container's other processes: the
-    cgroup's usage (cpu.stat) less this process's time."""
+    cgroup's usage (cpu.stat) less this process's time — chosen by the CPUs' source, whatever
+    the words that explain it."""
     clock = Clock()
     clock.install(monkeypatch)
     cgroup = tmp_path / "cgroup"
@@ -95,7 +98,7 @@ def test_under_a_quota_others_are_the_cgroups_own_usage(tmp_path, monkeypatch):
         (cgroup / "cpu.stat").write_text(f"usage_usec {int(usage[0] * 1e6)}\nuser_usec 0\n")
 
     write()
-    share = CoreShare(2, "the cgroup's CPU quota (200000 us each 100000 us)",
+    share = CoreShare(Cpus(2, "quota", "a container's limit"),
                       stat=str(tmp_path / "no-stat-needed"), cgroup=str(cgroup))  # fmt: skip
     for _ in range(6):
         clock.now += 0.5
@@ -107,11 +110,11 @@ def test_under_a_quota_others_are_the_cgroups_own_usage(tmp_path, monkeypatch):
 
 
 def test_unreadable_files_or_one_cpu_leave_the_count_fixed(tmp_path, two_cpus):
-    share = CoreShare(2, "test", stat=str(tmp_path / "missing"), cgroup=None)
+    share = CoreShare(two_cpus, stat=str(tmp_path / "missing"), cgroup=None)
     assert share.threads() == 2 and not share.info()["adaptive"]
     (tmp_path / "garbage").write_text("cpu0 a b c\n")
-    assert not CoreShare(2, "test", stat=str(tmp_path / "garbage"), cgroup=None).info()["adaptive"]
-    assert CoreShare(1, "test", cgroup=None).threads() == 1
+    assert not CoreShare(two_cpus, stat=str(tmp_path / "garbage"), cgroup=None).info()["adaptive"]
+    assert CoreShare(Cpus(1, "affinity", "test"), cgroup=None).threads() == 1
 
 
 def test_the_servers_thread_choice(monkeypatch):
@@ -123,8 +126,9 @@ def test_the_servers_thread_choice(monkeypatch):
 
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(app, "usable_cpus", lambda: (3, "the cgroup's CPU quota (fake)"))
-    monkeypatch.setattr(cores_module, "usable_cpus", lambda cgroup=None: (3, "fake"))
+    fake = Cpus(3, "quota", "the cgroup's CPU quota (fake)")
+    monkeypatch.setattr(_device, "usable_cpus", lambda cgroup=None: fake)
+    monkeypatch.setattr(cores_module, "usable_cpus", lambda cgroup=None: fake)
     try:
 
         def fixed(config):  # the count it sets, and what set it (None: adapts)
@@ -151,22 +155,25 @@ def test_the_servers_thread_choice(monkeypatch):
 def test_commands_and_the_api_never_run_more_threads_than_the_usable_cpus(monkeypatch):
     """`fit_threads` (every command, `load`, the trainer): torch's count lowered to the usable
     CPUs, a lower one kept, OMP_NUM_THREADS kept."""
-    from bertkit import _device
     from bertkit.inference.loader import load
 
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(_device, "usable_cpus", lambda cgroup=None: (1, "fake quota"))
+    monkeypatch.setattr(_device, "usable_cpus", lambda cgroup=None: Cpus(1, "quota", "fake"))
     try:
         torch.set_num_threads(4)
-        assert _device.fit_threads() == 1
+        assert _device.fit_threads() == Threads(1, Cpus(1, "quota", "fake"), "cpus", "fake")
         torch.set_num_threads(4)
         with pytest.raises(OSError):  # (it fits the threads before it looks for the model)
             load("/no/such/model")
         assert torch.get_num_threads() == 1
         monkeypatch.setenv("OMP_NUM_THREADS", "4")
         torch.set_num_threads(4)
-        assert _device.fit_threads() == 4
+        assert _device.fit_threads().count == 4
+        assert _device.fit_threads(2, workers=3) == Threads(2, Cpus(1, "quota", "fake"), "flag",
+                                                            "--threads")  # fmt: skip
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        assert _device.thread_policy(workers=2).count == 1  # never below one
     finally:
         torch.set_num_threads(before)
 
@@ -190,3 +197,41 @@ def test_serve_takes_the_model_as_every_command_does():
     help_line = next(a.help for a in parser._subparsers._group_actions[0]._choices_actions
                      if a.dest == "serve")  # fmt: skip
     assert all(f"/{e}" in help_line + described for e in ENDPOINTS), help_line
+
+
+def test_a_running_server_sets_each_batch_s_threads_and_reports_them(minilm_dir, monkeypatch):
+    """The server asks its CoreShare before every batch and runs the batch with that count;
+    /info reports the count now and how often it changed. (The share here says one thread
+    from its second question on, as it would once another process holds a CPU.)"""
+    pytest.importorskip("fastapi")
+    from starlette.testclient import TestClient
+
+    from bertkit.serve.app import Service, create_app
+    from bertkit.serve.config import ServeConfig
+
+    class Contended(CoreShare):
+        asked = 0
+
+        def threads(self) -> int:
+            self.asked += 1
+            if self.asked > 1 and self.current != 1:
+                self.current, self.changes = 1, self.changes + 1
+            return self.current
+
+    before = torch.get_num_threads()
+    try:
+        service = Service(str(minilm_dir), ServeConfig(precision="fp32", threads=None))
+        service.cores = Contended(Cpus(2, "affinity", "test"), stat=None)
+        torch.set_num_threads(2)
+        seen = []
+        run = service.model.run
+        monkeypatch.setattr(service.model, "run",
+                            lambda *a: seen.append(torch.get_num_threads()) or run(*a))  # fmt: skip
+        with TestClient(create_app(service)) as http:
+            for _ in range(2):
+                assert http.post("/embed", json={"inputs": "a text"}).status_code == 200
+            threads = http.get("/info").json()["threads"]
+        assert seen == [2, 1]
+        assert (threads["now"], threads["changes"], threads["usable"]) == (1, 1, 2)
+    finally:
+        torch.set_num_threads(before)

@@ -31,9 +31,9 @@ class ShardWorker:
     """One actor of the pool: the model loaded once, shards written as they come."""
 
     def __init__(self, job: Any, sources: list, out: str, threads: int) -> None:
-        import torch
+        from bertkit._device import fit_threads
 
-        torch.set_num_threads(threads)
+        fit_threads(threads)
         self.job, self.sources, self.out = job, sources, Path(out)
         self.mapper = job.mapper()
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from bertkit._device import fit_threads
 from bertkit.errors import JobFailed
 from bertkit.jobs import shards
 from bertkit.jobs.inputs import (
@@ -39,14 +40,6 @@ class Job(Protocol):
     config: Any
 
     def mapper(self) -> Mapper: ...
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may use: its affinity and its cgroup's quota, not the host's
-    count (`_device.usable_cpus`)."""
-    from bertkit._device import usable_cpus as usable
-
-    return usable()[0]
 
 
 def weights_digest(path: Path) -> str:
@@ -79,7 +72,6 @@ def plan_of(job: Job, mapper: Mapper, sources: Sequence[Source]) -> dict[str, An
 def run_job(job: Job, sources: Sequence[Source], out: Path, *, ray: str | None = None
             ) -> dict[str, Any]:  # fmt: skip
     """Run `job` over `sources` into `out`; the complete manifest."""
-    import torch
 
     try:
         import pyarrow  # noqa: F401
@@ -90,8 +82,7 @@ def run_job(job: Job, sources: Sequence[Source], out: Path, *, ray: str | None =
 
     config = job.config
     workers = config.workers
-    threads = config.threads or max(1, usable_cpus() // workers)
-    torch.set_num_threads(threads)
+    threads = fit_threads(config.threads, workers=workers).count
     mapper = job.mapper()
     plan = plan_of(job, mapper, sources)
     done = shards.start(out, plan, resume=config.resume, overwrite=config.overwrite)
@@ -191,9 +182,7 @@ def shard_rows(sources, config, start: Position) -> list[CorpusRow]:
 
 def _worker(job: Job, sources, out: str, starts: list[Position], todo: list[int],
             threads: int) -> None:  # fmt: skip
-    import torch
-
-    torch.set_num_threads(threads)
+    fit_threads(threads)
     mapper = job.mapper()
     for number in todo:
         process_shard(mapper, Path(out), number, shard_rows(sources, job.config, starts[number]))

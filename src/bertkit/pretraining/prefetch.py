@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bertkit._device import usable_cpus
 from bertkit.pretraining.dataset import PretrainingData
 
 
@@ -37,8 +38,8 @@ def default_workers(device: torch.device, local_processes: int | None = None) ->
         return 0
     if local_processes is None:
         local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(4, (cores or 2) // (2 * max(1, local_processes))))
+    cores = usable_cpus().count
+    return max(1, min(4, cores // (2 * max(1, local_processes))))
 
 
 def _work(data: PretrainingData, state: dict, first: int, every: int, out) -> None:

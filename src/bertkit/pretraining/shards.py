@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from bertkit._device import usable_cpus
 from bertkit._io import atomic_write_text, sha256_of
 from bertkit.core.tokenizer import BertTokenizer, JsonTokenizer
 from bertkit.pretraining.corpus import CorpusStats, expand_paths, raw_documents, sentences_of
@@ -195,7 +196,7 @@ def prepare_shards(
         recorded = {"part": {"index": part[0], "of": part[1], "corpus": corpus_record(files)}}
         files = part_files(files, *part)
     total_bytes = sum(f.stat().st_size for f in files)
-    workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
+    workers = max(1, workers if workers is not None else usable_cpus().count)
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.int32)
     stats = CorpusStats()
     chunks = _chunks(raw_documents(files, format=format, on_error=on_error, stats=stats,

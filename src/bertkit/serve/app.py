@@ -39,7 +39,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from bertkit._device import usable_cpus
+from bertkit._device import thread_policy
 from bertkit.errors import InputError
 from bertkit.serve.batcher import BatchStats, DynamicBatcher, QueueFull, Stopped
 from bertkit.serve.clients import openai_error
@@ -579,25 +579,20 @@ def serve(model: str | os.PathLike, config: ServeConfig | None = None, *,
 
 
 def _threads(config: ServeConfig) -> CoreShare:
-    """Set this thread's torch threads and say how they are chosen: `--threads` or
-    OMP_NUM_THREADS as given; else the CPUs this process may use (affinity, cgroup quota)
-    shared among the workers, and one worker on torch adapts the count to what other
-    processes leave free (workers of one server would count each other as others, and an
-    ONNX session's threads are fixed when it opens)."""
+    """Set this thread's torch threads and say how they are chosen (`_device.thread_policy`):
+    `--threads` or OMP_NUM_THREADS as given; the usable CPUs shared among the workers; else
+    one worker on torch adapts the count to what other processes leave free (workers of one
+    server would count each other as others, and an ONNX session's threads are fixed when it
+    opens)."""
     import torch
 
-    usable, why = usable_cpus()
-    if config.threads is not None:
-        fixed: tuple[int, str] | None = (config.threads, "--threads")
-    elif os.environ.get("OMP_NUM_THREADS"):  # the user's (torch has read it)
-        fixed = (torch.get_num_threads(), "OMP_NUM_THREADS")
-    elif config.workers > 1:
-        fixed = (max(1, usable // config.workers), f"{config.workers} workers")
+    threads = thread_policy(config.threads, workers=config.workers)
+    fixed: tuple[int, str] | None = None
+    if threads.source != "cpus":
+        fixed = (threads.count, threads.why)
     elif config.backend != "torch":
-        fixed = (usable, f"the {config.backend} backend")
-    else:
-        fixed = None
-    cores = CoreShare(usable, why, fixed=fixed)
+        fixed = (threads.cpus.count, f"the {config.backend} backend")
+    cores = CoreShare(threads.cpus, fixed=fixed)
     torch.set_num_threads(cores.threads())
     return cores
 

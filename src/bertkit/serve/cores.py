@@ -21,7 +21,7 @@ container's `--cpus`) the busy time is the cgroup's own (its cpu.stat) against t
 other processes in the same container are what competes there. Linux only; elsewhere, or
 when the files cannot be read, always `usable`.
 
->>> share = CoreShare(usable=2, why="test", stat=None)
+>>> share = CoreShare(Cpus(2, "affinity", "test"), stat=None)
 >>> share.threads()
 2
 """
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bertkit._device import usable_cpus
+from bertkit._device import Cpus, usable_cpus
 
 PROC_STAT = "/proc/stat"
 
@@ -42,13 +42,13 @@ class CoreShare:
     """The thread count for the next batch (`threads()`), from the CPU time other processes
     take on this process's CPUs."""
 
-    def __init__(self, usable: int | None = None, why: str | None = None, *,
-                 stat: str | None = PROC_STAT, cgroup: str | None = "/sys/fs/cgroup",
-                 window: float = 0.25, smoothing: float = 0.5,
-                 fixed: tuple[int, str] | None = None) -> None:  # fmt: skip
-        """`fixed`: (threads, what set them) — a count kept as given, never adapted."""
-        found = usable_cpus(cgroup) if usable is None else (usable, why or "given")
-        self.usable, self.why = found
+    def __init__(self, cpus: Cpus | None = None, *, stat: str | None = PROC_STAT,
+                 cgroup: str | None = "/sys/fs/cgroup", window: float = 0.25,
+                 smoothing: float = 0.5, fixed: tuple[int, str] | None = None) -> None:  # fmt: skip
+        """`cpus`: the CPUs this process may use (default: `usable_cpus`); `fixed`: (threads,
+        what set them) — a count kept as given, never adapted."""
+        self.cpus = cpus = usable_cpus(cgroup) if cpus is None else cpus
+        self.usable, self.why = cpus.count, cpus.why
         self.window, self.smoothing = window, smoothing
         self.others = 0.0  # CPUs others keep busy (smoothed)
         self.set_by: str | None
@@ -98,8 +98,11 @@ class CoreShare:
         or None where that cannot be read."""
         if stat is None:
             return None
-        quota = "quota" in self.why
-        if quota and cgroup is not None and (Path(cgroup) / "cpu.stat").exists():
+        if (
+            self.cpus.source == "quota"
+            and cgroup is not None
+            and (Path(cgroup) / "cpu.stat").exists()
+        ):
             usage = Path(cgroup) / "cpu.stat"
 
             def cgroup_busy() -> float | None:
