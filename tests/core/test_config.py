@@ -5,6 +5,8 @@ import pytest
 from bertkit import BertConfig
 from bertkit.core.config import PRESETS
 
+from helpers import tiny_bert_config
+
 
 def test_presets_are_googles_released_sizes():
     expected = {
@@ -130,6 +132,30 @@ def test_bad_json_names_file_and_line(tmp_path):
     path.write_text(json.dumps({"vocab_size": 10, "hidden_size": 30, "num_attention_heads": 4}))
     with pytest.raises(ValueError, match=r"config.json: BertConfig.hidden_size \(30\)"):
         BertConfig.from_json_file(path)
+
+
+def test_an_unknown_model_type_is_refused_by_name_wherever_a_folder_is_read(tmp_path):
+    """A folder's family is read in one place (`family_of_folder`): the tokenizer, the head
+    the loader picks, the weights and the config all refuse a model_type bertkit does not run,
+    naming the file and listing what it runs — none falls back to BERT."""
+    from bertkit.core.checkpoint import read_state_dict
+    from bertkit.core.family import FAMILIES
+    from bertkit.core.model import BertModel
+    from bertkit.core.tokenizer import BertTokenizer
+    from bertkit.inference.loader import head_of
+
+    folder = tmp_path / "t5"
+    BertModel(tiny_bert_config()).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"model_type": "t5"}))
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    (folder / "tokenizer.json").write_text("{}")
+    refused = (f"config.json: model_type 't5' is not an architecture bertkit runs; it runs "
+               f"{', '.join(FAMILIES)}$")  # fmt: skip
+    for read in (lambda: BertTokenizer.from_pretrained(folder), lambda: head_of(folder, {}),
+                 lambda: read_state_dict(folder), lambda: BertModel.from_pretrained(folder)):  # fmt: skip
+        with pytest.raises(ValueError, match=refused):
+            read()
 
 
 def test_absurd_sizes_are_refused_with_the_figures_before_any_allocation():

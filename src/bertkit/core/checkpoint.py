@@ -23,7 +23,7 @@ import torch
 
 from bertkit._io import TASK_FILE, atomic_path, atomic_write_text, check_model_digest
 from bertkit.core.config import BertConfig
-from bertkit.core.family import FAMILIES, Family, family_of
+from bertkit.core.family import Family, family_of, family_of_folder
 from bertkit.core.hub import model_dir
 from bertkit.core.tf_bundle import _BFloat16, bundle_prefix, read_bundle, write_bundle
 
@@ -165,19 +165,7 @@ def read_state_dict(path: str | os.PathLike, *, verify: bool = True) -> dict[str
             state.update(_read_safetensors(path / shard))
     else:
         state = _read_torch_bin(path / PYTORCH_BIN)
-    return _normalize_hf_names(_as_bert_names(state, _family_of_folder(path)))
-
-
-def _family_of_folder(path: Path) -> Family:
-    """The family a folder's config.json names (BERT without one)."""
-    config = path / HF_CONFIG
-    if not config.exists():
-        return FAMILIES["bert"]
-    try:
-        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type", "bert")
-    except (ValueError, AttributeError):
-        return FAMILIES["bert"]  # read_config names the broken file
-    return family_of(model_type, str(config))
+    return _normalize_hf_names(_as_bert_names(state, family_of_folder(path)))
 
 
 def _as_bert_names(state: dict[str, Any], family: Family) -> dict[str, Any]:
@@ -244,7 +232,7 @@ def tensor_names(path: str | os.PathLike) -> set[str]:
                 names.update(dict.fromkeys(handle.keys()))
         except (SafetensorError, OSError) as err:
             raise ValueError(f"{file}: cannot read safetensors weights ({err})") from None
-    return set(_normalize_hf_names(_as_bert_names(names, _family_of_folder(path))))
+    return set(_normalize_hf_names(_as_bert_names(names, family_of_folder(path))))
 
 
 def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:

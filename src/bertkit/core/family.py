@@ -21,9 +21,12 @@ encoder chosen by a config field), not a copied model file.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -268,3 +271,21 @@ def family_of(model_type: str, source: str = "config") -> Family:
             f"{source}: model_type {model_type!r} is not an architecture bertkit runs; it runs "
             f"{', '.join(FAMILIES)}"
         ) from None
+
+
+def family_of_folder(path: str | os.PathLike) -> Family:
+    """The family a model folder's `config.json` names — the one place a folder's family is
+    read (the checkpoint reader, the tokenizer, the loader): BERT where the folder has no
+    config.json or its config names no `model_type` (Google's bert_config.json); an unknown
+    `model_type` refused by name, listing those bertkit runs; a broken file named with its
+    line."""
+    file = Path(path) / "config.json"
+    if not file.exists():
+        return FAMILIES["bert"]
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file}: not a JSON object")
+    return family_of(str(data.get("model_type", "bert")), str(file))

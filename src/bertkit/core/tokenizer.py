@@ -31,7 +31,7 @@ from tokenizers import (
 
 from bertkit._io import atomic_write_text
 from bertkit.core.config import BertConfig
-from bertkit.core.family import FAMILIES, family_of
+from bertkit.core.family import family_of, family_of_folder
 from bertkit.core.hub import model_dir
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -672,9 +672,7 @@ _JSON_ROLES = {
 def _ships_json(directory: Path) -> bool:
     """Whether the folder's model is of a family whose special tokens its tokenizer.json holds,
     not its vocab.txt (MPNet's: `core.family`)."""
-    model_type = _json_object(directory / "config.json").get("model_type", "bert")
-    family = FAMILIES.get(model_type)
-    return family is not None and family.tokenizer_json
+    return family_of_folder(directory).tokenizer_json
 
 
 def _json_object(path: Path, read: dict[str, str] | None = None) -> dict[str, Any]:

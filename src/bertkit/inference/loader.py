@@ -31,7 +31,7 @@ from bertkit._device import default_device, fit_threads
 from bertkit._io import TASK_FILE
 from bertkit.core.checkpoint import HF_CONFIG, read_config
 from bertkit.core.config import BertConfig
-from bertkit.core.family import FAMILIES
+from bertkit.core.family import family_of_folder
 from bertkit.core.heads import MODEL_CLASSES
 from bertkit.core.hub import model_dir
 from bertkit.core.tokenizer import BertTokenizer
@@ -59,8 +59,9 @@ def head_of(path: Path, info: dict[str, Any]) -> str:
     config_file = path / HF_CONFIG
     written = json.loads(config_file.read_text()) if config_file.exists() else {}
     architectures = written.get("architectures") or ["BertModel"]
-    family = FAMILIES.get(written.get("model_type", "bert"), FAMILIES["bert"])
-    name = family.bert_class(architectures[0])  # (RobertaForSequenceClassification: ours)
+    name = family_of_folder(path).bert_class(
+        architectures[0]
+    )  # (RobertaForSequenceClassification: ours)
     return name if name in MODEL_CLASSES else "BertModel"
 
 
