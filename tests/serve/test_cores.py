@@ -183,7 +183,7 @@ def test_serve_takes_the_model_as_every_command_does():
     both at once, or neither, is refused by name; --help lists every route."""
     from bertkit.cli import build_parser
     from bertkit.cli.use import model_of
-    from bertkit.serve.config import ENDPOINTS
+    from bertkit.serve.routes import ENDPOINTS
 
     parser = build_parser()
     assert model_of(parser.parse_args(["serve", "--model", "runs/a"]), "serve") == "runs/a"

@@ -187,7 +187,7 @@ def test_a_route_is_one_handler_in_the_table(minilm_dir, monkeypatch):
     them); one handler added there is answered, listed in /info and warmed, with nothing else
     changed."""
     from bertkit.serve import routes
-    from bertkit.serve.config import ENDPOINTS
+    from bertkit.serve.routes import ENDPOINTS
 
     assert tuple(routes.ROUTES) == ENDPOINTS
     warmed = []

@@ -56,6 +56,13 @@ def test_operations_endpoints(server):
     assert {"/predict", "/embed", "/fill-mask", "/health", "/metrics"} <= set(spec["paths"])
     body = spec["paths"]["/predict"]["post"]["requestBody"]["content"]["application/json"]
     assert body["schema"]["required"] == ["inputs"]
+    from bertkit.serve.routes import ROUTES
+
+    for name, route in ROUTES.items():  # each route's documentation is its handler's own
+        post = spec["paths"][f"/{name}"]["post"]
+        schema = post["requestBody"]["content"]["application/json"]["schema"]
+        assert post["summary"] == route.summary
+        assert (schema["properties"], schema["required"]) == route.schema()
     assert httpx.get(server.url + "/docs").status_code == 200
     metrics = httpx.get(server.url + "/metrics")
     assert metrics.headers["content-type"].startswith("text/plain")

@@ -202,7 +202,8 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def add_serve(commands) -> None:
-    from bertkit.serve.config import ENDPOINTS, ServeConfig
+    from bertkit.serve.config import ServeConfig
+    from bertkit.serve.routes import ENDPOINTS
 
     routes = ", ".join(f"/{e}" for e in ENDPOINTS)
     serve = command(commands, "serve", f"an HTTP API with dynamic batching ({routes}, and / as "

@@ -23,14 +23,8 @@ import torch.nn.functional as F
 
 from bertkit.core.embedding import declared_length, pool, read_pooling
 from bertkit.inference.loader import Loaded, load
+from bertkit.inference.texts import Ids, Text
 
-
-class Ids(tuple):
-    """A text given as the model's own token ids (its [CLS] and [SEP] included, as the model's
-    tokenizer writes them), run as they are (cut to the length)."""
-
-
-Text = str | tuple[str, str] | Ids  # a text, a pair of texts, or the model's token ids
 Row = tuple[list[int], list[int]]  # an input's ids as the model reads it, and its segment ids
 
 

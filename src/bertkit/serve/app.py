@@ -43,11 +43,12 @@ from bertkit._device import thread_policy
 from bertkit.errors import InputError
 from bertkit.serve.batcher import BatchStats, DynamicBatcher, QueueFull, Stopped
 from bertkit.serve.clients import openai_error
-from bertkit.serve.config import ENDPOINTS, ServeConfig
+from bertkit.serve.config import ServeConfig
 from bertkit.serve.connections import GuardedHTTP, descriptors_for
 from bertkit.serve.cores import CoreShare
 from bertkit.serve.engine import ServedModel
 from bertkit.serve.metrics import Metrics
+from bertkit.serve.routes import ENDPOINTS, ROUTES, Route
 
 log = logging.getLogger("bertkit.serve")
 
@@ -156,13 +157,13 @@ def create_app(service: Service) -> FastAPI:
         **_telemetry(),
     )
     answer = functools.partial(_answer, service)
-    for endpoint in ENDPOINTS:
+    for endpoint, route in ROUTES.items():
         app.add_api_route(
             f"/{endpoint}",
             _route(answer, endpoint),
             methods=["POST"],
-            summary=_SUMMARIES[endpoint],
-            openapi_extra={"requestBody": _request_schema(endpoint)},
+            summary=route.summary,
+            openapi_extra={"requestBody": _request_schema(route)},
             responses=_RESPONSES,
         )
     for path in ("/", "/invocations"):  # as text-embeddings-inference answers them
@@ -452,25 +453,6 @@ def _route(answer, endpoint: str):
     return route
 
 
-_SUMMARIES = {
-    "predict": "the fine-tuned task's answer per input (label and score, entities, span, choice)",
-    "embed": "a sentence embedding per input (mean-pooled or [CLS], unit length by default)",
-    "v1/embeddings": "OpenAI's embeddings: {input, dimensions?} -> {data: [{embedding}], usage}",
-    "rerank": "a cross-encoder's relevance of each text to the query, best first",
-    "v1/rerank": "Cohere's and Jina's rerank: {query, documents, top_n?, return_documents?} -> "
-    "{results: [{index, relevance_score, document?}]}",
-    "similarity": "{inputs: {source_sentence, sentences}} -> each sentence's cosine with the source",
-    "fill-mask": "the likeliest tokens at each [MASK] of each input",
-}
-_ITEM = {
-    "anyOf": [
-        {"type": "string", "description": "a text"},
-        {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2,
-         "description": "a pair of texts (a tagger: a list of words)"},
-        {"type": "object", "description": '{"question", "context"} (QA) or '
-                                          '{"context", "choices"} (multiple choice)'},
-    ]
-}  # fmt: skip
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"description": "the body is not JSON"},
     404: {"description": "this model does not answer this endpoint"},
@@ -480,50 +462,10 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _request_schema(endpoint: str) -> dict[str, Any]:
-    truncate = {"type": "boolean", "default": False,
-                "description": "cut texts over the model's length instead of a 413"}  # fmt: skip
-    texts = {"type": "array", "items": {"type": "string"}}
-    if endpoint == "v1/embeddings":
-        ids = {"type": "array", "items": {"type": "integer"}, "description": "token ids"}
-        properties = {"input": {"anyOf": [{"type": "string"}, texts, ids,
-                                          {"type": "array", "items": ids}]},
-                      "model": {"type": "string"},
-                      "dimensions": {"type": "integer", "minimum": 1}, "truncate": truncate,
-                      "encoding_format": {"enum": ["float", "base64"], "default": "float"}}  # fmt: skip
-        required = ["input"]
-    elif endpoint == "v1/rerank":
-        properties = {"query": {"type": "string"}, "documents": texts,
-                      "top_n": {"type": "integer", "minimum": 1}, "model": {"type": "string"},
-                      "return_documents": {"type": "boolean", "default": False},
-                      "truncate": truncate}  # fmt: skip
-        required = ["query", "documents"]
-    elif endpoint == "similarity":
-        pair = {"type": "object", "properties": {"source_sentence": {"type": "string"},
-                                                 "sentences": texts}}  # fmt: skip
-        properties, required = {"inputs": pair, "truncate": truncate}, ["inputs"]
-    elif endpoint == "rerank":
-        properties = {"query": {"type": "string"}, "texts": texts, "truncate": truncate,
-                      "return_text": {"type": "boolean", "default": False}}  # fmt: skip
-        required = ["query", "texts"]
-    else:
-        properties, required = _inputs_schema(endpoint, truncate), ["inputs"]
+def _request_schema(route: Route) -> dict[str, Any]:
+    properties, required = route.schema()
     schema = {"type": "object", "required": required, "properties": properties}
     return {"required": True, "content": {"application/json": {"schema": schema}}}
-
-
-def _inputs_schema(endpoint: str, truncate: dict[str, Any]) -> dict[str, Any]:
-    properties: dict[str, Any] = {
-        "inputs": {"anyOf": [_ITEM, {"type": "array", "items": _ITEM}],
-                   "description": "one input, or a list of them (one result each)"}
-    }  # fmt: skip
-    if endpoint == "embed":
-        properties["pooling"] = {"enum": ["mean", "cls"], "default": "mean"}
-        properties["normalize"] = {"type": "boolean", "default": True}
-        properties["truncate"] = truncate
-    if endpoint == "fill-mask":
-        properties["top"] = {"type": "integer", "minimum": 1, "maximum": 100, "default": 5}
-    return properties
 
 
 # --------------------------------------------------------------------------- running it

@@ -14,9 +14,6 @@ from bertkit.settings import (
     setting,
 )
 
-# the routes a model may answer (each as it allows: ServedModel.endpoints)
-ENDPOINTS = ("predict", "embed", "v1/embeddings", "rerank", "v1/rerank", "similarity", "fill-mask")
-
 
 @dataclass
 class ServeConfig(Settings):

@@ -33,7 +33,7 @@ from bertkit._device import default_device
 from bertkit._io import TASK_FILE
 from bertkit.core.embedding import read_pooling
 from bertkit.errors import InputError
-from bertkit.inference.embedder import Embedder, Ids
+from bertkit.inference.texts import Ids
 from bertkit.precision import compile_for_inference, inference_compile, resolve_precision
 from bertkit.serve.clients import HfStyle, hf_parameters
 from bertkit.serve.config import ServeConfig
@@ -41,6 +41,7 @@ from bertkit.serve.routes import ROUTES, Text, kind_of
 from bertkit.settings import BACKENDS, QUANTIZATIONS, replaced
 
 if TYPE_CHECKING:
+    from bertkit.inference.embedder import Embedder
     from bertkit.inference.fill_mask import FillMask
     from bertkit.inference.predict import Predictor
 
@@ -139,6 +140,7 @@ class ServedModel:
     def _open_task_model(self, path: Path, on_forward: Callable[[], None]) -> None:
         """A fine-tuned folder: its Predictor answers /predict (and /rerank); its encoder
         /embed."""
+        from bertkit.inference.embedder import Embedder
         from bertkit.inference.predict import Predictor
 
         config = self.config
@@ -159,6 +161,7 @@ class ServedModel:
     def _open_encoder(self, path: Path) -> None:
         """A folder without a task, opened by the loader: its encoder answers /embed; with a
         masked-LM head (torch) it answers fill-mask too."""
+        from bertkit.inference.embedder import Embedder
         from bertkit.inference.fill_mask import FillMask, has_mlm_head
         from bertkit.inference.loader import load
 

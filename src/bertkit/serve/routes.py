@@ -1,7 +1,7 @@
 """The routes the server answers, one handler each: what a route's body may hold and how it is
 checked (`parse`), what a batch of its inputs runs (`run`), and how a request's results are
 answered (`shape`), looked up by name in `ROUTES` — as text-embeddings-inference's router
-reads. A new route is one new handler here and its name in `config.ENDPOINTS`.
+reads. A new route is one new handler here: its name, summary, request schema and code.
 
 Inputs travel as small named records: `Text` (a text, pair or token ids to embed, with its
 pooling and output form), `Pair` (a query and a text to score) and `Masked` (a text to fill);
@@ -19,7 +19,7 @@ import numpy as np
 from bertkit._io import TASK_FILE
 from bertkit.core.embedding import POOLINGS
 from bertkit.errors import InputError
-from bertkit.inference.embedder import Ids
+from bertkit.inference.texts import Ids
 from bertkit.serve.clients import (
     RERANK_FIELDS,
     HfStyle,
@@ -29,12 +29,28 @@ from bertkit.serve.clients import (
     hf_parameters,
     hf_prediction,
 )
-from bertkit.serve.config import ENDPOINTS, ServeConfig
+from bertkit.serve.config import ServeConfig
 
 if TYPE_CHECKING:
     from bertkit.serve.engine import ServedModel
 
 Words = str | tuple[str, str]  # a text, or a pair of texts
+
+# pieces of the request schemas (the API's documentation)
+_TRUNCATE = {"type": "boolean", "default": False,
+             "description": "cut texts over the model's length instead of a 413"}  # fmt: skip
+_TEXTS = {"type": "array", "items": {"type": "string"}}
+_ITEM = {
+    "anyOf": [
+        {"type": "string", "description": "a text"},
+        {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2,
+         "description": "a pair of texts (a tagger: a list of words)"},
+        {"type": "object", "description": '{"question", "context"} (QA) or '
+                                          '{"context", "choices"} (multiple choice)'},
+    ]
+}  # fmt: skip
+_INPUTS = {"anyOf": [_ITEM, {"type": "array", "items": _ITEM}],
+           "description": "one input, or a list of them (one result each)"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -76,6 +92,12 @@ class Route:
     with (None: it runs what another route warms)."""
 
     name: ClassVar[str]
+    summary: ClassVar[str]  # what the API's documentation says of it
+
+    def schema(self) -> tuple[dict[str, Any], list[str]]:
+        """The request body's JSON schema: its properties and the required ones (the
+        API's documentation): {"inputs": one input or a list of them}."""
+        return {"inputs": _INPUTS}, ["inputs"]
 
     def answers(self, model: ServedModel) -> bool:
         return model.embedder is not None
@@ -103,6 +125,7 @@ class Predict(Route):
     """/predict: the fine-tuned task's answers (labels, entities, spans, choices)."""
 
     name = "predict"
+    summary = "the fine-tuned task's answer per input (label and score, entities, span, choice)"
 
     def answers(self, model: ServedModel) -> bool:
         return model.predictor is not None
@@ -143,6 +166,12 @@ class Embed(Route):
     """/embed: text-embeddings-inference's {"inputs", "pooling"?, "normalize"?, "truncate"?}."""
 
     name = "embed"
+    summary = "a sentence embedding per input (mean-pooled or [CLS], unit length by default)"
+
+    def schema(self) -> tuple[dict[str, Any], list[str]]:
+        return {"inputs": _INPUTS, "pooling": {"enum": list(POOLINGS), "default": "mean"},
+                "normalize": {"type": "boolean", "default": True}, "truncate": _TRUNCATE}, [
+            "inputs"]  # fmt: skip
 
     def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
         inputs = _inputs(body, self.name, limits, {"pooling", "normalize", "truncate"})
@@ -170,6 +199,17 @@ class OpenAIEmbeddings(Route):
     run as they are."""
 
     name = "v1/embeddings"
+    summary = "OpenAI's embeddings: {input, dimensions?} -> {data: [{embedding}], usage}"
+
+    def schema(self) -> tuple[dict[str, Any], list[str]]:
+        ids = {"type": "array", "items": {"type": "integer"}, "description": "token ids"}
+        return {"input": {"anyOf": [{"type": "string"}, _TEXTS, ids,
+                                    {"type": "array", "items": ids}]},
+                "model": {"type": "string"}, "dimensions": {"type": "integer", "minimum": 1},
+                "truncate": _TRUNCATE,
+                "encoding_format": {"enum": ["float", "base64"], "default": "float"}}, [
+            "input"]  # fmt: skip
+
     fields = {"input", "model", "dimensions", "encoding_format", "user", "truncate"}
 
     def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
@@ -208,6 +248,12 @@ class Similarity(Route):
     source."""
 
     name = "similarity"
+    summary = "{inputs: {source_sentence, sentences}} -> each sentence's cosine with the source"
+
+    def schema(self) -> tuple[dict[str, Any], list[str]]:
+        pair = {"type": "object", "properties": {"source_sentence": {"type": "string"},
+                                                 "sentences": _TEXTS}}  # fmt: skip
+        return {"inputs": pair, "truncate": _TRUNCATE}, ["inputs"]
 
     def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
         hf_parameters(body, ())
@@ -240,6 +286,16 @@ class Rerank(Route):
     answered best first with each text's index."""
 
     name = "rerank"
+    summary = "a cross-encoder's relevance of each text to the query, best first"
+
+    def schema(self) -> tuple[dict[str, Any], list[str]]:
+        return {
+            "query": {"type": "string"},
+            "texts": _TEXTS,
+            "truncate": _TRUNCATE,
+            "return_text": {"type": "boolean", "default": False},
+        }, ["query", "texts"]
+
     fields = {"query", "texts", "return_text", "truncate"}
 
     def answers(self, model: ServedModel) -> bool:
@@ -278,6 +334,16 @@ class CohereRerank(Rerank):
     "top_n"?, "return_documents"?, "model"?, "truncate"?}."""
 
     name = "v1/rerank"
+    summary = (
+        "Cohere's and Jina's rerank: {query, documents, top_n?, return_documents?} -> "
+        "{results: [{index, relevance_score, document?}]}"
+    )
+
+    def schema(self) -> tuple[dict[str, Any], list[str]]:
+        return {"query": {"type": "string"}, "documents": _TEXTS,
+                "top_n": {"type": "integer", "minimum": 1}, "model": {"type": "string"},
+                "return_documents": {"type": "boolean", "default": False},
+                "truncate": _TRUNCATE}, ["query", "documents"]  # fmt: skip
 
     def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
         _known(body, set(RERANK_FIELDS), "/" + self.name, str(list(RERANK_FIELDS)))
@@ -306,6 +372,12 @@ class FillMask(Route):
     """/fill-mask: {"inputs", "top"?}: the `top` pieces at each [MASK]."""
 
     name = "fill-mask"
+    summary = "the likeliest tokens at each [MASK] of each input"
+
+    def schema(self) -> tuple[dict[str, Any], list[str]]:
+        return {"inputs": _INPUTS,
+                "top": {"type": "integer", "minimum": 1, "maximum": 100, "default": 5}}, [
+            "inputs"]  # fmt: skip
 
     def answers(self, model: ServedModel) -> bool:
         return model.fill is not None
@@ -362,7 +434,7 @@ ROUTES: dict[str, Route] = {
         FillMask(),
     )  # fmt: skip
 }
-assert tuple(ROUTES) == ENDPOINTS, "config.ENDPOINTS names the routes, in the order /info lists"
+ENDPOINTS = tuple(ROUTES)  # the routes' names, in the order /info lists them
 
 
 # --------------------------------------------------------------------------- body checks
