@@ -18,7 +18,8 @@ import pytest
 
 from bertkit import cli
 from bertkit.jobs import shards
-from bertkit.jobs.embed import EmbedConfig, embed
+from bertkit.jobs.config import EmbedConfig
+from bertkit.jobs.embed import embed
 from bertkit.jobs.inputs import Columns, corpus_rows, expand, positions
 from bertkit.tasks.files import FileConfig
 

@@ -26,7 +26,8 @@ def _add_inputs(parser: argparse.ArgumentParser) -> None:
 
 
 def _embed(args: argparse.Namespace) -> None:
-    from bertkit.jobs.embed import EmbedConfig, embed
+    from bertkit.jobs.config import EmbedConfig
+    from bertkit.jobs.embed import embed
 
     config = from_flags(args, EmbedConfig, progress=not args.quiet)
     manifest = embed(args.model, args.input, args.out, config, dataset=args.dataset,
@@ -42,7 +43,7 @@ def _embed(args: argparse.Namespace) -> None:
 
 
 def add_embed(commands) -> None:
-    from bertkit.jobs.embed import EmbedConfig
+    from bertkit.jobs.config import EmbedConfig
 
     embed = command(commands, "embed", "a vector for every row of a corpus, in Parquet shards")
     embed.add_argument(

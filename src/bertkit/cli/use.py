@@ -24,7 +24,7 @@ def _predict(args: argparse.Namespace) -> None:
         _predict_corpus(args)
         return
     if args.input is not None and len(args.input) > 1:
-        raise ValueError("several --input files are predicted into a folder: --output FOLDER")
+        raise ValueError("several --input files are predicted into a folder: --out FOLDER")
     predictor = Predictor(args.model, from_flags(args, PredictConfig, progress=not args.quiet))
     if args.input is not None:
         args.input = args.input[0]
@@ -67,20 +67,25 @@ def _folder(output: str | None) -> bool:
     return path.is_dir() or str(output).endswith("/") or path.suffix == ""
 
 
-def _job_settings(args: argparse.Namespace) -> dict:
-    return dict(
-        text_column=args.text_column or "text", batch_size=args.batch_size, device=args.device,
-        precision=args.precision, progress=not args.quiet, rows_per_shard=args.rows_per_shard,
-        id_column=args.id_column, keep_columns=args.keep_columns, resume=args.resume,
-        overwrite=args.overwrite, workers=args.workers,
-    )  # fmt: skip
+def _job_config(args: argparse.Namespace, cls: type):
+    """A corpus job's settings from predict's flags: the job's own and predict's (its reading
+    of --input where a flag sets it, batch, device, precision), a text column of "text" unless
+    one is named."""
+    from bertkit.settings import field_names, from_values
+    from bertkit.tasks.files import FileConfig
+
+    reading, names = field_names(FileConfig), field_names(cls)
+    given = {k: v for k, v in vars(args).items()
+             if k in names and not (k in reading and v is None)}  # fmt: skip
+    return from_values(cls, given | {"progress": not args.quiet,
+                                     "text_column": args.text_column or "text"})  # fmt: skip
 
 
 def _predict_corpus(args: argparse.Namespace) -> None:
-    from bertkit.jobs.predict import PredictJobConfig, predict_corpus
+    from bertkit.jobs.config import PredictJobConfig
+    from bertkit.jobs.predict import predict_corpus
 
-    config = PredictJobConfig(**_job_settings(args), text_pair_column=args.text_pair_column,
-                              rerank=args.rerank)  # fmt: skip
+    config = _job_config(args, PredictJobConfig)
     manifest = predict_corpus(args.model, args.input, args.output, config, ray=args.ray)
     print(f"wrote {args.output}: {manifest['rows']:,} rows in {len(manifest['shards'])} shards",
           file=sys.stderr)  # fmt: skip
@@ -89,9 +94,10 @@ def _predict_corpus(args: argparse.Namespace) -> None:
 def _predict_by_embedding(args: argparse.Namespace) -> None:
     """A sentence-embedding model's answer is its vector: a folder of shards (`embed`), JSON
     lines of each row with its vector, or each text given with its vector."""
-    from bertkit.jobs.embed import EmbedConfig, EmbeddingMapper, embed, embed_to_file
+    from bertkit.jobs.config import EmbedConfig
+    from bertkit.jobs.embed import EmbeddingMapper, embed, embed_to_file
 
-    config = EmbedConfig(**_job_settings(args))
+    config = _job_config(args, EmbedConfig)
     if args.input is not None and _folder(args.output):
         manifest = embed(args.model, args.input, args.output, config, ray=args.ray)
         print(f"wrote {args.output}: {manifest['rows']:,} vectors", file=sys.stderr)
@@ -109,6 +115,7 @@ def _predict_by_embedding(args: argparse.Namespace) -> None:
 
 def add_predict(commands) -> None:
     from bertkit.inference.predict import PredictConfig
+    from bertkit.jobs.config import PREDICT_OWN, JobConfig
 
     predict = command(commands, "predict", "labels, spans or tags for raw text")
     predict.add_argument("--model", required=True, help="a directory `bertkit finetune` wrote")
@@ -125,19 +132,16 @@ def add_predict(commands) -> None:
         '(tagging) or {"context": ..., "choices": [...]}',
     )
     predict.add_argument(
+        "--out",
         "--output",
+        dest="output",
         help="with --input: .jsonl or .csv/.tsv to write (input columns, then the answer), or a "
         "tagger's .conll (a word a line, the file's tag, the predicted one); a FOLDER (no "
         "extension): Parquet shards and a manifest, resumable, for corpora of any size (several "
         "--input files or globs); default: JSON lines on stdout",
     )
-    corpus = predict.add_argument_group("with --output FOLDER (a corpus job, as bertkit embed)")
-    corpus.add_argument("--rows-per-shard", type=int, default=10_000, help="rows a shard")
-    corpus.add_argument("--id-column", help="a column of row ids (default: FILE:LINE)")
-    corpus.add_argument("--keep-columns", help="columns to copy into the shards: a,b")
-    corpus.add_argument("--resume", action="store_true", help="continue the job in FOLDER")
-    corpus.add_argument("--overwrite", action="store_true", help="start the job in FOLDER again")
-    corpus.add_argument("--workers", type=int, default=1, help="local processes")
+    corpus = predict.add_argument_group("with --out FOLDER (a corpus job, as bertkit embed)")
+    add_flags(corpus, JobConfig, skip=PREDICT_OWN)
     corpus.add_argument(
         "--ray",
         nargs="?",

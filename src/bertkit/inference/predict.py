@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import itertools
 import json
 import os
 import sys
@@ -146,6 +147,46 @@ class Predictor:
         features = self.task.featurize(examples, self.tokenizer, self.max_seq_length)
         return self.task.answer(examples, features, self.outputs(features))
 
+    def answer_rows(self, source: Any, rows: Sequence[tuple[int, dict[str, Any]]],
+                    text_column: str | None = None, pair_column: str | None = None,
+                    rerank: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+        """Each input row (its line in `source`, its columns) with its answer: the row's
+        columns followed by the answer's fields (one named like an input column as
+        `predicted_<name>`; a tagger's `words`, given as a list, not twice). `text_column` (and
+        `pair_column`) name what the model reads (default: the columns it was trained on);
+        `rerank`: each row's "query" and "texts" ranked (`ranking`: index and score, best
+        first), the pairs of all the rows scored together. A row the task cannot read is a
+        DataError naming the source and line. What `predict_file` writes and the corpus jobs
+        store."""
+        if rerank:
+            queries = [_query_and_texts(source, line, values) for line, values in rows]
+            scores = self.relevance([(q, text) for q, texts in queries for text in texts])
+            answered, start = [], 0
+            for (_, values), (_, texts) in zip(rows, queries, strict=True):
+                answered.append(values | {"ranking": ranked(scores[start : start + len(texts)])})
+                start += len(texts)
+            return answered
+        examples = []
+        for line, values in rows:
+            try:
+                item = _item(values, text_column, pair_column)
+                examples.append(self.task.example_of(item, line - 1))
+            except (ValueError, KeyError, TypeError) as err:
+                message = str(err).removeprefix(f"item {line - 1}: ")
+                raise DataError(source, line, message) from None
+        features = self.task.featurize(examples, self.tokenizer, self.max_seq_length)
+        answers = self.task.answer(examples, features, self.outputs(features))
+        answered = []
+        for (_, values), answer in zip(rows, answers, strict=True):
+            row = dict(values) if "input" not in values or len(values) > 1 else {}
+            for key, value in answer.items():
+                if key not in values:
+                    row[key] = value
+                elif key != "words" or values[key] != value:
+                    row[f"predicted_{key}"] = value
+            answered.append(row)
+        return answered
+
     def check(self, item: Any, n: int = 0) -> None:
         """Refuse (ValueError, KeyError or TypeError naming item `n`) an input this model's
         task does not read, before it is batched with others."""
@@ -247,20 +288,11 @@ def predict_file(
 
         bar = tqdm(desc="predict", unit=" rows", file=sys.stderr)
     written = 0
-    process = _rank_chunk if rerank else _predict_chunk
-    with _Writer(target, kind) as writer:
-        batch: list[tuple[int, dict[str, Any]]] = []
-        for line, values in rows:
-            batch.append((line, values))
-            if len(batch) == chunk:
-                written += process(predictor, source, batch, writer, text_column,
-                                   text_pair_column)  # fmt: skip
-                batch = []
-                if bar is not None:
-                    bar.update(chunk)
-        if batch:
-            written += process(predictor, source, batch, writer, text_column,
-                               text_pair_column)  # fmt: skip
+    with RowWriter(target, kind) as writer:
+        while batch := list(itertools.islice(rows, chunk)):
+            for row in predictor.answer_rows(source, batch, text_column, text_pair_column, rerank):
+                writer.write(row)
+            written += len(batch)
             if bar is not None:
                 bar.update(len(batch))
     if bar is not None:
@@ -272,17 +304,6 @@ def ranked(scores: Sequence[float]) -> list[dict[str, Any]]:
     """{"index", "score"} of each score, best first."""
     return sorted(({"index": i, "score": s} for i, s in enumerate(scores)),
                   key=lambda e: -e["score"])  # fmt: skip
-
-
-def _rank_chunk(predictor, source, batch, writer, *_columns) -> int:
-    """Each row's "query" and "texts" ranked, the pairs of all the rows scored together."""
-    rows = [_query_and_texts(source, line, values) for line, values in batch]
-    scores = predictor.relevance([(query, text) for query, texts in rows for text in texts])
-    start = 0
-    for (_, values), (_, texts) in zip(batch, rows, strict=True):
-        writer.write(values | {"ranking": ranked(scores[start : start + len(texts)])})
-        start += len(texts)
-    return len(batch)
 
 
 def _query_and_texts(source, line: int, values: dict[str, Any]) -> tuple[str, list[str]]:
@@ -339,30 +360,7 @@ def _item(values: dict[str, Any], text_column: str | None, pair_column: str | No
     return _plain(values)
 
 
-def _predict_chunk(predictor, source, batch, writer, text_column, pair_column) -> int:
-    examples = []
-    for line, values in batch:
-        try:
-            item = _item(values, text_column, pair_column)
-            examples.append(predictor.task.example_of(item, line - 1))
-        except (ValueError, KeyError, TypeError) as err:
-            message = str(err).removeprefix(f"item {line - 1}: ")
-            raise DataError(source, line, message) from None
-    task = predictor.task
-    features = task.featurize(examples, predictor.tokenizer, predictor.max_seq_length)
-    outputs = predictor.outputs(features)
-    for (_, values), answer in zip(batch, task.answer(examples, features, outputs), strict=True):
-        row = dict(values) if "input" not in values or len(values) > 1 else {}
-        for key, value in answer.items():
-            if key not in values:
-                row[key] = value
-            elif key != "words" or values[key] != value:  # (a tagger's words, given as a list,
-                row[f"predicted_{key}"] = value  # are not written twice)
-        writer.write(row)
-    return len(batch)
-
-
-class _Writer:
+class RowWriter:
     """JSON Lines or CSV/TSV rows to a file (written under a temporary name and renamed into
     place when all went well: a failed run leaves no half file) or to stdout."""
 
@@ -370,7 +368,7 @@ class _Writer:
         self.target, self.kind = target, kind
         self.header: list[str] | None = None
 
-    def __enter__(self) -> _Writer:
+    def __enter__(self) -> RowWriter:
         if self.target is None:
             self.handle: Any = sys.stdout
             return self

@@ -21,73 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from bertkit.jobs.inputs import Columns, CorpusRow, Source
-from bertkit.settings import Settings, device_setting, nested, precision_setting, setting
-from bertkit.tasks.files import FileConfig
-
-DTYPES = ("float32", "float16")
-NORMALIZE = ("auto", "yes", "no")
-
-
-@dataclass
-class JobConfig(Settings):
-    """What every corpus job takes: its inputs' columns, its shards, resuming, who runs it."""
-
-    text_column: str = setting(
-        "text",
-        "the column (JSON key) holding each row's text; several (title,text): joined by a space",
-    )
-    id_column: str | None = setting(
-        None, "a column of unique row ids to write (default: FILE:LINE, the row's place)"
-    )
-    keep_columns: str | None = setting(None, "columns to copy into the output: a,b,c")
-    rows_per_shard: int = setting(10_000, "rows in each output shard", check="positive")
-    batch_size: int = setting(64, "texts in a model call", check="positive")
-    max_seq_length: int | None = setting(
-        None,
-        "tokens a text is cut to (default: the model's declared length, else its positions)",
-        check="positive",
-    )
-    resume: bool = setting(False, "continue the job OUT holds (its shards are kept)")
-    overwrite: bool = setting(False, "delete the job OUT holds and start again")
-    workers: int = setting(
-        1, "local processes sharing the cores (each loads the model once)", check="positive"
-    )
-    threads: int | None = setting(
-        None,
-        "torch threads of each process (default: the usable cores / workers)",
-        check="positive",
-    )
-    progress: bool = setting(True, "a progress bar (rows/s, time left)")
-    device: str | None = device_setting()
-    precision: str = precision_setting()
-    reading: FileConfig = nested(
-        FileConfig,
-        helps={"format": "of the inputs (auto: by extension)"},
-    )
-
-    @property
-    def columns(self) -> Columns:
-        keep = tuple(c.strip() for c in (self.keep_columns or "").split(",") if c.strip())
-        return Columns(self.text_column, self.id_column, keep)
-
-
-@dataclass
-class EmbedConfig(JobConfig):
-    """The settings of `bertkit embed` (its flags are these fields)."""
-
-    pooling: str | None = setting(
-        None,
-        "mean or cls (default: the folder's declared pooling, else mean)",
-        choices=("mean", "cls"),
-    )
-    normalize: str = setting(
-        "auto",
-        "unit-length vectors: auto (as the folder declares: sentence-transformers' "
-        "Normalize module; a plain BERT: no), yes, no",
-        choices=NORMALIZE,
-    )
-    dtype: str = setting("float32", "the vectors' type in the shards", choices=DTYPES)
+from bertkit.jobs.config import EmbedConfig, sources
+from bertkit.jobs.inputs import CorpusRow
 
 
 class EmbeddingMapper:
@@ -190,16 +125,8 @@ def embed(
     from bertkit.settings import replaced
 
     config = replaced(config or EmbedConfig(), **settings)
-    sources = _sources(inputs, dataset, split, config.reading.format)
-    return run_job(EmbedJob(str(model), config), sources, Path(out), ray=ray)
-
-
-def _sources(inputs, dataset: str | None, split: str, format: str) -> list[Source]:
-    from bertkit.jobs.inputs import dataset_sources, expand
-
-    if bool(inputs) == bool(dataset):
-        raise ValueError("give the inputs (--input FILES) or --dataset NAME, one of the two")
-    return dataset_sources(dataset, split) if dataset else expand(inputs, format)
+    found = sources(inputs, dataset, split, config.reading.format)
+    return run_job(EmbedJob(str(model), config), found, Path(out), ray=ray)
 
 
 def embed_to_file(
@@ -216,16 +143,16 @@ def embed_to_file(
     `issue`. Returns the rows written."""
     import itertools
 
-    from bertkit.inference.predict import _Writer
+    from bertkit.inference.predict import RowWriter
     from bertkit.jobs.inputs import corpus_rows
 
     config = config or EmbedConfig()
     mapper = EmbeddingMapper(model, config)
-    sources = _sources(inputs, None, "train", config.reading.format)
-    rows = corpus_rows(sources, config.columns, config.reading)
+    found = sources(inputs, None, "train", config.reading.format)
+    rows = corpus_rows(found, config.columns, config.reading)
     target = None if output is None or str(output) == "-" else Path(output)
     written = 0
-    with _Writer(target, "jsonl") as writer:
+    with RowWriter(target, "jsonl") as writer:
         while batch := list(itertools.islice(rows, chunk)):
             columns, issues = mapper(batch)
             for row, vector, issue in zip(batch, columns["vector"].to_pylist(), issues,

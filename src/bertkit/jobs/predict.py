@@ -17,35 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bertkit.jobs.embed import JobConfig
-from bertkit.jobs.inputs import Columns, CorpusRow
-from bertkit.settings import setting
-
-
-@dataclass
-class PredictJobConfig(JobConfig):
-    """A corpus job of `Predictor`: `JobConfig` and what the model reads."""
-
-    text_pair_column: str | None = setting(None, "a second text column (pair tasks)")
-    rerank: bool = setting(False, "rows of a query and its texts, ranked by a cross-encoder")
-
-    @property
-    def columns(self) -> Columns:
-        base = super().columns
-        if self.rerank:
-            return Columns("query", base.id, ("texts", *base.keep))
-        pair = (self.text_pair_column,) if self.text_pair_column else ()
-        return Columns(base.text, base.id, (*pair, *base.keep))
-
-
-class _Collected:
-    """What `predict_file`'s chunk functions write, kept."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-
-    def write(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
+from bertkit.jobs.config import PredictJobConfig
+from bertkit.jobs.inputs import CorpusRow
 
 
 class PredictionMapper:
@@ -70,18 +43,14 @@ class PredictionMapper:
     def __call__(self, rows: Sequence[CorpusRow]) -> tuple[dict[str, Any], list[str | None]]:
         import pyarrow as pa
 
-        from bertkit.inference.predict import _predict_chunk, _rank_chunk
-
         columns = self.config.columns
         todo = [i for i, row in enumerate(rows) if row.text is not None]
         batch = [(rows[i].line, {columns.text: rows[i].text, **rows[i].kept}) for i in todo]
-        collected = _Collected()
-        if batch:
-            run = _rank_chunk if self.config.rerank else _predict_chunk
-            pair = None if self.config.rerank else self.config.text_pair_column
-            run(self.predictor, rows[todo[0]].name, batch, collected, columns.text, pair)
+        answered = (self.predictor.answer_rows(rows[todo[0]].name, batch, columns.text,
+                                               self.config.text_pair_column, self.config.rerank)
+                    if batch else [])  # fmt: skip
         answers: list[dict[str, Any] | None] = [None] * len(rows)
-        for i, (_, values), written in zip(todo, batch, collected.rows, strict=True):
+        for i, (_, values), written in zip(todo, batch, answered, strict=True):
             answers[i] = {k: v for k, v in written.items() if k not in values}
         names = self.answer_names or sorted({k for a in answers if a for k in a})
         self.answer_names = names
@@ -117,10 +86,10 @@ def predict_corpus(
 ) -> dict[str, Any]:
     """Predict every row of `inputs` (or of a cached `dataset`) into the folder `out`; the
     manifest."""
-    from bertkit.jobs.embed import _sources
+    from bertkit.jobs.config import sources
     from bertkit.jobs.run import run_job
     from bertkit.settings import replaced
 
     config = replaced(config or PredictJobConfig(), **settings)
-    sources = _sources(inputs, dataset, split, config.reading.format)
-    return run_job(PredictJob(str(model), config), sources, Path(out), ray=ray)
+    found = sources(inputs, dataset, split, config.reading.format)
+    return run_job(PredictJob(str(model), config), found, Path(out), ray=ray)

@@ -142,7 +142,8 @@ def evaluate_retrieval(
     vectors (resumable) in out/corpus, the ranking as a TREC run file out/run.tsv and the
     scores in out/results.json."""
     from bertkit._io import write_json
-    from bertkit.jobs.embed import EmbedConfig, embed, query_embedder
+    from bertkit.jobs.config import EmbedConfig
+    from bertkit.jobs.embed import embed, query_embedder
 
     folder = Path(data)
     for name in ("corpus.jsonl", "queries.jsonl"):
