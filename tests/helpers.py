@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from bertkit import (
     BertTokenizer,
 )
 from bertkit.core.checkpoint import load_state_dict_into
+from bertkit.jobs.embed import EmbedJob
 from bertkit.pretraining.shards import (
     Shards,
     chunk_from_token_documents,
@@ -466,3 +468,30 @@ Path(os.environ["WRITES"]).write_text("\\n".join(names))
 Path(os.environ["WRITES"] + ".log").write_text(str(len(appends)))
 sys.exit(code)
 """
+
+
+class _RecordingMapper:
+    """A corpus job's mapper that appends this process's id and the rows to `record` before
+    each shard it computes (what shows which processes did the work)."""
+
+    def __init__(self, inner, record: str) -> None:
+        self.inner, self.record = inner, record
+
+    def __call__(self, rows):
+        with open(self.record, "a", encoding="utf-8") as handle:
+            handle.write(f"{os.getpid()} {len(rows)}\n")
+        return self.inner(rows)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@dataclass
+class RecordingJob(EmbedJob):
+    """An embedding job whose mapper records who computes each shard (picklable: the spawned
+    workers import it from here)."""
+
+    record: str = ""
+
+    def mapper(self):
+        return _RecordingMapper(super().mapper(), self.record)

@@ -287,30 +287,14 @@ def test_the_commands_that_read_an_encoder_take_a_family_folder(folders, family,
     folder = folders[family]
     texts = tmp_path / "texts.txt"
     texts.write_text("The cat sat on the mat.\nA dog barked at the river bank.\n")
-    main(
-        [
-            "extract",
-            "--model",
-            str(folder),
-            "--input",
-            str(texts),
-            "--out",
-            str(tmp_path / "f.safetensors"),
-        ]
+    commands = (
+        ["extract", "--input", str(texts), "--out", str(tmp_path / "f.safetensors")],
+        ["similarity", "--out", str(tmp_path / "s.png"), "The cat sat.", "A dog."],
+        ["attention", "--out", str(tmp_path / "a.png"), "The cat sat."],
+        ["export", "--out", str(tmp_path / "onnx")],
     )
-    main(
-        [
-            "similarity",
-            "--model",
-            str(folder),
-            "--out",
-            str(tmp_path / "s.png"),
-            "The cat sat.",
-            "A dog.",
-        ]
-    )
-    main(["attention", "--model", str(folder), "--out", str(tmp_path / "a.png"), "The cat sat."])
-    main(["export", "--model", str(folder), "--out", str(tmp_path / "onnx")])
+    for command in commands:
+        assert main([command[0], "--model", str(folder), *command[1:]]) == 0, command[0]
     assert all((tmp_path / name).stat().st_size > 0 for name in ("f.safetensors", "s.png", "a.png"))
     body = {"inputs": ["The cat sat on the mat.", "日本語"]}
     answers = {}
@@ -487,6 +471,11 @@ def test_a_family_tagger_fine_tunes_predicts_serves_and_exports(folders, family,
     text = "paris loves sushi today"
     [answer] = Predictor(out)([text])
     assert answer["words"] == text.split() and len(answer["tags"]) == 4
+    # the tagger learnt some of the training files' cities and foods: its entities, each at
+    # its characters (none would leave the offsets unchecked). The tiny DistilBERT's WordPiece
+    # vocabulary has no piece of "paris" or "sushi" ([UNK], like every entity word): it cannot
+    # tell them apart, and tags nothing
+    assert answer["entities"] or family == "distilbert", answer["tags"]
     for entity in answer["entities"]:
         assert text[entity["start"] : entity["end"]] == entity["text"]
     served = ServedModel(out)

@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -148,20 +149,32 @@ def test_resuming_against_other_inputs_or_another_model_is_refused_by_name(
 
 def test_n_processes_write_what_one_writes(words_model, tmp_path):
     """--workers 2 (one thread each) ends with the same shard bytes as one process of one
-    thread: shard k holds the same rows, batched alike, whoever writes it."""
+    thread: shard k holds the same rows, batched alike, whoever writes it — and two processes,
+    neither of them this one, computed the shards (each shard's rows recorded by the process
+    that embedded them)."""
+    from bertkit.jobs.config import sources
+    from bertkit.jobs.run import run_job
+
+    from helpers import RecordingJob
+
     source = jsonl(tmp_path / "docs.jsonl", [{"text": t} for t in texts(120)])
     config = EmbedConfig(pooling="mean", rows_per_shard=25, threads=1, progress=False)
     one = embed(words_model, [source], tmp_path / "one", config)
-    two = embed(words_model, [source], tmp_path / "two", config, workers=2)
+    record = tmp_path / "pids"
+    two = run_job(RecordingJob(str(words_model), replace(config, workers=2), str(record)),
+                  sources([source], None, "train", "auto"), tmp_path / "two")  # fmt: skip
     assert [s["sha256"] for s in one["shards"]] == [s["sha256"] for s in two["shards"]]
     assert len(one["shards"]) == 5
+    pids = [int(line.split()[0]) for line in record.read_text().splitlines()]
+    assert len(pids) == 5 and len(set(pids)) == 2 and os.getpid() not in pids
 
 
 @pytest.mark.slow  # a process per kill
 def test_a_job_killed_at_any_write_or_moment_resumes_to_the_same_bytes(words_model, tmp_path):
-    """SIGKILL before each file the job puts in place (the file half written), after the last,
-    and at random moments: `--resume` then ends with every file (shards, manifest, issues) equal
-    byte for byte to a job never killed."""
+    """SIGKILL before a file the job puts in place (the file half written) — its first, a shard,
+    its last —, after the last, and at a random moment: `--resume` then ends with every file
+    (shards, manifest, issues) equal byte for byte to a job never killed, and computes only the
+    shards the kill left undone."""
     rows = [{"text": t} for t in texts(400)]
     rows[7] = {"text": ""}
     source = jsonl(tmp_path / "docs.jsonl", rows)
@@ -187,16 +200,24 @@ def test_a_job_killed_at_any_write_or_moment_resumes_to_the_same_bytes(words_mod
     assert len([n for n in expected if n.endswith(".parquet")]) == 4
     writes = (tmp_path / "writes").read_text().splitlines()
     assert writes[0] == "manifest.json" and writes[-1] == "manifest.json" and len(writes) == 7
-    points = [(n, "before") for n in range(1, len(writes) + 1)] + [(len(writes), "after")]
+    # the first file (the manifest of a new job), a shard cut short mid-job, the closing
+    # manifest cut short, and after the last file: where a resume starts from nothing, from
+    # some shards, and from every shard
+    points = [(1, "before"), (3, "before"), (len(writes), "before"), (len(writes), "after")]
+    shards_of = {n for n in expected if n.endswith(".parquet")}
     for at, when in points:
         out = tmp_path / f"killed_{at}_{when}"
         killed = run(out, at, when)
         assert killed.returncode == -9, (at, when, killed.stderr[-2000:])
+        done = {p.name for p in out.iterdir()} & shards_of
         resumed = run(out, 0, "before", "--resume")
         assert resumed.returncode == 0, (at, when, resumed.stderr[-3000:])
         assert files(out) == expected, (at, when)
+        # the resume computed only what the kill left undone: no finished shard again
+        rewritten = set((tmp_path / "writes").read_text().splitlines()) & shards_of
+        assert rewritten == shards_of - done, (at, when, sorted(done), sorted(rewritten))
     rng = random.Random(0)
-    for attempt in range(2):
+    for attempt in range(1):
         out = tmp_path / f"timed_{attempt}"
         process = run(out, wait=False)
         try:

@@ -57,16 +57,65 @@ def test_an_index_answers_as_exact_search_does(words_model, lancedb, tmp_path, c
     printed = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [p["id"] for p in printed] == [h["id"] for h in hits[:2]]
 
-    assert build_index(out, tmp_path / "ann.lance", ann="yes", partitions=4) == 1200
+    # more partitions than the 32 a search probes: the index must find the rows, not a scan
+    assert build_index(out, tmp_path / "ann.lance", ann="yes", partitions=96) == 1200
     ann = Searcher(tmp_path / "ann.lance")
     assert ann.indexed
     found = []
     for i in range(0, 1200, 60):
         exact = set(np.argsort(-(matrix @ matrix[i]), kind="stable")[:10])
         found.append(len(exact & {ids.index(h["id"]) for h in ann(texts[i], top=10)}) / 10)
+        # --exact on an indexed table: every row scanned, numpy's top ten
+        assert exact == {ids.index(h["id"]) for h in ann(texts[i], top=10, exact=True)}
     assert np.mean(found) >= 0.8, found
+    # the table is partitioned for real: a search that probes one partition misses rows
+    one_probe = []
+    for i in range(0, 1200, 60):
+        exact = set(np.argsort(-(matrix @ matrix[i]), kind="stable")[:10])
+        got = ann.table.search(matrix[i], vector_column_name="vector").metric("cosine")
+        rows = got.limit(10).nprobes(1).to_arrow().column("id").to_pylist()
+        one_probe.append(len(exact & {ids.index(r) for r in rows}) / 10)
+    assert np.mean(one_probe) < np.mean(found), (one_probe, found)
+    assert cli.main(["search", "--index", str(tmp_path / "ann.lance"), query, "--top", "3",
+                     "--exact"]) == 0  # fmt: skip
+    printed = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [p["id"] for p in printed] == [h["id"] for h in hits[:3]]
     with pytest.raises(FileExistsError, match="--overwrite"):
         build_index(out, tmp_path / "ann.lance")
+
+
+def test_search_reranked_by_a_cross_encoder(words_model, lancedb, tmp_path, capsys):
+    """`search --rerank CE`: the nearest rows by cosine, reordered by the cross-encoder's
+    relevance of (query, the row's kept text) — each score the Predictor's own, best first, the
+    cosine kept as `retrieval_score`; a table without the text column is refused by name."""
+    from bertkit.core.tokenizer import BertTokenizer
+    from bertkit.finetuning.train import FinetuneConfig, build_model, save_finetuned
+    from bertkit.inference.predict import Predictor
+    from bertkit.tasks import get_task
+
+    texts = corpus(tmp_path / "docs.jsonl", 60)
+    task, reranker = get_task("mrpc"), tmp_path / "ce"  # a random pair classifier
+    save_finetuned(build_model(task, words_model, seed=0), BertTokenizer.from_pretrained(
+        words_model), reranker, task, FinetuneConfig(max_seq_length=48))  # fmt: skip
+    argv = ["embed", "--model", str(words_model), "--input", str(tmp_path / "docs.jsonl"),
+            "--pooling", "mean", "--keep-columns", "text", "--out", str(tmp_path / "v"),
+            "--index", str(tmp_path / "t.lance"), "--quiet"]  # fmt: skip
+    assert cli.main(argv) == 0
+    query = texts[5]
+    assert cli.main(["search", "--index", str(tmp_path / "t.lance"), query, "--top", "4",
+                     "--rerank", str(reranker)]) == 0  # fmt: skip
+    hits = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    relevance = Predictor(reranker).relevance([(query, h["text"]) for h in hits])
+    assert [h["score"] for h in hits] == pytest.approx(list(relevance), abs=1e-6)
+    assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+    assert all(-1 <= h["retrieval_score"] <= 1 for h in hits) and len(hits) == 4
+    assert cli.main(["embed", "--model", str(words_model), "--input",
+                     str(tmp_path / "docs.jsonl"), "--pooling", "mean", "--out",
+                     str(tmp_path / "bare"), "--index", str(tmp_path / "bare.lance"),
+                     "--quiet"]) == 0  # fmt: skip
+    assert cli.main(["search", "--index", str(tmp_path / "bare.lance"), query,
+                     "--rerank", str(reranker)]) == 2  # fmt: skip
+    assert "no text column" in capsys.readouterr().err
 
 
 def test_embed_then_index_in_one_command(words_model, lancedb, tmp_path, capsys):
