@@ -200,3 +200,32 @@ def test_conll_columns(tmp_path):
     ragged.write_text("a B-X\nb I-X\nc\n")
     with pytest.raises(DataError, match=r"ragged.txt:3: 1 field, the file's lines have 2"):
         read_conll_columns(ragged)
+
+
+def test_quotes_as_text_read_glue_s_tsv_whole():
+    """MRPC's dev.tsv: row 365's first sentence opens a quote its second closes. Read with
+    quotes (the default) the two sentences become one field, and the error names the line and
+    `--quoting none`; with `quoting="none"` every one of the 408 rows reads, the quotes kept as
+    text. The flag reaches finetune and predict."""
+    from bertkit.cli import build_parser
+
+    from helpers import data_path
+
+    path = data_path("glue", "MRPC", "dev.tsv")
+    needed = ["Quality", "#1 String", "#2 String"]
+    with pytest.raises(DataError, match=r"dev.tsv:365: 4 fields.*pass --quoting none"):
+        list(read_rows(path, needed, FileConfig()))
+    rows = list(read_rows(path, needed, FileConfig(quoting="none")))
+    assert len(rows) == 408 and rows[363].line == 365
+    assert rows[363].values["#1 String"].startswith('"The government elements')
+    assert rows[363].values["#2 String"].endswith('they are attacking us."')
+    parser = build_parser()
+    for command in ("finetune", "predict", "embed"):
+        for action in parser._subparsers._group_actions[0].choices[command]._actions:
+            if "--quoting" in action.option_strings:
+                assert action.choices == ("minimal", "none"), command
+                break
+        else:
+            raise AssertionError(f"{command} has no --quoting")
+    with pytest.raises(ValueError, match="quoting"):
+        FileConfig(quoting="all")

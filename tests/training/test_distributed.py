@@ -136,5 +136,11 @@ def test_a_two_node_elastic_run_restarts_either_nodes_killed_worker(two_nodes_wh
     assert max(steps) < 300 and killed_said.count("(exitcode: -9)") == 1
     for number in (0, 1):  # one restart each: the first workers and the restarted ones
         assert runner.said(out, number).count("Rendezvous complete for workers") == 2, number
+    # the restarted workers resumed from a saved step (every 50), not from the start: each
+    # start of the run's process writes the step it starts at
+    starts = [e["step"] for e in map(json.loads, log.read_text().splitlines())
+              if e["split"] == "run"]  # fmt: skip
+    assert len(starts) == 2 and starts[0] == 0, starts
+    assert 100 <= starts[1] <= max(steps) and starts[1] % 50 == 0, (starts, max(steps))
     assert (out / "model.safetensors").read_bytes() == (whole / "model.safetensors").read_bytes()
     assert losses(out) == losses(whole)

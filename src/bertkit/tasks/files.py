@@ -54,6 +54,9 @@ _EXTENSIONS = {
 }
 
 
+QUOTINGS = ("minimal", "none")
+
+
 @dataclass
 class FileConfig(Settings):
     """How to read a file: the flags of the same names of `bertkit finetune` (a field of
@@ -65,6 +68,13 @@ class FileConfig(Settings):
     encoding: str = setting("utf-8", "text encoding of the files (cp1252, latin-1, utf-16, ...)")
     delimiter: str | None = setting(None, "CSV field separator (default ',', TSV: tab)")
     escape_char: str | None = setting(None, "CSV: a character escaping quotes, e.g. '\\'")
+    quoting: str | None = setting(
+        None,
+        "CSV/TSV quotes: minimal (a quoted field may hold separators and line breaks; the "
+        "default) or none (a quote is text, as in GLUE's TSV files, whose sentences may open "
+        "a quote they never close)",
+        choices=QUOTINGS,
+    )
     max_cell_chars: int = setting(
         MAX_CELL_CHARS, "longest cell read (longer: an unclosed quote)", check="positive"
     )
@@ -235,6 +245,7 @@ def _delimited_rows(path, needed, optional, options: FileConfig, kind: str) -> I
             quotechar='"',
             doublequote=True,
             escapechar=options.escape_char,
+            quoting=csv.QUOTE_NONE if options.quoting == "none" else csv.QUOTE_MINIMAL,
             strict=False,
         )
         start = 1
@@ -257,7 +268,8 @@ def _delimited_rows(path, needed, optional, options: FileConfig, kind: str) -> I
                 if not fields or not any(f.strip() for f in fields):
                     continue  # a blank line
                 if len(fields) != len(header):
-                    raise _ragged(path, line, fields, header, delimiter, reader.line_num > line)
+                    raise _ragged(path, line, fields, header, delimiter, reader.line_num > line,
+                                  options.quoting != "none")  # fmt: skip
                 values = {}
                 for name, index in wanted:
                     _check_cell(path, line, name, fields[index], options.max_cell_chars)
@@ -300,14 +312,16 @@ def _looks_like_data(header: list[str]) -> bool:
     return any(kind_of(h) in ("int", "float", "empty") or len(h.split()) > 3 for h in header)
 
 
-def _ragged(path, line, fields, header, delimiter, spans_lines: bool) -> DataError:
+def _ragged(path, line, fields, header, delimiter, spans_lines: bool, quoted: bool) -> DataError:
     message = f"{_fields(len(fields))}, the header has {len(header)} ({', '.join(header)})"
     if len(fields) > len(header):
         message += f": a {delimiter!r} inside an unquoted text? quote that field"
         if any('\\"' in f or f.endswith("\\") for f in fields):
             message += ", or pass --escape-char '\\' if quotes are escaped with backslashes"
-    elif spans_lines:
-        message += ": the row runs over several lines, an unclosed quote?"
+    elif spans_lines or (quoted and any('"' in f or delimiter in f for f in fields)):
+        # (a quote the text opens and a later one closes swallows the separators between)
+        message += (": an unclosed quote (joining fields, or running over lines)? If quotes in "
+                    "this file are text (GLUE's TSV files), pass --quoting none")  # fmt: skip
     return DataError(path, line, message)
 
 
