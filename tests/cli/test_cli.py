@@ -12,7 +12,7 @@ def test_vocab_command(tmp_path, capsys):
     assert main(["vocab", str(corpus), "--size", "200", "--out", str(tmp_path / "v")]) == 0
     assert "vocab.txt" in capsys.readouterr().out
     assert main(["vocab", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "v")]) == 2
-    assert "corpus file not found" in capsys.readouterr().err
+    assert "missing.txt: no such corpus file" in capsys.readouterr().err
     # a line that is not UTF-8: named, and skipped when asked as the error says (as `prepare`)
     (tmp_path / "bad.txt").write_bytes(b"alpha beta\n\xff\xfe gamma\n")
     argv = ["vocab", str(corpus), str(tmp_path / "bad.txt"), "--out", str(tmp_path / "w")]

@@ -310,7 +310,7 @@ def test_train_vocab_layout_and_use(tmp_path):
     assert runs[0].vocab_hash == runs[2].vocab_hash
     with pytest.raises(ValueError, match="corpus is empty"):
         train_vocab(texts=iter([]), vocab_size=300, show_progress=False)
-    with pytest.raises(FileNotFoundError, match="missing.txt: corpus file not found"):
+    with pytest.raises(FileNotFoundError, match="missing.txt: no such corpus file"):
         train_vocab([tmp_path / "missing.txt"], show_progress=False)
 
 

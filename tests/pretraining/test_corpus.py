@@ -51,7 +51,7 @@ def test_bad_corpus_input_is_reported_with_file_line_and_offset(tmp_path):
     (tmp_path / "w").write_text('<doc id="1" url="u" title="T">\nT\ntext.\n')
     with pytest.raises(ValueError, match="has no closing </doc>"):
         list(read_documents([tmp_path / "w"]))
-    with pytest.raises(FileNotFoundError, match="corpus file not found"):
+    with pytest.raises(FileNotFoundError, match="missing.txt: no such corpus file"):
         list(read_documents([tmp_path / "missing.txt"]))
 
 

@@ -229,3 +229,26 @@ def test_quotes_as_text_read_glue_s_tsv_whole():
             raise AssertionError(f"{command} has no --quoting")
     with pytest.raises(ValueError, match="quoting"):
         FileConfig(quoting="all")
+
+
+def test_one_expander_of_inputs(tmp_path):
+    """`expand_paths`, what every command's inputs go through (corpus jobs, prepare,
+    pre-training): paths as given, globs sorted, a folder's files sorted and recursively (dot
+    files left out), a datasets folder (its state.json) as one source, each file once; a
+    pattern that names nothing is named."""
+    from bertkit.jobs.inputs import expand
+    from bertkit.tasks.files import expand_paths
+
+    (tmp_path / "docs" / "sub").mkdir(parents=True)
+    for name in ("docs/b.jsonl", "docs/a.jsonl", "docs/sub/c.jsonl", "docs/.hidden", "x.csv"):
+        (tmp_path / name).write_text('{"text": "t"}\n')
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "state.json").write_text("{}")
+    found = expand_paths([tmp_path / "x.csv", tmp_path / "docs", str(tmp_path / "docs/*.jsonl"),
+                          tmp_path / "ds"])  # fmt: skip
+    assert [p.relative_to(tmp_path).as_posix() for p in found] == [
+        "x.csv", "docs/a.jsonl", "docs/b.jsonl", "docs/sub/c.jsonl", "ds"]  # fmt: skip
+    assert [s.format for s in expand([tmp_path / "docs", tmp_path / "ds"])] == [
+        "jsonl", "jsonl", "jsonl", "arrow"]  # fmt: skip
+    with pytest.raises(FileNotFoundError, match=r"nope/\*.jsonl: no such file \(the glob"):
+        expand_paths([str(tmp_path / "nope/*.jsonl")])

@@ -780,7 +780,7 @@ def train_vocab(
             raise ValueError("train_vocab: no input files")
         for path in paths:
             if not os.path.isfile(path):
-                raise FileNotFoundError(f"{path}: corpus file not found")
+                raise FileNotFoundError(f"{path}: no such corpus file")
     else:
         texts = list(texts or [])  # read twice below
 

@@ -18,7 +18,6 @@ shard opens the corpus where its shard begins.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import itertools
 import os
@@ -31,6 +30,7 @@ from bertkit.tasks.base import DataError
 from bertkit.tasks.files import (
     FileConfig,
     decode_error,
+    expand_paths,
     file_format,
     json_line,
     missing_column,
@@ -108,16 +108,7 @@ class Columns:
 def expand(patterns: Sequence[str | os.PathLike], format: str = "auto") -> list[Source]:
     """The files `patterns` name (paths or globs, each glob's matches sorted), in order, once
     each; a pattern matching nothing is a FileNotFoundError naming it."""
-    found: list[str] = []
-    for pattern in patterns:
-        text = str(pattern)
-        matches = sorted(glob.glob(text, recursive=True)) if glob.has_magic(text) else [text]
-        if not matches or not Path(matches[0]).exists():
-            raise FileNotFoundError(
-                f"{text}: no such file"
-                + (" (the glob matched nothing)" if glob.has_magic(text) else "")
-            )
-        found += [m for m in matches if m not in found]
+    found = [str(path) for path in expand_paths(patterns)]
     sources = []
     for path in found:
         kind = file_format(path, format, default="jsonl")

@@ -246,20 +246,11 @@ def raw_documents(
 
 
 def expand_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """Files named, and the files inside directories named (sorted), in order."""
-    files: list[Path] = []
-    for item in paths:
-        path = Path(item)
-        if path.is_dir() and (path / "state.json").exists():  # a datasets folder: one source
-            files.append(path)
-        elif path.is_dir():
-            files.extend(
-                sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-            )
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise FileNotFoundError(f"{path}: corpus file not found")
+    """A corpus's files (`tasks.files.expand_paths`: paths, globs, folders' files, datasets
+    folders), in order; none at all is an error."""
+    from bertkit.tasks.files import expand_paths as expand
+
+    files = expand(paths, "corpus file")
     if not files:
         raise ValueError(f"no corpus files in {[str(p) for p in paths]}")
     return files
@@ -344,9 +335,9 @@ def _table(path: Path, stats: CorpusStats, on_error: str, text_column: str | Non
         raise ImportError(f"{path}: reading Parquet and datasets folders needs pyarrow: pip "
                           "install 'bertkit[corpora]'") from None  # fmt: skip
     if path.is_dir() or detect_corpus_format(path) != "parquet":
-        from bertkit.tasks.files import _arrow_tables
+        from bertkit.tasks.files import arrow_tables
 
-        tables = _arrow_tables(path, "arrow")
+        tables = arrow_tables(path, "arrow")
     else:
         try:
             parquet = pq.ParquetFile(path)

@@ -25,7 +25,7 @@ import io
 import json
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -127,6 +127,38 @@ def file_format(path: str | os.PathLike, format: str = "auto", default: str = "c
     if path.is_dir():
         return "arrow"
     return _EXTENSIONS.get(path.suffix.lower(), default)
+
+
+def expand_paths(patterns: Iterable[str | os.PathLike], what: str = "file") -> list[Path]:
+    """The files `patterns` name, in order, once each — the one expander of every command's
+    inputs (corpus jobs, `prepare`, pre-training): a path; a glob's matches, sorted (`**`
+    reaches into folders); a folder's files, sorted and recursively (dot files left out), or a
+    `datasets` folder (its state.json) as one source. A pattern naming nothing is a
+    FileNotFoundError naming it (`what` it should have named).
+
+    >>> expand_paths(["no/such/*.jsonl"])   # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    FileNotFoundError: no/such/*.jsonl: no such file (the glob matched nothing)
+    """
+    import glob
+
+    found: list[Path] = []
+    for pattern in patterns:
+        text = str(pattern)
+        magic = glob.has_magic(text)
+        matches = [Path(m) for m in sorted(glob.glob(text, recursive=True))] if magic else [
+            Path(text)]  # fmt: skip
+        if not matches or not matches[0].exists():
+            raise FileNotFoundError(f"{text}: no such {what}"
+                                    + (" (the glob matched nothing)" if magic else ""))  # fmt: skip
+        for path in matches:
+            if path.is_dir() and not (path / "state.json").exists():
+                inside = sorted(p for p in path.rglob("*")
+                                if p.is_file() and not p.name.startswith("."))  # fmt: skip
+            else:
+                inside = [path]
+            found += [p for p in inside if p not in found]
+    return found
 
 
 def read_rows(
@@ -487,7 +519,7 @@ def _arrow_files(path: Path) -> list[Path]:
     return [path]
 
 
-def _arrow_tables(path: Path, kind: str):
+def arrow_tables(path: Path, kind: str):
     pa = _pyarrow(kind)
     if kind == "parquet":
         import pyarrow.parquet as pq
@@ -526,7 +558,7 @@ def _class_labels(schema) -> dict[str, list[str]]:
 
 def _arrow_rows(path, needed, optional, options: FileConfig, kind: str) -> Iterator[Row]:
     number = 0
-    for schema, batches in _arrow_tables(path, kind):
+    for schema, batches in arrow_tables(path, kind):
         found = list(schema.names)
         for name in needed:
             if name not in found:
