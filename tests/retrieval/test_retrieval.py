@@ -196,3 +196,20 @@ def test_the_measures_by_hand():
     assert scores["ndcg@10"] == round((1 / np.log2(3) + 2 / 2) / ideal / 2, 4)
     assert scores["mrr@10"] == round((1 / 2) / 2, 4)  # q2's hit is 11th: nothing within ten
     assert (scores["recall@1"], scores["recall@10"], scores["recall@100"]) == (0.0, 0.5, 1.0)
+
+
+def test_an_unfinished_job_is_refused_by_the_index_and_the_scorer_alike(words_model, tmp_path):
+    """One check of a finished embedding job (`shards.finished_vectors`) behind `index` and
+    retrieval scoring: an unfinished job is refused by both, naming --resume."""
+    from bertkit.retrieval.beir import exact_top
+    from bertkit.retrieval.index import build_index
+
+    corpus(tmp_path / "docs.jsonl", 10)
+    out = tmp_path / "v"
+    embed(words_model, [tmp_path / "docs.jsonl"], out, pooling="mean", progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps(manifest | {"complete": False}))
+    for read in (lambda: build_index(out, tmp_path / "t.lance"),
+                 lambda: exact_top(out, np.ones((1, 32), np.float32), 3)):  # fmt: skip
+        with pytest.raises(ValueError, match="not a finished `bertkit embed` job.*--resume"):
+            read()

@@ -61,6 +61,19 @@ def clean_partial(directory: Path) -> None:
         leftover.unlink(missing_ok=True)
 
 
+def finished_vectors(directory: Path) -> dict[str, Any]:
+    """The manifest of the finished embedding job in `directory` — what an index and retrieval
+    scoring read; a folder without one, an unfinished job or a job of answers refused by name."""
+    manifest = read_manifest(directory)
+    if manifest is None or not manifest.get("complete"):
+        raise ValueError(f"{directory}: not a finished `bertkit embed` job (its manifest.json is "
+                         "missing or says it is incomplete: --resume it first)")  # fmt: skip
+    kind = manifest["plan"].get("kind")
+    if kind != "embed":
+        raise ValueError(f"{directory}: holds {kind} answers, not vectors")
+    return manifest
+
+
 def read_manifest(directory: Path) -> dict[str, Any] | None:
     path = directory / MANIFEST
     if not path.exists():

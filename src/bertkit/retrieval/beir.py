@@ -69,6 +69,16 @@ def read_queries(path: Path, wanted: set[str]) -> dict[str, str]:
     return queries
 
 
+def unit_rows(matrix: np.ndarray) -> np.ndarray:
+    """Each row at unit length (float32; a zero row stays zero): cosines are then dot products.
+
+    >>> unit_rows(np.array([[3.0, 4.0], [0.0, 0.0]])).tolist()
+    [[0.6000000238418579, 0.800000011920929], [0.0, 0.0]]
+    """
+    matrix = np.asarray(matrix, np.float32)
+    return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+
+
 def exact_top(vectors_dir: Path, queries: np.ndarray, top: int) -> tuple[list[list[str]],
                                                                          np.ndarray]:  # fmt: skip
     """Each query's `top` nearest rows of a finished embed job (cosine), best first: their ids
@@ -77,10 +87,8 @@ def exact_top(vectors_dir: Path, queries: np.ndarray, top: int) -> tuple[list[li
 
     from bertkit.jobs import shards
 
-    manifest = shards.read_manifest(vectors_dir)
-    if manifest is None or not manifest.get("complete"):
-        raise ValueError(f"{vectors_dir}: not a finished embed job")
-    unit = queries / np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
+    manifest = shards.finished_vectors(vectors_dir)
+    unit = unit_rows(queries)
     best_scores = np.full((len(queries), 0), -np.inf, np.float32)
     best_ids = np.empty((len(queries), 0), object)
     for shard in manifest["shards"]:
@@ -90,9 +98,8 @@ def exact_top(vectors_dir: Path, queries: np.ndarray, top: int) -> tuple[list[li
             continue
         ids = np.asarray(table.column("id").to_pylist(), object)[valid]
         flat = table.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-        matrix = flat.reshape(-1, unit.shape[1]).astype(np.float32)[valid]
-        matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
-        scores = np.concatenate([best_scores, unit.astype(np.float32) @ matrix.T], axis=1)
+        matrix = unit_rows(flat.reshape(-1, unit.shape[1]).astype(np.float32)[valid])
+        scores = np.concatenate([best_scores, unit @ matrix.T], axis=1)
         names = np.concatenate([best_ids, np.broadcast_to(ids, (len(unit), len(ids)))], axis=1)
         keep = np.argsort(-scores, axis=1, kind="stable")[:, :top]
         best_scores = np.take_along_axis(scores, keep, axis=1)

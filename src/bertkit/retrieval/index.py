@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from bertkit.jobs import shards
+from bertkit.retrieval.beir import unit_rows
 
 ANN_FROM = 10_000  # rows: below this, exact search is fast and exact
 PLAN_KEY = b"bertkit.plan"
@@ -61,13 +62,8 @@ def build_index(
     import pyarrow.parquet as pq
 
     folder = Path(vectors)
-    manifest = shards.read_manifest(folder)
-    if manifest is None or not manifest.get("complete"):
-        raise ValueError(f"{folder}: not a finished `bertkit embed` job (its manifest.json is "
-                         "missing or says it is incomplete: --resume it first)")  # fmt: skip
+    manifest = shards.finished_vectors(folder)
     plan = manifest["plan"]
-    if plan.get("kind") != "embed":
-        raise ValueError(f"{folder}: holds {plan.get('kind')} answers, not vectors")
     target = Path(table)
     if target.exists():
         if not overwrite:
@@ -151,7 +147,7 @@ class Searcher:
             search = search.bypass_vector_index()
         found = search.to_arrow()
         matrix = np.asarray(found.column("vector").to_pylist(), np.float32).reshape(-1, len(vector))
-        scores = _cosines(matrix, vector)
+        scores = unit_rows(matrix) @ unit_rows(vector[None])[0]
         order = np.argsort(-scores, kind="stable")
         kept = [c for c in found.column_names if c not in ("vector", "_distance", "id")]
         hits = [{"id": found.column("id")[int(i)].as_py(), "score": float(scores[i]),
@@ -162,8 +158,3 @@ class Searcher:
                 hit["retrieval_score"], hit["score"] = hit["score"], score
             hits.sort(key=lambda h: -h["score"])
         return hits[:top]
-
-
-def _cosines(matrix: np.ndarray, vector: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(matrix, axis=1) * np.linalg.norm(vector)
-    return (matrix @ vector) / np.maximum(norms, 1e-12)
