@@ -10,7 +10,9 @@ writes the manifest once every shard is in.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,7 @@ class ShardWorker:
         self.mapper = job.mapper()
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        from bertkit.jobs.run import process_shard, shard_rows
+        from bertkit.jobs.work import process_shard, shard_rows
 
         written = []
         for number, source, index, line, offset in zip(
@@ -58,13 +60,7 @@ def run_on_ray(job: Any, sources: list, out: Path, starts: list[Position], todo:
     is in, else a new local one), each actor of `threads` torch threads (the job's `threads`
     unset: the CPUs of the cluster's narrowest node, one actor a node); the pids of the
     processes that wrote them."""
-    ray = _ray()
-    started_here = not ray.is_initialized()
-    if started_here:
-        at = None if address in ("auto", "local") and not _cluster_here() else address
-        ray.init(address=at, log_to_driver=False, include_dashboard=False,
-                 **_loopback(address))  # fmt: skip
-    try:
+    with connected(address) as ray:
         if not todo:
             return []
         items = [{"shard": k, "source": starts[k].source, "index": starts[k].index,
@@ -101,6 +97,22 @@ def run_on_ray(job: Any, sources: list, out: Path, starts: list[Position], todo:
             raise JobFailed(f"{out}: a Ray worker failed: {said[-1] if said else err} (what "
                                "was written is kept: run again with --resume)") from None  # fmt: skip
         return pids
+
+
+@contextlib.contextmanager
+def connected(address: str) -> Iterator[Any]:
+    """Ray, joined to the cluster at `address` for the block — the one way every Ray run of
+    bertkit (corpus jobs, `prepare --ray`) connects: "auto" (or "local") is the cluster this
+    machine is in, else a new one here; a connection made here is closed after it (one
+    already made is kept)."""
+    ray = _ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        at = None if address in ("auto", "local") and not _cluster_here() else address
+        ray.init(address=at, log_to_driver=False, include_dashboard=False,
+                 **_loopback(address))  # fmt: skip
+    try:
+        yield ray
     finally:
         if started_here:
             ray.shutdown()

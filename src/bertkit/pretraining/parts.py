@@ -15,8 +15,6 @@ their digests and counts; meta.json's time and workers differ).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 from collections.abc import Iterator, Sequence
@@ -47,36 +45,6 @@ def parse_part(text: str) -> tuple[int, int]:
     if not 0 <= index < count:
         raise ValueError(f"--part {text!r}: I must be 0 .. N-1")
     return index, count
-
-
-def _size(path: Path) -> int:
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return path.stat().st_size
-
-
-def part_files(files: Sequence[Path], index: int, count: int) -> list[Path]:
-    """The files of part `index` of `count`: file k goes to the part its first byte falls in
-    when the corpus's bytes are cut into `count` equal runs (contiguous, in order)."""
-    sizes = [_size(f) for f in files]
-    total = max(sum(sizes), 1)
-    chosen, before = [], 0
-    for file, size in zip(files, sizes, strict=True):
-        if min(count - 1, before * count // total) == index:
-            chosen.append(file)
-        before += size
-    if not chosen:
-        raise ValueError(f"part {index}/{count} has no files: the corpus has {len(files)} "
-                         "(give at most as many parts as files)")  # fmt: skip
-    return chosen
-
-
-def corpus_record(files: Sequence[Path]) -> dict[str, Any]:
-    """What every part records of the whole corpus: its files and a digest of their names and
-    sizes (the merge refuses parts of different corpora)."""
-    listing = [[str(f), _size(f)] for f in files]
-    digest = hashlib.sha256(json.dumps(listing).encode()).hexdigest()
-    return {"files": [str(f) for f in files], "digest": digest}
 
 
 def merge_parts(
@@ -149,29 +117,21 @@ def prepare_on_ray(
     """`prepare` on a Ray cluster: `parts` tasks (default: the cluster's CPUs, at most the
     corpus's files), each tokenising its part into OUT.parts/I with one CPU, then the merge
     here. Paths must be on a file system every node sees."""
-    from bertkit.jobs.ray import _loopback, _ray
+    from bertkit.jobs.ray import connected
     from bertkit.pretraining.corpus import expand_paths
 
     out = Path(out_dir).resolve()
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out}: already exists (pass overwrite=True / --overwrite)")
     files = expand_paths(corpus)
-    ray = _ray()
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=None if address in ("auto", "local") else address,
-                 log_to_driver=False, include_dashboard=False, **_loopback(address))  # fmt: skip
     staging = out.with_name(out.name + ".parts")
-    try:
+    with connected(address) as ray:
         count = min(parts or int(ray.cluster_resources().get("CPU", 1)), len(files))
         task = ray.remote(num_cpus=1, max_retries=3)(_prepare_part)
         absolute = [str(Path(f).resolve()) for f in corpus]
         pending = [task.remote(absolute, str(Path(vocab).resolve()), str(staging / str(i)), i,
                                count, settings) for i in range(count)]  # fmt: skip
         folders = ray.get(pending)
-    finally:
-        if started:
-            ray.shutdown()
     meta = merge_parts(folders, out, overwrite=overwrite,
                        shard_tokens=settings.get("shard_tokens", DEFAULT_SHARD_TOKENS))  # fmt: skip
     shutil.rmtree(staging, ignore_errors=True)

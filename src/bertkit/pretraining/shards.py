@@ -37,7 +37,14 @@ import numpy as np
 from bertkit._device import usable_cpus
 from bertkit._io import atomic_write_text, sha256_of
 from bertkit.core.tokenizer import BertTokenizer, JsonTokenizer
-from bertkit.pretraining.corpus import CorpusStats, expand_paths, raw_documents, sentences_of
+from bertkit.pretraining.corpus import (
+    CorpusStats,
+    corpus_record,
+    expand_paths,
+    part_files,
+    raw_documents,
+    sentences_of,
+)
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -191,8 +198,6 @@ def prepare_shards(
     files = expand_paths(corpus)
     recorded: dict[str, Any] = {}
     if part is not None:
-        from bertkit.pretraining.parts import corpus_record, part_files
-
         recorded = {"part": {"index": part[0], "of": part[1], "corpus": corpus_record(files)}}
         files = part_files(files, *part)
     total_bytes = sum(f.stat().st_size for f in files)
