@@ -168,14 +168,20 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture
-def ray_cluster(tmp_path, monkeypatch):
-    """A head node (127.0.0.2) and a second node (127.0.0.3), one CPU each; stopped after. Without
-    token authentication (a loopback cluster of this test alone): a head that finds a token
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A head node (127.0.0.2) and a second node (127.0.0.3), one CPU each, started once for
+    the tests that use it and stopped after them (a start and a stop cost 15-20 s). Without
+    token authentication (a loopback cluster of these tests alone): a head that finds a token
     file from an earlier `ray.init` would otherwise ask one of the second node."""
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     pytest.importorskip("ray")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+        monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        yield from _two_ray_nodes()
+
+
+def _two_ray_nodes():
     ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
     assert ray, "the ray command (pip install 'bertkit[ray]')"
     port = _free_port()

@@ -615,10 +615,10 @@ def test_fine_tuning_steps_get_host_layouts(words_model, tmp_path, monkeypatch):
 
 @pytest.mark.slow  # a process per kill
 def test_a_finetuning_run_killed_at_any_write_resumes_to_the_same_bytes(words_model, tmp_path):
-    """SIGKILL at each file a fine-tuning run puts in place (model, trainer state, checksums,
-    results, card...: the first write of each, and the run's last write), before the rename
-    with the file half written, and after the last rename: `--resume` then ends with the model
-    bytes, losses and dev figures of a run never killed."""
+    """SIGKILL at the files a fine-tuning run puts in place (the first write of its model, of
+    its trainer state and of its results, and the run's last write), before the rename with the
+    file half written, after the last rename, and inside log.jsonl's first and last appends:
+    `--resume` then ends with the model bytes, losses and dev figures of a run never killed."""
     import subprocess
     import sys
 
@@ -656,7 +656,10 @@ def test_a_finetuning_run_killed_at_any_write_resumes_to_the_same_bytes(words_mo
 
     expected = (tmp_path / "whole" / "model.safetensors").read_bytes()
     dev = json.loads((tmp_path / "whole" / "results.json").read_text())["dev"]
-    points = sorted(set(firsts.values()) | {len(writes)})
+    # the first write of the model, of the trainer's state and of the results, and the run's
+    # last write (every write of a save is swept by tests/training/test_loop.py's kill test)
+    points = sorted({firsts["model.safetensors"], firsts["trainer_state.pt"],
+                     firsts["results.json"], len(writes)})  # fmt: skip
     checkpointed = firsts["trainer_state.pt"]  # from this write on, a resume skips the trained
     kills = [(n, "before") for n in points] + [(len(writes), "after")]
     kills += [(1, "log"), (appends, "log")]  # inside log.jsonl's first and last appends
