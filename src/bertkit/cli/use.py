@@ -135,6 +135,7 @@ def add_predict(commands) -> None:
         "--out",
         "--output",
         dest="output",
+        metavar="OUT",
         help="with --input: .jsonl or .csv/.tsv to write (input columns, then the answer), or a "
         "tagger's .conll (a word a line, the file's tag, the predicted one); a FOLDER (no "
         "extension): Parquet shards and a manifest, resumable, for corpora of any size (several "
