@@ -40,19 +40,22 @@ def _predict(args: argparse.Namespace) -> None:
 
 
 def _fine_tuned(model: str) -> bool:
-    """Whether `model` is a fine-tuned folder (its task record); an embedding model (a
+    """Whether `model` is a fine-tuned folder (its task record, or the task head a folder
+    transformers or sentence-transformers saved names); an embedding model (a
     sentence-transformers folder) is not, and anything else is refused here by name."""
     from bertkit._io import TASK_FILE
     from bertkit.core.hub import model_dir
+    from bertkit.tasks.saved import has_task
 
     path = model_dir(model)
-    if (path / TASK_FILE).exists() or not path.is_dir():
+    if not path.is_dir() or has_task(path):
         return True  # (a missing folder: the loader names what is missing)
     if (path / "modules.json").exists():
         return False
     raise ValueError(
-        f"{model}: neither a fine-tuned bertkit model (no {TASK_FILE}) nor a sentence-embedding "
-        f"model (no modules.json): fine-tune it first (bertkit finetune TASK --model {model} "
+        f"{model}: neither a fine-tuned model (no {TASK_FILE}, and its config.json names no "
+        "classifier, tagger or reader) nor a sentence-embedding model (no modules.json): "
+        f"fine-tune it first (bertkit finetune TASK --model {model} "
         f"...), or embed texts with it: bertkit embed --model {model} --pooling mean ..."
     )
 

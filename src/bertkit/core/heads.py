@@ -515,7 +515,13 @@ class BertForQuestionAnswering(_PerTokenHead):
         config = dataclasses.replace(config, id2label=None, label2id=None)
         super().__init__(config)
         self._init_encoder(config)
-        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.head: BertPredictionHeadTransform | None = None
+        if family_of(config.model_type).classifier == "head":
+            # ModernBERT's reader: its prediction head, then a two-output `classifier`
+            self.head = BertPredictionHeadTransform(config)
+            self.classifier = nn.Linear(config.hidden_size, 2)
+        else:
+            self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.init_weights()
 
     def forward(
@@ -538,7 +544,10 @@ class BertForQuestionAnswering(_PerTokenHead):
             output_attentions=output_attentions,
             layouts=layouts,
         )
-        logits = self.qa_outputs(hidden)  # (B, S, 2)
+        if self.head is not None:
+            logits = self.classifier(self.head(hidden))  # (B, S, 2)
+        else:
+            logits = self.qa_outputs(hidden)
         start_logits, end_logits = logits[..., 0], logits[..., 1]  # (B, S) each
         loss = None
         if start_positions is not None and end_positions is not None:

@@ -366,6 +366,12 @@ class BertTokenizer:
         """The tokenizer's model: WordPiece (a tokenizer.json's own: BPE, Unigram, ...)."""
         return "WordPiece"
 
+    @property
+    def continuing_subword_prefix(self) -> str | None:
+        """What marks a piece that continues a word (WordPiece's ##; None where the
+        vocabulary marks word starts instead, or nothing)."""
+        return "##"
+
     def check_model(self, config: Any, where: Any) -> None:
         """Refuse (ValueError naming `where`) a model this tokenizer is not the tokenizer of:
         another kind of tokenizer than its family ships, or more tokens than it embeds."""
@@ -433,13 +439,15 @@ class BertTokenizer:
         return_tensors: str | None = None,
         return_offsets: bool = False,
         return_word_ids: bool = False,
+        return_special_tokens_mask: bool = False,
         add_special_tokens: bool = True,
     ) -> dict[str, Any]:
         """Encode one text (or pair) or a batch as `[CLS] A [SEP]` / `[CLS] A [SEP] B [SEP]`.
 
         Returns a dict with `input_ids`, `token_type_ids` (0 for A, 1 for B), `attention_mask`
         and, on request, `offset_mapping` ((start, end) character offsets into the text each token
-        came from; (0, 0) for special tokens) and `word_ids`.
+        came from; (0, 0) for special tokens), `word_ids` and `special_tokens_mask` (1 where the
+        tokenizer added the token).
 
         - `truncation`: "longest_first" (default; Google's: drop from the end of the longer of A
           and B, one token at a time), "only_first", "only_second", True (= longest_first) or False.
@@ -471,8 +479,15 @@ class BertTokenizer:
                 _check_texts(pairs, "text_pair")
             raise
 
-        return _result(encodings, single, return_tensors, return_offsets, return_word_ids,
-                       self.token_types)  # fmt: skip
+        result = _result(encodings, single, return_tensors, return_offsets, return_word_ids,
+                         self.token_types)  # fmt: skip
+        if return_special_tokens_mask:
+            masks = [e.special_tokens_mask for e in encodings]
+            result["special_tokens_mask"] = (
+                _to_tensor(masks, return_tensors) if return_tensors else masks[0] if single
+                else masks
+            )  # fmt: skip
+        return result
 
     def _configure(
         self, strategy: str | None, limit: int, pad_mode: str | None, multiple: int | None
@@ -551,7 +566,8 @@ class JsonTokenizer(BertTokenizer):
             '"ByteLevel"' in pre_tokenizer,
             '"Metaspace"' in pre_tokenizer,
         )
-        self._word_prefix = shape.get("model", {}).get("continuing_subword_prefix") or "##"
+        self._prefix = shape.get("model", {}).get("continuing_subword_prefix") or None
+        self._word_prefix = self._prefix or "##"
         self.vocab_file = file
         self._config_files = {  # (written back as they are)
             name: (directory / name).read_text(encoding="utf-8")
@@ -646,6 +662,10 @@ class JsonTokenizer(BertTokenizer):
     @property
     def kind(self) -> str:
         return self._kind
+
+    @property
+    def continuing_subword_prefix(self) -> str | None:
+        return self._prefix
 
     @property
     def vocab_hash(self) -> str:

@@ -21,6 +21,7 @@ or a saved model: `bertkit.finetuning.evaluation`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -143,11 +144,13 @@ class TaskData(NamedTuple):
 
 
 def load_task_data(
-    task: Task, data: str | os.PathLike | None, tokenizer, config: FinetuneConfig
-) -> TaskData:
+    task: Task, data: str | os.PathLike | None, tokenizer, config: FinetuneConfig,
+    model: str | os.PathLike | None = None,
+) -> TaskData:  # fmt: skip
     """Read and featurise the training and dev splits; the summary of each is printed (on
     stderr) when `config.progress`. `config` as given: its length, else the task's (fitting a
-    task to its training file keeps its length)."""
+    task to its training file keeps its length). `model`: the checkpoint, whose classifier
+    the task continues where it was trained on the same labels (`continued_head`)."""
     max_seq_length = config.max_seq_length or task.default_max_seq_length
     train = task.read(data, "train")[: config.max_train_examples]
     carved = None
@@ -155,6 +158,10 @@ def load_task_data(
         assert not isinstance(config.validation_split, str)  # a split's name: resolve_run's
         train, carved = carve_validation(train, config.validation_split)
     task = task.fitted(train)
+    if model is not None:  # the checkpoint's own classifier, where its labels are these
+        task, note = continued_head(task, model)
+        if note and config.progress:
+            print(f"{task.name}: {note}", file=sys.stderr)
     train_features = task.featurize(train, tokenizer, max_seq_length)
     summaries = {}
     if (summary := task.data_summary("train", train, train_features)) is not None:
@@ -196,6 +203,50 @@ def carve_validation(train: list, fraction: float) -> tuple[list, list]:
     return kept, [example for i, example in enumerate(train) if i in chosen]
 
 
+def head_labels(task: Task, model_dir: str | os.PathLike) -> list[str] | None:
+    """The labels of the checkpoint's head of `task`'s class, in its output order (its
+    config.json's id2label, as transformers and bertkit save them); None where it has no such
+    head."""
+    from bertkit.core.family import family_of_folder
+
+    file = Path(model_dir) / "config.json"
+    if not file.exists():
+        return None
+    written = json.loads(file.read_text(encoding="utf-8"))
+    architectures = written.get("architectures") or []
+    if not architectures or family_of_folder(model_dir).bert_class(architectures[0]) != task.head:
+        return None
+    labels = written.get("id2label") or {}
+    return [str(labels[k]) for k in sorted(labels, key=int)] or None
+
+
+def continued_head(task: Task, model_dir: str | os.PathLike) -> tuple[Task, str | None]:
+    """The task fitted to its training file, continuing the checkpoint's classifier where that
+    was trained on the same labels (a classifier transformers saved, a bertkit model): the
+    labels in the classifier's order. Returns the task and what was done (None: the
+    checkpoint has no classifier)."""
+    from bertkit.tasks.labels import LabelSet
+    from bertkit.tasks.text_classification import TextClassificationTask
+
+    saved = head_labels(task, model_dir)
+    if saved is None or not isinstance(task, TextClassificationTask) or task.label_set is None:
+        return task, None
+    mine = task.labels()
+    if task.problem == "regression":
+        same = len(saved) == 1
+    else:
+        same = sorted(saved) == sorted(mine)
+    if not same:
+        return task, (f"a new classifier: {model_dir}'s classifier was trained on the labels "
+                      f"{saved}, the training file has {mine}")  # fmt: skip
+    if task.problem != "regression":
+        task = copy.copy(task)
+        task.label_set = LabelSet(task.problem, tuple(saved), task.label_set.counts)
+        if task.data.class_weights == "balanced":
+            task.weights = task.label_set.balanced_weights(sum(task.label_set.counts.values()))
+    return task, f"continues {model_dir}'s classifier (its labels {saved})"
+
+
 def build_model(
     task: Task,
     model_dir: str | os.PathLike,
@@ -218,9 +269,18 @@ def build_model(
     torch.manual_seed(seed)
     if random_init:
         return MODEL_CLASSES[task.head_class(bilstm)](config)
-    return MODEL_CLASSES[task.head_class(bilstm)].from_pretrained(
+    net = MODEL_CLASSES[task.head_class(bilstm)].from_pretrained(
         model_dir, config=config, ignore_mismatched_sizes=True, new_weights=head_init
     )
+    saved = head_labels(task, model_dir)
+    if saved is not None and task.labels() is not None and saved != task.labels():
+        # a classifier of other labels (or of these in another order): drawn anew, not read
+        torch.manual_seed(seed)
+        prefix = net.base_model_prefix
+        for name, module in net.named_children():
+            if name != prefix:
+                module.apply(lambda m: net.init_module(m, head_init))
+    return net
 
 
 def resolve_run(
@@ -293,7 +353,8 @@ class FinetuneRun:
                 "set or give --test, not both"
             )
         self.tokenizer = BertTokenizer.from_pretrained(self.model)
-        self.loaded = loaded or load_task_data(task, self.source, self.tokenizer, given)
+        self.loaded = loaded or load_task_data(task, self.source, self.tokenizer, given,
+                                               self.model)  # fmt: skip
         self.task = self.loaded.task  # fitted to its training file (a user's labels)
         self.config = given.resolved(self.task)  # the task's defaults where none was given
         self.sizes = self.config.sizes()
@@ -601,6 +662,10 @@ def save_finetuned(
     """The model, its vocabulary and its task record (TASK_FILE): the task, its head, what
     it learnt from the training file (`Task.settings`) and tuned on dev (`settings`)."""
     model.save_pretrained(out, tokenizer=tokenizer)
+    if _scores_pairs(task):  # CrossEncoder(out) then scores as bertkit reranks: the raw output
+        written = json.loads((out / "config.json").read_text(encoding="utf-8"))
+        written["sentence_transformers"] = {"activation_fn": "torch.nn.modules.linear.Identity"}
+        write_json(out / "config.json", written)
     info = {
         "task": task.name,
         "head": task.head_class(config.bilstm),
@@ -609,6 +674,23 @@ def save_finetuned(
         **(settings or {}),
     }
     write_json(out / TASK_FILE, info)
+
+
+def _scores_pairs(task: Task) -> bool:
+    """Whether the task is a regressor of text pairs: a cross-encoder's score."""
+    if task.head != "BertForSequenceClassification":
+        return False
+    regression = getattr(task, "regression", False) or (
+        getattr(task, "label_set", None) is not None
+        and getattr(task, "problem", "") == "regression"
+    )
+    if not regression:
+        return False
+    try:
+        task.example_of(("a query", "a text"), 0)
+    except (ValueError, TypeError, KeyError, NotImplementedError):
+        return False
+    return True
 
 
 def _brief(figures: dict[str, float]) -> str:

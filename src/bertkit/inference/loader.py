@@ -112,9 +112,12 @@ def load(
     precision: str = "fp32",
     backend: str = "torch",
     compile: str = "off",
+    task_options: dict[str, Any] | None = None,
 ) -> Loaded:
     """`model` (a folder or a Hub name) opened to run. `head`: the class to load it as (default:
-    the folder's own, `head_of`); `fine_tuned`: refuse a folder without a task record; `task`:
+    the folder's own, `head_of`); `fine_tuned`: its task — its task record's, else the task
+    head a folder transformers or sentence-transformers saved names (`tasks.saved`; with
+    `task_options`: a tagger's aggregation, a reader's no-answer rule), else refused; `task`:
     read the record as this task's. `precision` auto|fp32|bf16|fp16, `backend` torch|onnx and
     `compile` off|on as `bertkit predict` takes them (checked before anything loads)."""
     compiled = inference_compile(compile, backend)
@@ -123,7 +126,7 @@ def load(
     found: Task | None = None
     info: dict[str, Any] = {}
     if fine_tuned or task is not None or (head is None and (path / TASK_FILE).exists()):
-        found, info = task_of_checkpoint(path, task)
+        found, info = task_of_checkpoint(path, task, **(task_options or {}))
         info = {**info, "head": info.get("head", found.head)}
     name = head or head_of(path, info)
     chosen = torch.device("cpu") if backend == "onnx" else default_device(device)
@@ -134,11 +137,23 @@ def load(
     else:
         net = MODEL_CLASSES[name].from_pretrained(path).to(chosen).eval()
         config = net.config
+        missing = net.load_report["missing"] if found is not None else []
+        if missing:  # a task answered by a head drawn at random is no answer
+            raise ValueError(
+                f"{path}: its {name} lacks {len(missing)} trained head tensors, e.g. "
+                f"{missing[:4]}: the folder holds no trained head of this kind"
+            )
     if isinstance(net, torch.nn.Module):
         cast_for_inference(net, compute)
         if compiled:
             net = compile_for_inference(net)
-    return Loaded(path, net, config, name, chosen, compute, found, info)
+    loaded = Loaded(path, net, config, name, chosen, compute, found, info)
+    if found is not None and "saved_by" in info:  # a saved head reads what its folder allows
+        from bertkit.inference.embedder import reading_length
+
+        info["max_seq_length"] = min(reading_length(loaded), found.default_max_seq_length) \
+            if found.head == "BertForQuestionAnswering" else reading_length(loaded)  # fmt: skip
+    return loaded
 
 
 class OnnxModel:

@@ -50,7 +50,10 @@ from bertkit.settings import (
 )
 from bertkit.tasks.base import DataError, Task, run_outputs
 from bertkit.tasks.files import FileConfig, file_format, json_lines, read_jsonl, read_rows
+from bertkit.tasks.labels import softmax
+from bertkit.tasks.saved import HeadConfig, SavedClassifier
 from bertkit.tasks.tagging import WordTagger
+from bertkit.tasks.text_classification import pool_windows
 
 # the label of a cross-encoder's classes that means "relevant" (`Predictor.rerank` scores it)
 RELEVANT = ("1", "relevant", "entailment", "paraphrase", "yes", "true", "positive")
@@ -87,6 +90,10 @@ class PredictConfig(Settings):
         'with --input and a cross-encoder: each row\'s "query" and "texts" (a list) get their '
         '"ranking" (index and score, best first)',
     )
+    raw_scores: bool = setting(
+        False, "with --rerank: a cross-encoder's raw logits, not its activation's scores"
+    )
+    heads: HeadConfig = nested(HeadConfig)
     progress: bool = setting(True, "a progress bar over --input's rows")
     batch_size: int = setting(32, "inputs per model call", check="positive")
     device: str | None = device_setting()
@@ -109,7 +116,7 @@ class Predictor:
         self.config = config = replaced(config or PredictConfig(), **settings)
         self.loaded = loaded = load(
             model, fine_tuned=True, device=config.device, precision=config.precision,
-            backend=config.backend, compile=config.compile,
+            backend=config.backend, compile=config.compile, task_options=vars(config.heads),
         )  # fmt: skip
         assert loaded.task is not None and loaded.max_seq_length is not None
         self.task, self.max_seq_length = loaded.task, loaded.max_seq_length
@@ -160,7 +167,9 @@ class Predictor:
         store."""
         if rerank:
             queries = [_query_and_texts(source, line, values) for line, values in rows]
-            scores = self.relevance([(q, text) for q, texts in queries for text in texts])
+            scores = self.relevance(
+                [(q, text) for q, texts in queries for text in texts], raw=self.config.raw_scores
+            )
             answered, start = [], 0
             for (_, values), (_, texts) in zip(rows, queries, strict=True):
                 answered.append(values | {"ranking": ranked(scores[start : start + len(texts)])})
@@ -194,9 +203,9 @@ class Predictor:
 
     @functools.cached_property
     def rerank_label(self) -> str | None:
-        """What `rerank` scores: "score" (a regressor of text pairs), the relevant class of a
-        pair classifier (by name: RELEVANT; else its last label), or None: not a
-        cross-encoder."""
+        """What `rerank` scores: "score" (a cross-encoder of one output, a regressor of text
+        pairs), the relevant class of a pair classifier (by name: RELEVANT; else its last
+        label), or None: not a cross-encoder."""
         task = self.task
         if task.head != "BertForSequenceClassification":
             return None
@@ -204,23 +213,41 @@ class Predictor:
             task.example_of(("a query", "a text"), 0)
         except (ValueError, TypeError, KeyError, NotImplementedError):
             return None  # does not read pairs
-        if getattr(task, "problem", None) == "regression" or getattr(task, "regression", False):
+        if isinstance(task, SavedClassifier):
+            if len(task.labels()) == 1:
+                return "score"
+            if task.problem != "single-label":
+                return None
+        elif getattr(task, "problem", None) == "regression" or getattr(task, "regression", False):
             return "score"
         if not self.labels or getattr(task, "problem", "single-label") != "single-label":
             return None
         return next((n for n in self.labels if str(n).lower() in RELEVANT), self.labels[-1])
 
-    def relevance(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
-        """Each (query, text) pair's relevance, in order: a cross-encoder's probability of its
-        relevant class (`rerank_label`), a regressor's score."""
+    def relevance(self, pairs: Sequence[tuple[str, str]], raw: bool = False) -> list[float]:
+        """Each (query, text) pair's relevance, in order: a cross-encoder's score
+        (`CrossEncoder.predict`'s: its activation of its one output), a pair classifier's
+        probability of its relevant class (`rerank_label`), a regressor's score; `raw`: the
+        logit itself."""
         label = self.rerank_label
         if label is None:
             raise ValueError(
                 f"{self.task.name}: not a cross-encoder (a model fine-tuned on text pairs), "
                 "so it does not rerank"
             )
-        answers = self(list(pairs))
-        return [a["score"] if label == "score" else a["probabilities"][label] for a in answers]
+        if not pairs:
+            return []
+        examples = [self.task.example_of(_plain(pair), n) for n, pair in enumerate(pairs)]
+        features = self.task.featurize(examples, self.tokenizer, self.max_seq_length)
+        logits = self.outputs(features)["logits"]
+        if len(features) != len(examples):  # windows of over-long pairs: their mean
+            logits = pool_windows(logits, features, len(examples))
+        if isinstance(self.task, SavedClassifier):
+            return self.task.relevance(logits, raw).tolist()
+        column = 0 if label == "score" else self.labels.index(label)  # type: ignore[union-attr]
+        if label == "score" or raw:
+            return logits[:, column].tolist()
+        return softmax(logits)[:, column].tolist()
 
     def rerank(self, query: str, texts: Sequence[str]) -> list[dict[str, Any]]:
         """Each text's relevance to `query` ({"index", "score"}), best first."""

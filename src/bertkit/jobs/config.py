@@ -11,8 +11,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bertkit.jobs.inputs import Columns, Source
-from bertkit.settings import Settings, device_setting, nested, precision_setting, setting
+from bertkit.settings import (
+    Settings,
+    device_setting,
+    nested,
+    precision_setting,
+    setting,
+)
 from bertkit.tasks.files import FileConfig
+from bertkit.tasks.saved import HeadConfig
 
 DTYPES = ("float32", "float16")
 NORMALIZE = ("auto", "yes", "no")
@@ -82,10 +89,13 @@ class EmbedConfig(JobConfig):
 
 @dataclass
 class PredictJobConfig(JobConfig):
-    """A corpus job of `Predictor`: `JobConfig` and what the model reads."""
+    """A corpus job of `Predictor`: `JobConfig`, what the model reads and how a saved head
+    answers (`HeadConfig`)."""
 
     text_pair_column: str | None = setting(None, "a second text column (pair tasks)")
     rerank: bool = setting(False, "rows of a query and its texts, ranked by a cross-encoder")
+    raw_scores: bool = setting(False, "with rerank: a cross-encoder's raw logits")
+    heads: HeadConfig = nested(HeadConfig)
 
     @property
     def columns(self) -> Columns:

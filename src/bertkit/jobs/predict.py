@@ -27,7 +27,8 @@ class PredictionMapper:
 
         self.config = config
         self.predictor = Predictor(model, batch_size=config.batch_size, device=config.device,
-                                   precision=config.precision, progress=False)  # fmt: skip
+                                   precision=config.precision, progress=False,
+                                   raw_scores=config.raw_scores, **vars(config.heads))  # fmt: skip
         self.loaded = self.predictor.loaded
         if config.rerank and self.predictor.rerank_label is None:
             raise ValueError(f"{model}: --rerank takes a cross-encoder (a model fine-tuned on "

@@ -49,6 +49,7 @@ from bertkit.serve.cores import CoreShare
 from bertkit.serve.engine import ServedModel
 from bertkit.serve.metrics import Metrics
 from bertkit.serve.routes import ENDPOINTS, ROUTES, Route
+from bertkit.settings import from_values
 
 log = logging.getLogger("bertkit.serve")
 
@@ -546,7 +547,8 @@ def _guard(config: ServeConfig) -> None:
 
 def _app_from_env():
     settings = json.loads(os.environ[_ENV])
-    config = ServeConfig(**settings["config"])
+    values = dict(settings["config"])  # (asdict's: nested settings as their own objects)
+    config = from_values(ServeConfig, values | values.pop("heads", {}))
     _guard(config)
     return create_app(Service(settings["model"], config))
 

@@ -82,18 +82,22 @@ def hf_parameters(body: dict[str, Any], allowed: tuple[str, ...]) -> dict[str, A
 
 def hf_prediction(answer: dict[str, Any], labels: list[str] | None, top_k: int | None) -> Any:
     """One input's `/predict` answer in the shape of Hugging Face's task: a classifier's labels
-    with their probabilities, best first (`text-classification`); a regressor its score under
-    its label; a tagger's entities (`token-classification`, "simple" aggregation: the entity's
-    text and character offsets, the mean of its words' probabilities), or each word's tag when
-    its tags are plain; other tasks' answers as /predict gives them."""
-    if "probabilities" in answer:
-        ranked = sorted(answer["probabilities"].items(), key=lambda item: -item[1])
+    with their scores, best first (`text-classification`); a regressor its score under its
+    label; a tagger's entities (`token-classification`: `entity_group`, or with aggregation
+    "none" each piece's `entity` and `index`; the entity's text and character offsets), or
+    each word's tag when its tags are plain; a reader's answer (`question-answering`: no answer
+    at 0, 0); other tasks' answers as /predict gives them."""
+    scores = answer.get("probabilities", answer.get("scores"))
+    if isinstance(scores, dict):
+        ranked = sorted(scores.items(), key=lambda item: -item[1])
         return [{"label": label, "score": score} for label, score in ranked[:top_k]]
-    if set(answer) == {"score"}:  # a regressor
-        return [{"label": (labels or ["LABEL_0"])[0], "score": answer["score"]}]
+    if "score" in answer and set(answer) <= {"score", "label"}:  # a regressor
+        return [{"label": answer.get("label", (labels or ["LABEL_0"])[0]),
+                 "score": answer["score"]}]  # fmt: skip
     if "entities" in answer:
-        return [{"entity_group": e["type"], "score": e["score"], "word": e["text"],
-                 "start": e.get("start"), "end": e.get("end")}
+        return [{"entity" if "index" in e else "entity_group": e["type"], "score": e["score"],
+                 "word": e["text"], "start": e.get("start"), "end": e.get("end"),
+                 **({"index": e["index"]} if "index" in e else {})}
                 for e in answer["entities"]]  # fmt: skip
     if "tags" in answer:  # plain tags: each word
         offsets = answer.get("offsets") or [[None, None]] * len(answer["words"])
@@ -101,6 +105,9 @@ def hf_prediction(answer: dict[str, Any], labels: list[str] | None, top_k: int |
                 for word, tag, score, (start, end)
                 in zip(answer["words"], answer["tags"], answer["scores"], offsets,
                        strict=True)]  # fmt: skip
+    if "answer" in answer and "no_answer" in answer:
+        return {"answer": answer["answer"], "score": answer["score"],
+                "start": answer["start"] or 0, "end": answer["end"] or 0}  # fmt: skip
     return answer
 
 

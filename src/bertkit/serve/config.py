@@ -8,13 +8,17 @@ from bertkit.settings import (
     Settings,
     backend_setting,
     device_setting,
+    flat_names,
     inference_compile_setting,
+    nested,
     precision_setting,
     quantize_setting,
     setting,
 )
+from bertkit.tasks.saved import HeadConfig
 
 
+@flat_names
 @dataclass
 class ServeConfig(Settings):
     host: str = setting("127.0.0.1", "address to listen on (0.0.0.0: every interface)")
@@ -64,6 +68,7 @@ class ServeConfig(Settings):
     )
     precision: str = precision_setting()
     compile: str = inference_compile_setting()
+    heads: HeadConfig = nested(HeadConfig)
     served_model_name: str | None = setting(
         None,
         "the model's name in /v1/models and the OpenAI-style answers (default: a Hub name as "

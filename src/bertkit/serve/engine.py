@@ -39,6 +39,7 @@ from bertkit.serve.clients import HfStyle, hf_parameters
 from bertkit.serve.config import ServeConfig
 from bertkit.serve.routes import ROUTES, Text, kind_of
 from bertkit.settings import BACKENDS, QUANTIZATIONS, replaced
+from bertkit.tasks.saved import has_task
 
 if TYPE_CHECKING:
     from bertkit.inference.embedder import Embedder
@@ -113,7 +114,7 @@ class ServedModel:
         self.embedder: Embedder | None = None  # what /embed runs: the encoder, on the one path
         self._count = on_forward
         self.task_name: str | None = None
-        if (path / TASK_FILE).exists():
+        if has_task(self.source):  # a task record, or a saved classifier, tagger or reader
             self._open_task_model(path, on_forward)
         else:
             self._open_encoder(path)
@@ -146,7 +147,7 @@ class ServedModel:
         config = self.config
         self.predictor = Predictor(path, device=str(self.device), batch_size=config.max_batch_size,
                                    backend=config.backend, precision=config.precision,
-                                   compile=config.compile)  # fmt: skip
+                                   compile=config.compile, **vars(config.heads))  # fmt: skip
         self.tokenizer = self.predictor.tokenizer
         self.max_seq_length = self.predictor.max_seq_length
         self.task_name = self.predictor.task.name
@@ -248,13 +249,20 @@ class ServedModel:
         if not isinstance(body, dict):
             raise InputError(f"the body must be a JSON object, not {kind_of(body)}")
         inputs = body.get("inputs")
-        single = isinstance(inputs, str)
+        single = isinstance(inputs, (str, dict))  # one text, or one question and its context
         if "query" in body and "texts" in body:
             return "rerank", body, HfStyle(single)
         if isinstance(inputs, dict) and "source_sentence" in inputs:
             return "similarity", body, HfStyle(single)
         if self.predictor is not None:
-            parameters = hf_parameters(body, ("top_k",))
+            served = vars(self.config.heads)  # what this server's heads answer by
+            parameters = hf_parameters(body, ("top_k", *served))
+            for name, value in parameters.items():
+                if name in served and value != served[name]:
+                    raise InputError(
+                        f'"parameters": {name} {value!r}: this server answers with '
+                        f"{served[name]!r} (start it with --{name.replace('_', '-')})"
+                    )
             own = {k: v for k, v in body.items() if k != "parameters"}
             return "predict", own, HfStyle(single, parameters.get("top_k"))
         if self.fill is not None:

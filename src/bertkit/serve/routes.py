@@ -69,12 +69,14 @@ class Text:
 @dataclass(frozen=True)
 class Pair:
     """One (query, text) to score; `return_text`: the answer repeats the text; `top_n`: Cohere's
-    best-n (the same for each pair of a request)."""
+    best-n (the same for each pair of a request); `raw`: text-embeddings-inference's
+    raw_scores."""
 
     query: str
     text: str
     return_text: bool = False
     top_n: int | None = None
+    raw: bool = False  # the cross-encoder's logit, not its activation's score
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,8 @@ class Predict(Route):
 
     def missing(self, model: ServedModel) -> str:
         served = ", ".join(f"/{name}" for name, ok in model.endpoints.items() if ok)
-        return f"{model.source} is not a fine-tuned model (no {TASK_FILE}): it answers {served}"
+        return (f"{model.source} is not a fine-tuned model (no {TASK_FILE}, and its config.json "
+                f"names no classifier, tagger or reader): it answers {served}")  # fmt: skip
 
     def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
         assert model.predictor is not None
@@ -155,8 +158,9 @@ class Predict(Route):
             return results
         labels = model.predictor.labels if model.predictor is not None else None
         answers = [hf_prediction(r, labels, style.top_k) for r in results]
-        tagged = any("words" in r for r in results)
-        return answers[0] if style.single and tagged else answers
+        # a tagger's entities and a reader's answer: one input's own (a classifier's: a list)
+        own = any(key in r for r in results for key in ("words", "entities", "no_answer"))
+        return answers[0] if style.single and own else answers
 
     def warm_inputs(self, model: ServedModel, short: str, long: str) -> tuple[Any, Any]:
         return model.task_input(short), model.task_input(long)
@@ -294,9 +298,11 @@ class Rerank(Route):
             "texts": _TEXTS,
             "truncate": _TRUNCATE,
             "return_text": {"type": "boolean", "default": False},
-        }, ["query", "texts"]
+            "raw_scores": {"type": "boolean", "default": False,
+                           "description": "the cross-encoder's logits, not its activation's"},
+        }, ["query", "texts"]  # fmt: skip
 
-    fields = {"query", "texts", "return_text", "truncate"}
+    fields = {"query", "texts", "return_text", "truncate", "raw_scores"}
 
     def answers(self, model: ServedModel) -> bool:
         return model.rerank_label is not None
@@ -310,12 +316,21 @@ class Rerank(Route):
     def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
         _known(body, self.fields, "/" + self.name)
         query, texts = _query_and_texts(model, body, body.get("texts"), limits, "texts")
-        keep = _flag(body, "return_text")
-        return [Pair(query, text, keep) for text in texts]
+        keep, raw = _flag(body, "return_text"), _flag(body, "raw_scores")
+        return [Pair(query, text, keep, raw=raw) for text in texts]
 
     def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
         assert model.predictor is not None
-        return model.predictor.relevance([(item.query, item.text) for item in items])
+        scores: list[Any] = [None] * len(items)
+        for raw in (False, True):  # (a batch may hold requests of either)
+            chosen = [i for i, item in enumerate(items) if item.raw == raw]
+            if chosen:
+                found = model.predictor.relevance(
+                    [(items[i].query, items[i].text) for i in chosen], raw=raw
+                )
+                for i, score in zip(chosen, found, strict=True):
+                    scores[i] = score
+        return scores
 
     def shape(self, model: ServedModel, items: list[Any], results: list[Any],
               style: HfStyle | None) -> Any:  # fmt: skip

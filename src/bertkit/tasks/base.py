@@ -283,12 +283,14 @@ def head_logits(model, batch: dict[str, Any]) -> torch.Tensor:
     return run_model(model, batch).logits.float()
 
 
-def collate(features: Sequence[Feature], padded: dict[str, int]) -> dict[str, torch.Tensor]:
+def collate(features: Sequence[Feature], padded: dict[str, int],
+            most: int | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """Pad the per-token inputs to the longest feature (to a multiple of 8) and stack every
     other numeric field: collate([{"input_ids": [2, 5, 3], "y": 1}], {"input_ids": 0})
     -> {"input_ids": tensor([[2, 5, 3, 0, 0, 0, 0, 0]]), "y": tensor([1])}. Multiple choice
     ((choices, tokens) per feature): features with fewer choices repeat their last one, and
-    `choice_mask` (B, choices) marks the real ones."""
+    `choice_mask` (B, choices) marks the real ones. `most`: the model's positions, which the
+    padding never passes."""
     batch: dict[str, torch.Tensor] = {}
     first = features[0]
     for key in first:
@@ -311,7 +313,8 @@ def collate(features: Sequence[Feature], padded: dict[str, int]) -> dict[str, to
                         mask[i, : len(row)] = True
                     batch["choice_mask"] = torch.from_numpy(mask)
             else:
-                width = _round_up(max(len(r) for r in rows))
+                longest = max(len(r) for r in rows)
+                width = max(min(_round_up(longest), most or longest), longest)
                 array = np.full((len(rows), width), fill, dtype=np.int64)
                 for i, r in enumerate(rows):
                     array[i, : len(r)] = r
@@ -473,8 +476,9 @@ def run_outputs(
 
         batches = tqdm(list(batches), desc="evaluate", unit="batch")
     plan = getattr(model, "host_layouts", None)  # a bertkit head's: see Trainer.fit
+    most = getattr(getattr(model, "config", None), "max_length", None)
     for indices in batches:
-        batch = collate([features[i] for i in indices], task.padded_inputs)
+        batch = collate([features[i] for i in indices], task.padded_inputs, most)
         layouts = plan(batch, device) if plan is not None else None
         batch = {k: v.to(device) for k, v in batch.items()}
         if layouts is not None:  # worked out on the host: the forward need not count tokens
@@ -513,15 +517,27 @@ def read_task_info(model: str | os.PathLike) -> dict:
     path = folder / TASK_FILE
     if not path.exists():
         raise FileNotFoundError(
-            f"{path}: not a fine-tuned bertkit checkpoint (no {TASK_FILE}); pass the task"
+            f"{path}: not a fine-tuned model: no {TASK_FILE}, and its config.json names no "
+            "task head (a classifier, a tagger, an extractive reader); an encoder embeds texts "
+            "(bertkit embed), or fine-tune it for a task (bertkit finetune)"
         )
     return json.loads(path.read_text())
 
 
-def task_of_checkpoint(model: str | os.PathLike, name: str | None = None) -> tuple[Task, dict]:
+def task_of_checkpoint(model: str | os.PathLike, name: str | None = None,
+                       **options: Any) -> tuple[Task, dict]:  # fmt: skip
     """The task a fine-tuned checkpoint answers (its own, or `name`), with what it learnt and
-    tuned (labels, thresholds), and the checkpoint's task info."""
+    tuned (labels, thresholds), and the checkpoint's task info. A folder transformers or
+    sentence-transformers saved (no task record) answers the task its head names
+    (`tasks.saved.task_of_folder`, given `options`)."""
+    from bertkit.core.hub import model_dir
     from bertkit.tasks import get_task
 
+    folder = model_dir(model)
+    if name is None and folder.is_dir() and not (folder / TASK_FILE).exists():
+        from bertkit.tasks.saved import saved_head, task_of_folder
+
+        if saved_head(folder) is not None:
+            return task_of_folder(folder, **options)
     info = read_task_info(model)
     return get_task(name or info["task"]).with_settings(info), info
