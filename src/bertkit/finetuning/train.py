@@ -240,10 +240,12 @@ def continued_head(task: Task, model_dir: str | os.PathLike) -> tuple[Task, str 
         return task, (f"a new classifier: {model_dir}'s classifier was trained on the labels "
                       f"{saved}, the training file has {mine}")  # fmt: skip
     if task.problem != "regression":
+        counts = task.label_set.counts
+        weights = dict(zip(mine, task.weights or [], strict=False))
         task = copy.copy(task)
-        task.label_set = LabelSet(task.problem, tuple(saved), task.label_set.counts)
-        if task.data.class_weights == "balanced":
-            task.weights = task.label_set.balanced_weights(sum(task.label_set.counts.values()))
+        task.label_set = LabelSet(task.problem, tuple(saved), counts)
+        if task.weights is not None:  # each label's weight, in the classifier's order
+            task.weights = [weights[name] for name in saved]
     return task, f"continues {model_dir}'s classifier (its labels {saved})"
 
 
