@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from bertkit.core.tokenizer import BertTokenizer
 from bertkit.inference.fill_mask import FillMask
@@ -157,6 +158,53 @@ def test_hugging_face_client_token_classification(tagger):
         assert {a.word for a in answer} >= {"paris", "sushi"}
         for a, e in zip(answer, expected["entities"], strict=True):
             assert a.word == text[a.start : a.end] and a.score == pytest.approx(e["score"])
+
+
+def test_hugging_face_client_on_models_transformers_saved(tagger, words_model, tmp_path):
+    """A tagger and a reader as transformers saves them (no task record: the tagger bertkit
+    fine-tuned with its record removed, a reader with transformers' own random head):
+    InferenceClient's token_classification gets `pipeline("ner", aggregation_strategy=
+    "simple")`'s entities, and question_answering the reader's answer; a parameter the server
+    does not answer by is refused by name."""
+    import shutil
+
+    import transformers
+
+    folder = tmp_path / "tagger"
+    shutil.copytree(tagger, folder)
+    (folder / "bertkit_task.json").unlink()
+    reader = tmp_path / "reader"
+    shutil.copytree(words_model, reader)
+    torch.manual_seed(0)
+    transformers.AutoModelForQuestionAnswering.from_pretrained(words_model).save_pretrained(reader)
+    text = "ann visits paris, eats sushi and pizza"
+    pipe = transformers.pipeline("ner", model=str(folder), aggregation_strategy="simple")
+    expected = pipe(text)
+    assert expected, "the tagger found no entity to compare"
+    with Server(folder, "--precision", "fp32") as server:
+        answer = huggingface_hub.InferenceClient(model=server.url).token_classification(text)
+        assert [(a.entity_group, a.start, a.end) for a in answer] == \
+            [(e["entity_group"], e["start"], e["end"]) for e in expected]  # fmt: skip
+        for a, e in zip(answer, expected, strict=True):
+            assert a.word == text[a.start : a.end] and a.score == pytest.approx(
+                e["score"], abs=1e-5
+            )
+        with pytest.raises(huggingface_hub.errors.HfHubHTTPError, match="aggregation-strategy"):
+            huggingface_hub.InferenceClient(model=server.url).token_classification(
+                text, aggregation_strategy="max"
+            )
+    question, context = "who visits paris?", "ann visits paris and eats sushi with bob ."
+    [own] = Predictor(reader, precision="fp32")([{"question": question, "context": context}])
+    with Server(reader, "--precision", "fp32") as server:
+        answer = huggingface_hub.InferenceClient(model=server.url).question_answering(
+            question=question, context=context
+        )
+        assert (answer.answer, answer.start, answer.end) == (
+            own["answer"],
+            own["start"],
+            own["end"],
+        )
+        assert answer.score == pytest.approx(own["score"], abs=1e-6) and answer.answer
 
 
 def test_hugging_face_client_fill_mask(mlm_dir):

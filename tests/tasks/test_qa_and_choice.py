@@ -53,6 +53,21 @@ def test_question_answering_on_squad_files_of_any_name(words_model, tmp_path):
     )
     answer = Predictor(out)([{"question": "what does ann eat", "context": "ann eats sushi"}])[0]
     assert {"answer", "start", "end", "score", "no_answer"} <= set(answer)
+    # the folder loads in transformers' AutoModelForQuestionAnswering with bertkit's logits
+    import torch
+    import transformers
+
+    from bertkit.core.tokenizer import BertTokenizer
+    from bertkit.inference.loader import load
+
+    theirs = transformers.AutoModelForQuestionAnswering.from_pretrained(out).eval()
+    ours = load(out, fine_tuned=True).model
+    batch = BertTokenizer.from_pretrained(out)(["what does ann eat"], ["ann eats sushi today"],
+                                               return_tensors="pt")  # fmt: skip
+    with torch.no_grad():
+        expected, got = theirs(**batch), ours(**batch)
+    torch.testing.assert_close(got.start_logits, expected.start_logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.end_logits, expected.end_logits, atol=1e-5, rtol=0)
     # records in Hugging Face's squad layout, and a file without answers to predict
     records = tmp_path / "records.jsonl"
     records.write_text(json.dumps({"id": "r1", "question": "what does ann eat",

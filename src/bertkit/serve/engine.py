@@ -309,7 +309,8 @@ class ServedModel:
     def task_input(self, text: str) -> Any:
         """An input this model's task takes, made of `text`."""
         assert self.predictor is not None
-        for item in (text, [text, text], {"question": "What?", "context": text},
+        # a reader's before a pair: a pair of long texts is a question with no room left
+        for item in (text, {"question": "What?", "context": text}, [text, text],
                      {"context": text, "choices": ["yes", "no"]}):  # fmt: skip
             try:
                 self.predictor.check(item)
