@@ -145,6 +145,9 @@ async def _client(port: int, bodies: list[bytes], until: float, latencies: list[
             latencies.append(time.perf_counter() - started)
             if not head.startswith(b"HTTP/1.1 200"):
                 errors.append(int(head[9:12]))
+            if re.search(rb"(?i)\r\nconnection: *close", head):  # the server closes it
+                writer.close()
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
     finally:
         writer.close()
 

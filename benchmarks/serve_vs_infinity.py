@@ -194,11 +194,22 @@ def _measured(run, latencies: list[float], errors: list[int]) -> dict[str, float
             "errors": len(errors)}  # fmt: skip
 
 
+def trimmed_connections(server: Server) -> int:
+    import re
+
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=10).text
+    found = re.search(r"^bertkit_trimmed_connections_total (\d+)", text, re.MULTILINE)
+    return int(found.group(1)) if found else 0
+
+
 def measure(kind: str, server: Server, route: str, clients: int, seconds: float,
             sent: list[bytes]) -> dict[str, float]:  # fmt: skip
     """One load on one server: rates, latencies and where the server's CPU went."""
     bertkit = server.name.startswith("bertkit")
     before = server.metrics(route) if bertkit else None
+    trimmed = trimmed_connections(server) if bertkit else None
     other = busy_process() if kind == "busy" else None
     try:
         cpu = thread_cpu(server)
@@ -224,6 +235,8 @@ def measure(kind: str, server: Server, route: str, clients: int, seconds: float,
         result["others_cpus"] = threads.get("others_busy_cpus", float("nan"))
         result["thread_changes"] = threads.get("changes", 0) - server.thread_changes
         server.thread_changes = threads.get("changes", 0)
+    if trimmed is not None:  # connections closed after an answer (a co-located client's pool)
+        result["trimmed"] = trimmed_connections(server) - trimmed
     result["batch"] = batch_size(server, route, before) if bertkit else float("nan")
     result["waited_ms"] = batch_wait(server, route, before) * 1000 if bertkit else float("nan")
     return result
@@ -319,7 +332,8 @@ def main() -> None:
                               f"{result.get('threads', '-')} (changed "
                               f"{result.get('thread_changes', '-')}x, others "
                               f"{result.get('others_cpus', float('nan')):.2f} CPUs) errors "
-                              f"{result['errors']}", flush=True)  # fmt: skip
+                              f"{result['errors']} closed after answering "
+                              f"{result.get('trimmed', '-')}", flush=True)  # fmt: skip
     finally:
         for server in servers.values():
             server.stop()

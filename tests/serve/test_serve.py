@@ -239,7 +239,7 @@ def _batcher(run, **settings) -> DynamicBatcher:
     return DynamicBatcher(run, ThreadPoolExecutor(1), **settings)
 
 
-def test_batches_hold_at_most_max_batch_size_and_whole_requests():
+def test_batches_hold_at_most_max_batch_size_a_large_request_in_parts():
     sizes = []
 
     def run(items):
@@ -256,9 +256,101 @@ def test_batches_hold_at_most_max_batch_size_and_whole_requests():
         return requests, answers
 
     requests, answers = asyncio.run(main())
-    assert answers == [[x * 10 for x in r] for r in requests]
-    assert sum(sizes) == 27 and max(sizes) == 7  # the 7-input request ran alone
-    assert all(s <= 5 for s in sizes if s != 7) and len(sizes) < len(requests)
+    assert answers == [[x * 10 for x in r] for r in requests]  # each request's own, in order
+    assert sum(sizes) == 27 and max(sizes) == 5 and len(sizes) < len(requests)
+
+
+def test_a_large_request_holds_up_a_later_small_one_by_one_batch():
+    """Fair queueing: a one-input request that comes while a 40-input request runs in parts
+    of 4 waits for the part in flight, not for the nine after it; two large requests share
+    the model part for part."""
+    order: list[str] = []
+
+    def run(items):
+        order.append("".join(sorted({str(x)[0] for x in items})))
+        time.sleep(0.02)
+        return list(items)
+
+    async def main():
+        batcher = _batcher(run, max_batch_size=4, max_wait_ms=0)
+        batcher.start()
+        large = asyncio.ensure_future(batcher.submit([f"a{n}" for n in range(40)]))
+        await asyncio.sleep(0.03)  # its first part runs
+        small = asyncio.ensure_future(batcher.submit(["s"]))
+        other = asyncio.ensure_future(batcher.submit([f"b{n}" for n in range(8)]))
+        answers = await asyncio.gather(large, small, other)
+        await batcher.stop()
+        return answers
+
+    large, small, other = asyncio.run(main())
+    assert large == [f"a{n}" for n in range(40)] and small == ["s"] and other[-1] == "b7"
+    assert order.index("s") <= 2, order  # after the part in flight (and at most one more)
+    assert order.index("b") < 5 and order.count("a") == 10, order  # b's parts did not wait for a's
+
+
+def test_a_small_request_runs_within_two_batches_of_many_large_ones_and_none_starves():
+    """Ten requests of 12 inputs (parts of 4) wait; a one-input request that comes after them
+    runs within two batches, not after their ten first parts. A stream of small requests that
+    fills every batch still leaves the large ones every other batch."""
+    order: list[str] = []
+
+    def run(items):
+        order.append("".join(sorted({str(x)[0] for x in items})))
+        time.sleep(0.01)
+        return list(items)
+
+    async def main():
+        batcher = _batcher(run, max_batch_size=4, max_wait_ms=0)
+        batcher.start()
+        large = [asyncio.ensure_future(batcher.submit([f"L{n}"] * 12)) for n in range(10)]
+        await asyncio.sleep(0.005)  # the first part runs
+        ran_before = len(order)
+        await batcher.submit(["s"])
+        small_after = len(order) - ran_before
+        flood = [asyncio.ensure_future(batcher.submit(["f"] * 4)) for _ in range(20)]
+        await asyncio.gather(*large, *flood)
+        await batcher.stop()
+        return small_after
+
+    small_after = asyncio.run(main())
+    assert small_after <= 2, order
+    # while the flood of full small batches waited, large parts ran every other batch
+    flood = [i for i, o in enumerate(order) if o == "f"]
+    between = order[flood[0] : flood[-1]]
+    assert between.count("L") >= between.count("f") - 1, order
+
+
+def test_idle_connections_are_trimmed_only_beside_busy_cpus_and_an_idle_pool():
+    from bertkit.serve.connections import trims_idle_connections
+
+    assert trims_idle_connections(64, 2, others_busy=0.96)  # the httpx load's state
+    assert not trims_idle_connections(64, 2, others_busy=0.05)  # alone: a remote client
+    assert not trims_idle_connections(64, 62, others_busy=1.0)  # a pool kept busy
+    assert not trims_idle_connections(3, 1, others_busy=1.0)  # two idle: a client's turnaround
+
+
+def test_a_request_gone_mid_way_leaves_its_later_parts_uncomputed():
+    ran: list[list[int]] = []
+
+    def run(items):
+        ran.append(list(items))
+        time.sleep(0.05)
+        return list(items)
+
+    async def main():
+        batcher = _batcher(run, max_batch_size=4, max_wait_ms=0)
+        batcher.start()
+        gone = asyncio.ensure_future(batcher.submit(list(range(20))))
+        await asyncio.sleep(0.07)  # its first part ran, the second runs
+        gone.cancel()
+        kept = await batcher.submit([100])
+        await batcher.stop()
+        return kept, batcher.waiting, batcher.cancelled
+
+    kept, waiting, cancelled = asyncio.run(main())
+    assert kept == [100] and waiting == 0
+    assert ran[:2] == [[0, 1, 2, 3], [4, 5, 6, 7]] and ran[2:] == [[100]]  # 8..19 never ran
+    assert cancelled == 12
 
 
 def test_a_faulty_request_fails_alone():
@@ -280,6 +372,28 @@ def test_a_faulty_request_fails_alone():
     first, second, third = asyncio.run(main())
     assert first == ["A"] and third == ["B", "C"]
     assert isinstance(second, ValueError) and "bad input" in str(second)
+
+
+def test_a_large_request_with_a_faulty_part_fails_whole_its_later_parts_unrun():
+    ran: list[list[str]] = []
+
+    def run(items):
+        ran.append(list(items))
+        if "bad" in items:
+            raise ValueError("bad input")
+        return [s.upper() for s in items]
+
+    async def main():
+        batcher = _batcher(run, max_batch_size=2, max_wait_ms=0)
+        batcher.start()
+        results = await asyncio.gather(batcher.submit(["a", "bad", "c", "d", "e", "f"]),
+                                       batcher.submit(["x"]), return_exceptions=True)  # fmt: skip
+        await batcher.stop()
+        return results
+
+    faulty, fine = asyncio.run(main())
+    assert isinstance(faulty, ValueError) and fine == ["X"]
+    assert not any("e" in batch for batch in ran)  # its third part never ran
 
 
 def test_a_full_queue_refuses_and_stop_answers_what_waits():

@@ -44,7 +44,7 @@ from bertkit.errors import InputError
 from bertkit.serve.batcher import BatchStats, DynamicBatcher, QueueFull, Stopped
 from bertkit.serve.clients import openai_error
 from bertkit.serve.config import ServeConfig
-from bertkit.serve.connections import GuardedHTTP, descriptors_for
+from bertkit.serve.connections import GuardedHTTP, descriptors_for, trims_idle_connections
 from bertkit.serve.cores import CoreShare
 from bertkit.serve.engine import ServedModel
 from bertkit.serve.metrics import Metrics
@@ -86,6 +86,7 @@ class Service:
         self.metrics.forward_passes = 0  # the warm-up is not served traffic
         self.batchers: dict[str, DynamicBatcher] = {}
         self.draining = False
+        self.in_flight = 0  # requests being answered (each holds its connection busy)
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def _load(self, path: str) -> ServedModel:
@@ -272,6 +273,21 @@ async def _answer(service: Service, route: str, request: Request) -> Response:
     """`route`'s answer to `request`; route "" (POST / and /invocations) runs the model's
     own route for the body (`ServedModel.route`)."""
     started = time.perf_counter()
+    service.in_flight += 1
+    try:
+        response = await _respond(service, route, request, started)
+    finally:
+        service.in_flight -= 1
+    if not service.config.keep_idle_connections and trims_idle_connections(
+        GuardedHTTP.open, service.in_flight, service.cores.others
+    ):
+        response.headers["connection"] = "close"
+        service.metrics.trimmed += 1
+    return response
+
+
+async def _respond(service: Service, route: str, request: Request, started: float) -> Response:
+    """The answer, its request counted in /metrics."""
     inputs, read, endpoint = 0, False, route
 
     fail = functools.partial(_error, endpoint=route)  # in the route's own error shape

@@ -44,6 +44,12 @@ class ServeConfig(Settings):
         "towards the process's open-file limit, or lowered to fit it)",
         check="positive",
     )
+    keep_idle_connections: bool = setting(
+        False,
+        "never close a keep-alive connection after an answer (default: closed while another "
+        "process keeps this machine's CPUs busy and more than two connections idle: a "
+        "co-located client's pool, which then costs it far less)",
+    )
     header_timeout: float = setting(
         10.0, "seconds a connection has for each request's headers (then closed)",
         check="positive",

@@ -184,6 +184,34 @@ class GuardedHTTP(_Base):
             self.transport.close()
 
 
+TRIM_OTHERS_BUSY = 0.2  # CPUs other processes keep busy on this server's CPUs, at least
+TRIM_IDLE = 2  # connections with no request in flight, more than
+
+
+def trims_idle_connections(open_connections: int, in_flight: int, others_busy: float) -> bool:
+    """Whether an answer goes out with `Connection: close`: while other processes keep a fifth
+    of a CPU or more busy on this server's CPUs (a client on the same machine, working) and
+    more than two of the open connections have no request in flight (`in_flight`: the
+    requests being answered, this one no longer counted).
+
+    Why (docs/results/serve#python-client): httpx's pool (httpcore 1.0, the openai client's
+    transport) re-plans on every request and every answer by walking its connections once per
+    idle connection. Against a server that answers faster than the client turns answers into
+    new requests, most of its 64 connections sit idle (48-63 at nine in ten re-plans,
+    `benchmarks/client_pool.py`), each request costs it 11 ms of CPU instead of 2, and the
+    client, on the server's cores, is what limits the rate (95% of a core, a p99 of 2 s).
+    Closing the connection an answer went out on keeps its pool to what it uses: it opens one
+    when it needs one (a connect on loopback costs far less than the walks) and stays out of
+    that state. Measured against narrower rules: half a CPU as the bar let the pool fall back
+    between the estimate's windows (p99 812 against 362 ms); closing only while on average
+    fewer than half (or 65%) of the connections had a request in flight spared clients that
+    keep theirs busy but let the pool regrow (208-244 against 309-321 requests/s). The rule
+    costs such clients beside a busy process their connection now and then: 64 asyncio
+    clients beside a busy process, 325 against 338 requests/s. A machine with nothing else
+    working never closes one; `--keep-idle-connections` never does."""
+    return others_busy >= TRIM_OTHERS_BUSY and open_connections - in_flight > TRIM_IDLE
+
+
 def descriptors_for(connections: int) -> int:
     """Raise this process's open-file limit towards what `connections` sockets need (up to the
     hard limit); the most connections it then allows."""

@@ -60,6 +60,7 @@ class Metrics:
         self.batch_seconds: dict[str, _Histogram] = defaultdict(lambda: _Histogram(LATENCY_BUCKETS))
         self.batch_wait: dict[str, _Histogram] = defaultdict(lambda: _Histogram(LATENCY_BUCKETS))
         self.forward_passes = 0
+        self.trimmed = 0  # answers sent with Connection: close (connections.trims_idle_connections)
 
     def request(self, endpoint: str, code: int, seconds: float, inputs: int = 0) -> None:
         with self._lock:
@@ -106,6 +107,9 @@ class Metrics:
                  _by_endpoint(cancelled or {})),
                 ("open_connections", "gauge", "HTTP connections open now.",
                  [("", connections)]),
+                ("trimmed_connections_total", "counter",
+                 "Connections closed after an answer: a co-located client holding more idle "
+                 "keep-alive connections than it keeps busy.", [("", self.trimmed)]),
                 ("ready", "gauge", "1 when the model is loaded and warm and not shutting down.",
                  [("", int(ready))]),
             ]  # fmt: skip

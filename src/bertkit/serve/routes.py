@@ -530,8 +530,13 @@ def _openai_input(given: Any, vocab: int) -> list[str | Ids]:
         elif isinstance(item, list) and item and all(_is_id(i) for i in item):
             wrong = next((i for i in item if not 0 <= i < vocab), None)
             if wrong is not None:
-                raise InputError(f"input[{n}]: token id {wrong} is not in the model's "
-                                 f"vocabulary (0 to {vocab - 1})")  # fmt: skip
+                raise InputError(
+                    f"input[{n}]: token id {wrong} is not in the model's vocabulary (0 to "
+                    f"{vocab - 1}): were these ids made by another model's tokenizer? "
+                    "OpenAI clients that tokenize before sending (LangChain's OpenAIEmbeddings "
+                    "sends tiktoken's ids unless check_embedding_ctx_length=False) must send "
+                    "the text itself to this server"
+                )
             texts.append(Ids(item))
         else:
             raise InputError(f"input[{n}]: a text or a non-empty list of token ids expected, "
