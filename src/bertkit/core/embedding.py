@@ -67,6 +67,21 @@ def read_pooling(path: str | os.PathLike) -> str | None:
     raise ValueError(f"{file}: a pooling bertkit does not have (it has mean and cls)")
 
 
+def read_prompts(path: str | os.PathLike) -> tuple[dict[str, str], str | None, bool]:
+    """The prompts a sentence-transformers folder declares (config_sentence_transformers.json's
+    `prompts`, e.g. {"query": "query: ", "document": "passage: "}), its `default_prompt_name`,
+    and whether pooling counts the prompt's tokens (1_Pooling/config.json's `include_prompt`,
+    true unless it says otherwise)."""
+    path = Path(path)
+    settings = _declared(path / "config_sentence_transformers.json") or {}
+    prompts = settings.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise ValueError(f"{path / 'config_sentence_transformers.json'}: \"prompts\" must map "
+                         "names to texts")  # fmt: skip
+    pooling = _declared(path / POOLING_DIR / "config.json") or {}
+    return dict(prompts), settings.get("default_prompt_name"), pooling.get("include_prompt", True)
+
+
 def declared_normalize(path: str | os.PathLike) -> bool:
     """Whether a folder declares unit-length vectors (sentence-transformers' Normalize module in
     modules.json)."""

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bertkit.core.embedding import declared_length, pool, read_pooling
+from bertkit.core.embedding import declared_length, pool, read_pooling, read_prompts
 from bertkit.inference.loader import Loaded, load
 from bertkit.inference.texts import Ids, Text
 
@@ -51,7 +51,10 @@ class Embedder:
     and serve: `auto` is bf16 autocast where the device runs bf16 natively (the vectors then
     equal fp32's within bf16's rounding), fp32 elsewhere. `max_seq_length`: where texts are cut
     (default: `reading_length`'s rule). `backend` (torch|onnx) and `compile` (off|on) as
-    `bertkit predict` takes them.
+    `bertkit predict` takes them. `prompt_name`: one of the prompts the folder declares
+    (sentence-transformers' config_sentence_transformers.json, e.g. "query"), put before each
+    text as `SentenceTransformer.encode(prompt_name=...)` puts it (default: the folder's
+    `default_prompt_name`, else none); an unknown name is refused, listing the folder's.
 
     >>> Embedder("runs/emb")(["a text", "another"]).shape   # doctest: +SKIP
     (2, 384)
@@ -69,10 +72,12 @@ class Embedder:
         normalize: bool = True,
         backend: str = "torch",
         compile: str = "off",
+        prompt_name: str | None = None,
     ) -> None:
         loaded = load(model, head="BertModel", device=device, precision=precision,
                       backend=backend, compile=compile)  # fmt: skip
         self._open(loaded, loaded.model, batch_size, max_seq_length, pooling, normalize)
+        self.use_prompt(prompt_name)
 
     @classmethod
     def of(
@@ -104,6 +109,28 @@ class Embedder:
         self.dimension = loaded.config.hidden_size
         self.pad_id = self.tokenizer.pad_token_id
         self.pair_specials = self.tokenizer.special_tokens_added(True)
+        self.prompts, default, self.include_prompt = read_prompts(loaded.path)
+        self.prompt: str = ""
+        self.prompt_name: str | None = None
+        if default is not None:
+            self.use_prompt(default)
+
+    @property
+    def _prompt_length(self) -> int:
+        """[CLS] and the prompt's pieces (sentence-transformers' `prompt_length`: the prompt
+        tokenized alone, less its [SEP])."""
+        return len(self.tokenizer.encode_ids([self.prompt])[0]) + 1
+
+    def use_prompt(self, name: str | None) -> None:
+        """Put the folder's prompt `name` before every text from now on (None: the folder's
+        default prompt, else none)."""
+        if name is None:
+            return
+        if name not in self.prompts:
+            declared = ", ".join(sorted(self.prompts)) or "none"
+            raise ValueError(f"{self.loaded.path}: no prompt named {name!r} (the folder declares "
+                             f"{declared}, in config_sentence_transformers.json)")  # fmt: skip
+        self.prompt, self.prompt_name = self.prompts[name], name
 
     def __call__(self, texts: Sequence[Text]) -> np.ndarray:
         """(N, H) float32 vectors of `texts`, in their order."""
@@ -122,7 +149,7 @@ class Embedder:
                 rows[i], lengths[i] = (ids, [0] * len(ids)), len(text)
         if singles:
             room = self.max_seq_length - self.tokenizer.special_tokens_added(False)
-            plain = [str(texts[i]) for i in singles]
+            plain = [self.prompt + str(texts[i]) for i in singles]
             for i, ids in zip(singles, self.tokenizer.encode_ids(plain), strict=True):
                 rows[i] = self.tokenizer.with_specials(ids[:room])
                 lengths[i] = len(ids) + self.max_seq_length - room
@@ -164,6 +191,9 @@ class Embedder:
             for start in range(0, len(order), self.batch_size):
                 chosen = order[start : start + self.batch_size]
                 hidden, mask = self._states([rows[i] for i in chosen])
+                if self.prompt and not self.include_prompt:  # the prompt's tokens not pooled
+                    mask = mask.clone()
+                    mask[:, : self._prompt_length] = 0
                 for kind in {poolings[i] for i in chosen}:
                     mine = [r for r, i in enumerate(chosen) if poolings[i] == kind]
                     vectors = pool(hidden[mine], mask[mine], kind)
