@@ -112,14 +112,9 @@ class Embedder:
         self.prompts, default, self.include_prompt = read_prompts(loaded.path)
         self.prompt: str = ""
         self.prompt_name: str | None = None
+        self.prompt_length = 0
         if default is not None:
             self.use_prompt(default)
-
-    @property
-    def _prompt_length(self) -> int:
-        """[CLS] and the prompt's pieces (sentence-transformers' `prompt_length`: the prompt
-        tokenized alone, less its [SEP])."""
-        return len(self.tokenizer.encode_ids([self.prompt])[0]) + 1
 
     def use_prompt(self, name: str | None) -> None:
         """Put the folder's prompt `name` before every text from now on (None: the folder's
@@ -131,6 +126,9 @@ class Embedder:
             raise ValueError(f"{self.loaded.path}: no prompt named {name!r} (the folder declares "
                              f"{declared}, in config_sentence_transformers.json)")  # fmt: skip
         self.prompt, self.prompt_name = self.prompts[name], name
+        # what pooling leaves out when it does not count the prompt: [CLS] and the prompt's
+        # pieces (sentence-transformers' prompt_length: the prompt tokenized alone, less [SEP])
+        self.prompt_length = len(self.tokenizer.encode_ids([self.prompt])[0]) + 1
 
     def __call__(self, texts: Sequence[Text]) -> np.ndarray:
         """(N, H) float32 vectors of `texts`, in their order."""
@@ -193,7 +191,7 @@ class Embedder:
                 hidden, mask = self._states([rows[i] for i in chosen])
                 if self.prompt and not self.include_prompt:  # the prompt's tokens not pooled
                     mask = mask.clone()
-                    mask[:, : self._prompt_length] = 0
+                    mask[:, : self.prompt_length] = 0
                 for kind in {poolings[i] for i in chosen}:
                     mine = [r for r, i in enumerate(chosen) if poolings[i] == kind]
                     vectors = pool(hidden[mine], mask[mine], kind)
