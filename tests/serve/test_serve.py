@@ -260,16 +260,24 @@ def test_batches_hold_at_most_max_batch_size_a_large_request_in_parts():
     assert sum(sizes) == 27 and max(sizes) == 5 and len(sizes) < len(requests)
 
 
-def test_a_large_request_holds_up_a_later_small_one_by_one_batch():
-    """Fair queueing: a one-input request that comes while a 40-input request runs in parts
-    of 4 waits for the part in flight, not for the nine after it; two large requests share
-    the model part for part."""
+def _recording(seconds: float):
+    """A model call that takes `seconds` and records each batch as the first letters of its
+    inputs (sorted, once each): the order batches ran in."""
     order: list[str] = []
 
     def run(items):
         order.append("".join(sorted({str(x)[0] for x in items})))
-        time.sleep(0.02)
+        time.sleep(seconds)
         return list(items)
+
+    return order, run
+
+
+def test_a_large_request_holds_up_a_later_small_one_by_one_batch():
+    """Fair queueing: a one-input request that comes while a 40-input request runs in parts
+    of 4 waits for the part in flight, not for the nine after it; two large requests share
+    the model part for part."""
+    order, run = _recording(0.02)
 
     async def main():
         batcher = _batcher(run, max_batch_size=4, max_wait_ms=0)
@@ -292,12 +300,7 @@ def test_a_small_request_runs_within_two_batches_of_many_large_ones_and_none_sta
     """Ten requests of 12 inputs (parts of 4) wait; a one-input request that comes after them
     runs within two batches, not after their ten first parts. A stream of small requests that
     fills every batch still leaves the large ones every other batch."""
-    order: list[str] = []
-
-    def run(items):
-        order.append("".join(sorted({str(x)[0] for x in items})))
-        time.sleep(0.01)
-        return list(items)
+    order, run = _recording(0.01)
 
     async def main():
         batcher = _batcher(run, max_batch_size=4, max_wait_ms=0)
