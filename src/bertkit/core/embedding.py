@@ -43,6 +43,35 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str = "mea
     return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
 
 
+def shortened(vectors: torch.Tensor, dimensions: int, unit: torch.Tensor | bool) -> torch.Tensor:
+    """(N, H) vectors cut to their first `dimensions` coordinates (a Matryoshka model's smaller
+    size), then brought to unit length where `unit` says (one flag, or one per row): the cut
+    before the normalising, as sentence-transformers' truncate_dim with normalized vectors.
+
+    >>> shortened(torch.tensor([[3.0, 4.0, 12.0]]), 2, True).tolist()
+    [[0.6000000238418579, 0.800000011920929]]
+    """
+    cut = vectors[:, :dimensions]
+    if isinstance(unit, bool):
+        return F.normalize(cut, dim=-1) if unit else cut
+    return torch.where(unit.unsqueeze(1), F.normalize(cut, dim=-1), cut)
+
+
+# the prompt names each role takes by default, in sentence-transformers' order of preference
+# (encode_query, encode_document)
+ROLE_PROMPTS = {"query": ("query",), "document": ("document", "passage", "corpus")}
+
+
+def prompt_for(prompts: dict[str, str], role: str) -> str | None:
+    """The name of the prompt a folder's `prompts` give to texts of a `role` (query or
+    document), None where it declares none for it.
+
+    >>> prompt_for({"query": "query: ", "passage": "passage: "}, "document")
+    'passage'
+    """
+    return next((name for name in ROLE_PROMPTS[role] if name in prompts), None)
+
+
 def _declared(file: Path) -> Any:
     """A sentence-transformers module file's JSON; None where the folder has no such file."""
     if not file.exists():
@@ -60,11 +89,18 @@ def read_pooling(path: str | os.PathLike) -> str | None:
     settings = _declared(file)
     if settings is None:
         return None
-    if settings.get("pooling_mode_mean_tokens"):
-        return "mean"
-    if settings.get("pooling_mode_cls_token"):
-        return "cls"
-    raise ValueError(f"{file}: a pooling bertkit does not have (it has mean and cls)")
+    # sentence-transformers 6 writes "pooling_mode" (a name, or a list of them); earlier
+    # versions one flag per mode
+    mode = settings.get("pooling_mode")
+    if isinstance(mode, list) and len(mode) == 1:
+        mode = mode[0]
+    if mode is None:
+        mode = ("mean" if settings.get("pooling_mode_mean_tokens")
+                else "cls" if settings.get("pooling_mode_cls_token") else None)  # fmt: skip
+    if mode in POOLINGS:
+        return mode
+    raise ValueError(f"{file}: pooling {mode!r}: a pooling bertkit does not have (it has "
+                     f"{' and '.join(POOLINGS)})")  # fmt: skip
 
 
 def read_prompts(path: str | os.PathLike) -> tuple[dict[str, str], str | None, bool]:
@@ -75,11 +111,14 @@ def read_prompts(path: str | os.PathLike) -> tuple[dict[str, str], str | None, b
     path = Path(path)
     settings = _declared(path / "config_sentence_transformers.json") or {}
     prompts = settings.get("prompts") or {}
-    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+    if not isinstance(prompts, dict) or not all(isinstance(v, (str, type(None)))
+                                                 for v in prompts.values()):  # fmt: skip
         raise ValueError(f"{path / 'config_sentence_transformers.json'}: \"prompts\" must map "
                          "names to texts")  # fmt: skip
     pooling = _declared(path / POOLING_DIR / "config.json") or {}
-    return dict(prompts), settings.get("default_prompt_name"), pooling.get("include_prompt", True)
+    # a null prompt is no prompt, as sentence-transformers reads it
+    return ({name: text or "" for name, text in prompts.items()},
+            settings.get("default_prompt_name"), pooling.get("include_prompt", True))  # fmt: skip
 
 
 def declared_normalize(path: str | os.PathLike) -> bool:

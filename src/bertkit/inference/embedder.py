@@ -15,17 +15,31 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from bertkit.core.embedding import declared_length, pool, read_pooling, read_prompts
+from bertkit.core.embedding import (
+    declared_length,
+    pool,
+    prompt_for,
+    read_pooling,
+    read_prompts,
+    shortened,
+)
 from bertkit.inference.loader import Loaded, load
 from bertkit.inference.texts import Ids, Text
 
-Row = tuple[list[int], list[int]]  # an input's ids as the model reads it, and its segment ids
+
+class Row(NamedTuple):
+    """An input as the model reads it: its piece ids, segment ids, and how many of its first
+    pieces pooling leaves out ([CLS] and a prompt's pieces where the folder's pooling does not
+    count the prompt; 0: all are pooled)."""
+
+    ids: list[int]
+    types: list[int]
+    unpooled: int = 0
 
 
 def reading_length(loaded: Loaded, given: int | None = None) -> int:
@@ -51,10 +65,15 @@ class Embedder:
     and serve: `auto` is bf16 autocast where the device runs bf16 natively (the vectors then
     equal fp32's within bf16's rounding), fp32 elsewhere. `max_seq_length`: where texts are cut
     (default: `reading_length`'s rule). `backend` (torch|onnx) and `compile` (off|on) as
-    `bertkit predict` takes them. `prompt_name`: one of the prompts the folder declares
-    (sentence-transformers' config_sentence_transformers.json, e.g. "query"), put before each
-    text as `SentenceTransformer.encode(prompt_name=...)` puts it (default: the folder's
+    `bertkit predict` takes them.
+
+    `prompt_name`: one of the prompts the folder declares (sentence-transformers'
+    config_sentence_transformers.json, e.g. "query"), put before each text as
+    `SentenceTransformer.encode(prompt_name=...)` puts it (default: the folder's
     `default_prompt_name`, else none); an unknown name is refused, listing the folder's.
+    `truncate_dim`: the first that many coordinates of each vector (a Matryoshka model's
+    smaller size), cut before the vector is brought to unit length — the direction
+    `SentenceTransformer(truncate_dim=...)` gives, at unit length.
 
     >>> Embedder("runs/emb")(["a text", "another"]).shape   # doctest: +SKIP
     (2, 384)
@@ -73,10 +92,12 @@ class Embedder:
         backend: str = "torch",
         compile: str = "off",
         prompt_name: str | None = None,
+        truncate_dim: int | None = None,
     ) -> None:
         loaded = load(model, head="BertModel", device=device, precision=precision,
                       backend=backend, compile=compile)  # fmt: skip
-        self._open(loaded, loaded.model, batch_size, max_seq_length, pooling, normalize)
+        self._open(loaded, loaded.model, batch_size, max_seq_length, pooling, normalize,
+                   truncate_dim)  # fmt: skip
         self.use_prompt(prompt_name)
 
     @classmethod
@@ -89,67 +110,105 @@ class Embedder:
         max_seq_length: int | None = None,
         pooling: str | None = None,
         normalize: bool = True,
+        truncate_dim: int | None = None,
     ) -> Embedder:
         """The embedder of a folder already opened (`loader.load`): its `encoder` (default
         `loaded.model`; a head's `.bert`, an ONNX export of the encoder) — what serve embeds
         with, whatever else the folder answers."""
         embedder = cls.__new__(cls)
         embedder._open(loaded, loaded.model if encoder is None else encoder, batch_size,
-                       max_seq_length, pooling, normalize)  # fmt: skip
+                       max_seq_length, pooling, normalize, truncate_dim)  # fmt: skip
         return embedder
 
     def _open(self, loaded: Loaded, encoder: Any, batch_size: int, max_seq_length: int | None,
-              pooling: str | None, normalize: bool) -> None:  # fmt: skip
+              pooling: str | None, normalize: bool, truncate_dim: int | None) -> None:  # fmt: skip
         self.loaded, self.encoder, self.device = loaded, encoder, loaded.device
         self.tokenizer, self.precision = loaded.tokenizer, loaded.precision
         self.pooling = pooling or read_pooling(loaded.path) or "mean"
         pool(torch.zeros(1, 1, 1), torch.ones(1, 1), self.pooling)  # an unknown pooling refused
         self.batch_size, self.normalize = batch_size, normalize
         self.max_seq_length = reading_length(loaded, max_seq_length)
-        self.dimension = loaded.config.hidden_size
+        self.width = loaded.config.hidden_size  # the model's vectors, before any cut
+        if truncate_dim is not None and not 1 <= truncate_dim <= self.width:
+            raise ValueError(f"{loaded.path}: truncate_dim must be from 1 to the model's "
+                             f"{self.width} dimensions, not {truncate_dim}")  # fmt: skip
+        self.truncate_dim = truncate_dim
+        self.dimension = truncate_dim or self.width  # the vectors this embedder gives
         self.pad_id = self.tokenizer.pad_token_id
         self.pair_specials = self.tokenizer.special_tokens_added(True)
         self.prompts, default, self.include_prompt = read_prompts(loaded.path)
-        self.prompt: str = ""
+        self._prompted: dict[str, tuple[str, int]] = {}
         self.prompt_name: str | None = None
-        self.prompt_length = 0
         if default is not None:
             self.use_prompt(default)
 
     def use_prompt(self, name: str | None) -> None:
         """Put the folder's prompt `name` before every text from now on (None: the folder's
         default prompt, else none)."""
+        if name is not None:
+            self.resolve_prompt(name)  # an unknown name refused now
+            self.prompt_name = name
+
+    def prompt_for(self, role: str) -> str | None:
+        """The prompt name a `role` ("query" or "document") takes by default, as
+        sentence-transformers' encode_query/encode_document choose it: the folder's prompt of
+        that role, else its default prompt (None: no prompt)."""
+        return prompt_for(self.prompts, role) or self.prompt_name
+
+    @property
+    def prompt(self) -> str:
+        """The text put before each text by default ("" for none)."""
+        return self.resolve_prompt(self.prompt_name)[0]
+
+    def resolve_prompt(self, name: str | None) -> tuple[str, int]:
+        """Prompt `name`'s text and the pieces pooling leaves out with it (0 where the pooling
+        counts the prompt): [CLS] and the prompt's pieces, as sentence-transformers counts its
+        prompt_length (the prompt tokenized alone, less [SEP])."""
         if name is None:
-            return
-        if name not in self.prompts:
-            declared = ", ".join(sorted(self.prompts)) or "none"
-            raise ValueError(f"{self.loaded.path}: no prompt named {name!r} (the folder declares "
-                             f"{declared}, in config_sentence_transformers.json)")  # fmt: skip
-        self.prompt, self.prompt_name = self.prompts[name], name
-        # what pooling leaves out when it does not count the prompt: [CLS] and the prompt's
-        # pieces (sentence-transformers' prompt_length: the prompt tokenized alone, less [SEP])
-        self.prompt_length = len(self.tokenizer.encode_ids([self.prompt])[0]) + 1
+            return "", 0
+        if name not in self._prompted:
+            if name not in self.prompts:
+                declared = ", ".join(sorted(self.prompts)) or "none"
+                raise ValueError(f"{self.loaded.path}: no prompt named {name!r} (the folder "
+                                 f"declares {declared}, in config_sentence_transformers.json)")  # fmt: skip
+            text = self.prompts[name]
+            unpooled = 0
+            if text and not self.include_prompt:
+                unpooled = len(self.tokenizer.encode_ids([text])[0]) + 1
+            self._prompted[name] = (text, unpooled)
+        return self._prompted[name]
 
-    def __call__(self, texts: Sequence[Text]) -> np.ndarray:
-        """(N, H) float32 vectors of `texts`, in their order."""
-        return self.encode(self.inputs(texts)[0])[0]
+    def __call__(self, texts: Sequence[Text], *, prompt_name: str | None = None) -> np.ndarray:
+        """(N, H) float32 vectors of `texts`, in their order; `prompt_name`: this call's prompt
+        (default: the embedder's)."""
+        return self.encode(self.inputs(texts, prompt_name=prompt_name)[0])[0]
 
-    def inputs(self, texts: Sequence[Text]) -> tuple[list[Row], list[int]]:
+    def inputs(
+        self, texts: Sequence[Text], *, prompt_name: str | Sequence[str | None] | None = None
+    ) -> tuple[list[Row], list[int]]:
         """Each text as the model reads it ([CLS] A [SEP], a pair as the tokenizer lays pairs
-        out, token ids as given; cut to `max_seq_length`), and its pieces before the cut."""
+        out, token ids as given; cut to `max_seq_length`), and its pieces before the cut. A text
+        (not a pair, not token ids) gets its prompt before it: `prompt_name`, one for all or one
+        per text (default: the embedder's)."""
         rows: list[Row | None] = [None] * len(texts)
         lengths = [0] * len(texts)
+        names = _each(prompt_name, len(texts)) if prompt_name is not None else None
         singles = [i for i, t in enumerate(texts) if isinstance(t, str)]
         pairs = [i for i, t in enumerate(texts) if not isinstance(t, (str, Ids))]
         for i, text in enumerate(texts):
             if isinstance(text, Ids):
                 ids = list(text[: self.max_seq_length])
-                rows[i], lengths[i] = (ids, [0] * len(ids)), len(text)
+                rows[i], lengths[i] = Row(ids, [0] * len(ids)), len(text)
         if singles:
             room = self.max_seq_length - self.tokenizer.special_tokens_added(False)
-            plain = [self.prompt + str(texts[i]) for i in singles]
-            for i, ids in zip(singles, self.tokenizer.encode_ids(plain), strict=True):
-                rows[i] = self.tokenizer.with_specials(ids[:room])
+            prompts = [self.resolve_prompt(self.prompt_name if names is None or names[i] is None
+                                    else names[i]) for i in singles]  # fmt: skip
+            plain = [
+                prompt + str(texts[i]) for i, (prompt, _) in zip(singles, prompts, strict=True)
+            ]
+            encoded = self.tokenizer.encode_ids(plain)
+            for i, ids, (_, unpooled) in zip(singles, encoded, prompts, strict=True):
+                rows[i] = Row(*self.tokenizer.with_specials(ids[:room]), unpooled)
                 lengths[i] = len(ids) + self.max_seq_length - room
         if pairs:
             firsts = self.tokenizer.encode_ids([texts[i][0] for i in pairs])
@@ -158,15 +217,15 @@ class Embedder:
             for i, a, b in zip(pairs, firsts, seconds, strict=True):
                 lengths[i] = len(a) + len(b) + self.pair_specials
                 if lengths[i] <= self.max_seq_length:
-                    rows[i] = self.tokenizer.with_specials(a, b or None)
+                    rows[i] = Row(*self.tokenizer.with_specials(a, b or None))
                 else:
                     cut.append(i)
             if cut:  # the tokenizer's own longest-first cut, as a cross-encoder's
-                encoded = self.tokenizer([texts[i][0] for i in cut], [texts[i][1] for i in cut],
-                                         max_length=self.max_seq_length, truncation=True)  # fmt: skip
-                for i, ids, types in zip(cut, encoded["input_ids"], encoded["token_type_ids"],
+                both = self.tokenizer([texts[i][0] for i in cut], [texts[i][1] for i in cut],
+                                      max_length=self.max_seq_length, truncation=True)  # fmt: skip
+                for i, ids, types in zip(cut, both["input_ids"], both["token_type_ids"],
                                          strict=True):  # fmt: skip
-                    rows[i] = (ids, types)
+                    rows[i] = Row(ids, types)
         return rows, lengths  # type: ignore[return-value]
 
     @torch.inference_mode()
@@ -177,39 +236,41 @@ class Embedder:
         pooling: str | Sequence[str] | None = None,
         normalize: bool | Sequence[bool] | None = None,
     ) -> tuple[np.ndarray, list[int]]:
-        """(N, H) float32 vectors of `rows` (as `inputs` makes them), longest first in batches,
-        back in the order given, and each row's pieces. `pooling` and `normalize` (default: the
-        embedder's) may be given for each row (a server's batch mixes requests)."""
+        """(N, `dimension`) float32 vectors of `rows` (as `inputs` makes them), longest first in
+        batches, back in the order given, and each row's pieces. `pooling` and `normalize`
+        (default: the embedder's) may be given for each row (a server's batch mixes
+        requests)."""
         poolings = _each(pooling or self.pooling, len(rows))
         normalized = _each(self.normalize if normalize is None else normalize, len(rows))
-        order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i].ids))
         out = np.zeros((len(rows), self.dimension), np.float32)
         dtype = self.precision.dtype
         with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
             for start in range(0, len(order), self.batch_size):
                 chosen = order[start : start + self.batch_size]
-                hidden, mask = self._states([rows[i] for i in chosen])
-                if self.prompt and not self.include_prompt:  # the prompt's tokens not pooled
+                batch = [rows[i] for i in chosen]
+                hidden, mask = self._states(batch)
+                if any(row.unpooled for row in batch):  # a prompt's tokens not pooled
                     mask = mask.clone()
-                    mask[:, : self.prompt_length] = 0
+                    for r, row in enumerate(batch):
+                        mask[r, : row.unpooled] = 0
                 for kind in {poolings[i] for i in chosen}:
                     mine = [r for r, i in enumerate(chosen) if poolings[i] == kind]
-                    vectors = pool(hidden[mine], mask[mine], kind)
-                    unit = torch.tensor([normalized[chosen[r]] for r in mine]).unsqueeze(1)
-                    vectors = torch.where(unit, F.normalize(vectors, dim=-1), vectors)
+                    unit = torch.tensor([normalized[chosen[r]] for r in mine])
+                    vectors = shortened(pool(hidden[mine], mask[mine], kind), self.dimension, unit)
                     out[[chosen[r] for r in mine]] = vectors.numpy()
-        return out, [len(ids) for ids, _ in rows]
+        return out, [len(row.ids) for row in rows]
 
     def _states(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
         """The final states (B, S, H) float32 on the host of a batch of rows, and its mask."""
-        width = max(len(ids) for ids, _ in rows)
+        width = max(len(row.ids) for row in rows)
         ids = np.full((len(rows), width), self.pad_id, np.int64)
         types = np.zeros((len(rows), width), np.int64)
         mask = np.zeros((len(rows), width), np.int64)
-        for row, (piece_ids, segments) in enumerate(rows):
-            ids[row, : len(piece_ids)] = piece_ids
-            types[row, : len(segments)] = segments
-            mask[row, : len(piece_ids)] = 1
+        for r, row in enumerate(rows):
+            ids[r, : len(row.ids)] = row.ids
+            types[r, : len(row.types)] = row.types
+            mask[r, : len(row.ids)] = 1
         input_ids, token_types, attention = map(torch.from_numpy, (ids, types, mask))
         if isinstance(self.encoder, torch.nn.Module):
             encoder: Any = self.encoder

@@ -85,6 +85,18 @@ class EmbedConfig(JobConfig):
         choices=NORMALIZE,
     )
     dtype: str = setting("float32", "the vectors' type in the shards", choices=DTYPES)
+    prompt_name: str | None = setting(
+        None,
+        "a prompt the folder declares (config_sentence_transformers.json), put before each "
+        "text (default: its document prompt — document, passage or corpus — else its default "
+        "prompt, else none); search then gives queries the folder's query prompt",
+    )
+    dimensions: int | None = setting(
+        None,
+        "keep each vector's first N coordinates (a Matryoshka model's smaller size), cut "
+        "before normalising; search embeds its queries to match",
+        check="positive",
+    )
 
 
 @dataclass

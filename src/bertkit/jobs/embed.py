@@ -27,15 +27,20 @@ from bertkit.jobs.inputs import CorpusRow
 
 class EmbeddingMapper:
     """A loaded embedding model that turns a shard's rows into its columns: `vector` (None for
-    a row with an issue) and the rows' issues (truncation added)."""
+    a row with an issue) and the rows' issues (truncation added). Its texts take the prompt
+    `config.prompt_name`, else the folder's prompt for their `role` (document: the corpus;
+    query: search's queries)."""
 
-    def __init__(self, model: str | os.PathLike, config: EmbedConfig) -> None:
+    def __init__(self, model: str | os.PathLike, config: EmbedConfig,
+                 role: str = "document") -> None:  # fmt: skip
         from bertkit.core.embedding import declared_normalize
         from bertkit.inference.embedder import Embedder
 
         embedder = Embedder(model, device=config.device, batch_size=config.batch_size,
                             precision=config.precision, pooling=config.pooling,
-                            max_seq_length=config.max_seq_length)  # fmt: skip
+                            max_seq_length=config.max_seq_length,
+                            truncate_dim=config.dimensions)  # fmt: skip
+        embedder.use_prompt(config.prompt_name or embedder.prompt_for(role))
         self.embedder, self.loaded = embedder, embedder.loaded
         embedder.normalize = (declared_normalize(embedder.loaded.path)
                               if config.normalize == "auto" else config.normalize == "yes")  # fmt: skip
@@ -52,6 +57,9 @@ class EmbeddingMapper:
             "dtype": self.dtype,
             "max_seq_length": self.max_seq_length,
             "precision": self.loaded.precision.name,
+            "prompt_name": self.embedder.prompt_name,
+            "prompt": self.embedder.prompt,
+            "dimensions": self.embedder.truncate_dim,
         }
 
     def __call__(self, rows: Sequence[CorpusRow]) -> tuple[dict[str, Any], list[str | None]]:
@@ -82,14 +90,19 @@ def query_embedder(plan: dict[str, Any], model: str | os.PathLike | None = None,
                    device: str | None = None, batch_size: int = 64) -> EmbeddingMapper:  # fmt: skip
     """The embedder of queries against vectors an embedding job wrote, read from its `plan`
     (the manifest's): its model (or `model`, which must make vectors as wide), pooling,
-    normalisation, length and precision — the queries embedded as the corpus was."""
+    normalisation, length, dimensions and precision — the queries embedded as the corpus was;
+    their prompt the folder's query prompt, else the corpus's."""
+    from bertkit.core.embedding import prompt_for
+
     config = EmbedConfig(
         pooling=plan["pooling"], normalize="yes" if plan["normalize"] else "no",
         max_seq_length=plan["max_seq_length"], precision=plan.get("precision", "auto"),
-        batch_size=batch_size, device=device,
+        dimensions=plan.get("dimensions"), batch_size=batch_size, device=device,
     )  # fmt: skip
     model = str(model or plan["model"]["name"])
-    mapper = EmbeddingMapper(model, config)
+    mapper = EmbeddingMapper(model, config, role="query")
+    if prompt_for(mapper.embedder.prompts, "query") is None and plan.get("prompt_name"):
+        mapper.embedder.use_prompt(plan["prompt_name"])  # a symmetric model: the corpus's
     if mapper.dimension != plan["dimension"]:
         raise ValueError(f"{model}: makes {mapper.dimension}-wide vectors, the corpus was "
                          f"embedded {plan['dimension']}-wide")  # fmt: skip

@@ -31,7 +31,7 @@ import torch
 
 from bertkit._device import default_device
 from bertkit._io import TASK_FILE
-from bertkit.core.embedding import read_pooling
+from bertkit.core.embedding import read_pooling, shortened
 from bertkit.errors import InputError
 from bertkit.inference.texts import Ids
 from bertkit.precision import compile_for_inference, inference_compile, resolve_precision
@@ -276,19 +276,24 @@ class ServedModel:
             raise InputError('"truncation_direction": this server cuts on the right only')
         return "embed", own, HfStyle(single)
 
-    def fits(self, texts: list[Any], truncate: bool, field: str) -> None:
-        """Over the model's length (pieces with the special tokens) a 413 naming the text, unless
-        `truncate` (then cut when run, as text-embeddings-inference's truncate). Only texts
-        that could reach the length are tokenised (`most_pieces`), so a request's texts are
-        tokenised once, when run."""
+    def fits(self, texts: list[Any], truncate: bool, field: str,
+             prompt_name: str | None = None) -> None:  # fmt: skip
+        """Over the model's length (pieces with the special tokens; a text with its prompt,
+        `prompt_name` or the folder's default) a 413 naming the text, unless `truncate` (then
+        cut when run, as text-embeddings-inference's truncate). Only texts that could reach the
+        length are tokenised (`most_pieces`), so a request's texts are tokenised once, when
+        run."""
         if truncate:
             return
         room = self.max_seq_length
+        prompt = ""
+        if self.embedder is not None:
+            prompt = self.embedder.resolve_prompt(prompt_name or self.embedder.prompt_name)[0]
         for n, text in enumerate(texts):
             if isinstance(text, Ids):
                 count = len(text)
             else:
-                parts = (text,) if isinstance(text, str) else tuple(text)
+                parts = (prompt + text,) if isinstance(text, str) else tuple(text)
                 specials = self.tokenizer.special_tokens_added(len(parts) == 2)
                 if sum(map(self.tokenizer.most_pieces, parts)) + specials <= room:
                     continue
@@ -327,14 +332,22 @@ class ServedModel:
             return ROUTES[endpoint].run(self, items)
 
     def embed(self, items: list[Text]) -> tuple[list[np.ndarray], list[int]]:
-        """Each item's vector (the one path: `Embedder`), and its pieces (the special tokens
-        with)."""
+        """Each item's vector (the one path: `Embedder`; its first `dimensions` where it asks,
+        cut before the normalising), and its pieces (the special tokens and prompt with)."""
         assert self.embedder is not None
         self._count()
-        rows = self.embedder.inputs([item.text for item in items])[0]
+        rows = self.embedder.inputs([item.text for item in items],
+                                    prompt_name=[item.prompt_name for item in items])[0]  # fmt: skip
         vectors, pieces = self.embedder.encode(rows, pooling=[item.pooling for item in items],
                                                normalize=[item.normalize for item in items])  # fmt: skip
-        return list(vectors), pieces  # float32: the response writes it as it is
+        out = list(vectors)  # float32: the response writes it as it is
+        for n, item in enumerate(items):
+            if item.dimensions is not None and item.dimensions < len(out[n]):
+                # the cut of a unit vector brought to unit length again: the cut of the pooled
+                # vector, normalised (one rule: `shortened`)
+                cut = shortened(torch.from_numpy(out[n][None]), item.dimensions, item.normalize)
+                out[n] = cut[0].numpy()
+        return out, pieces
 
     def warm(self) -> None:
         """Each route with inputs of its own once on a short input, on a short and a long one,

@@ -40,6 +40,11 @@ Words = str | tuple[str, str]  # a text, or a pair of texts
 _TRUNCATE = {"type": "boolean", "default": False,
              "description": "cut texts over the model's length instead of a 413"}  # fmt: skip
 _TEXTS = {"type": "array", "items": {"type": "string"}}
+_PROMPT_NAME = {"type": "string", "description": "a prompt the model's folder declares "
+                "(config_sentence_transformers.json), put before each text; default: its "
+                "default prompt"}  # fmt: skip
+_DIMENSIONS = {"type": "integer", "minimum": 1,
+               "description": "the first n coordinates of each vector, then unit length"}  # fmt: skip
 _ITEM = {
     "anyOf": [
         {"type": "string", "description": "a text"},
@@ -56,14 +61,16 @@ _INPUTS = {"anyOf": [_ITEM, {"type": "array", "items": _ITEM}],
 @dataclass(frozen=True)
 class Text:
     """One input to embed: a text, a pair or the model's token ids (`Ids`, run as they are);
-    pooled by `pooling`, at unit length if `normalize`; OpenAI's answers keep the first
-    `dimensions` and may be written as base64."""
+    a text after the folder's prompt `prompt_name` (None: its default); pooled by `pooling`,
+    its first `dimensions` kept (None: all), at unit length if `normalize`; OpenAI's answers
+    may be written as base64."""
 
     text: Words | Ids
     pooling: str
     normalize: bool = True
     dimensions: int | None = None
     base64: bool = False
+    prompt_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -167,18 +174,20 @@ class Predict(Route):
 
 
 class Embed(Route):
-    """/embed: text-embeddings-inference's {"inputs", "pooling"?, "normalize"?, "truncate"?}."""
+    """/embed: text-embeddings-inference's {"inputs", "pooling"?, "normalize"?, "truncate"?,
+    "prompt_name"?, "dimensions"?}."""
 
     name = "embed"
     summary = "a sentence embedding per input (mean-pooled or [CLS], unit length by default)"
 
     def schema(self) -> tuple[dict[str, Any], list[str]]:
         return {"inputs": _INPUTS, "pooling": {"enum": list(POOLINGS), "default": "mean"},
-                "normalize": {"type": "boolean", "default": True}, "truncate": _TRUNCATE}, [
-            "inputs"]  # fmt: skip
+                "normalize": {"type": "boolean", "default": True}, "truncate": _TRUNCATE,
+                "prompt_name": _PROMPT_NAME, "dimensions": _DIMENSIONS}, ["inputs"]  # fmt: skip
 
     def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
-        inputs = _inputs(body, self.name, limits, {"pooling", "normalize", "truncate"})
+        inputs = _inputs(body, self.name, limits,
+                         {"pooling", "normalize", "truncate", "prompt_name", "dimensions"})  # fmt: skip
         texts = [_text_or_pair(item, n) for n, item in enumerate(inputs)]
         pooling = body.get("pooling", model.pooling)
         if pooling not in POOLINGS:
@@ -186,8 +195,9 @@ class Embed(Route):
         normalize = body.get("normalize", True)
         if not isinstance(normalize, bool):
             raise InputError(f'"normalize" must be true or false, not {normalize!r}')
-        model.fits(texts, _flag(body, "truncate"), "inputs")
-        return [Text(text, pooling, normalize) for text in texts]
+        prompt, dims = _prompt_and_dimensions(model, body)
+        model.fits(texts, _flag(body, "truncate"), "inputs", prompt)
+        return [Text(text, pooling, normalize, dims, prompt_name=prompt) for text in texts]
 
     def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
         return model.embed(items)[0]
@@ -209,12 +219,12 @@ class OpenAIEmbeddings(Route):
         ids = {"type": "array", "items": {"type": "integer"}, "description": "token ids"}
         return {"input": {"anyOf": [{"type": "string"}, _TEXTS, ids,
                                     {"type": "array", "items": ids}]},
-                "model": {"type": "string"}, "dimensions": {"type": "integer", "minimum": 1},
-                "truncate": _TRUNCATE,
+                "model": {"type": "string"}, "dimensions": _DIMENSIONS,
+                "truncate": _TRUNCATE, "prompt_name": _PROMPT_NAME,
                 "encoding_format": {"enum": ["float", "base64"], "default": "float"}}, [
             "input"]  # fmt: skip
 
-    fields = {"input", "model", "dimensions", "encoding_format", "user", "truncate"}
+    fields = {"input", "model", "dimensions", "encoding_format", "user", "truncate", "prompt_name"}
 
     def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
         _known(body, self.fields, "/" + self.name)
@@ -222,19 +232,16 @@ class OpenAIEmbeddings(Route):
         encoding = body.get("encoding_format", "float")
         if encoding not in ("float", "base64"):
             raise InputError(f'"encoding_format" must be "float" or "base64", not {encoding!r}')
-        dims, width = body.get("dimensions"), model.hidden_size
-        if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int)
-                                 or not 1 <= dims <= width):  # fmt: skip
-            raise InputError(f'"dimensions" must be a whole number from 1 to {width}, not {dims!r}')
+        prompt, dims = _prompt_and_dimensions(model, body)
         _check_limits([t for t in texts if isinstance(t, str)], limits, "input", len(texts))
-        model.fits(texts, _flag(body, "truncate"), "input")
-        return [Text(text, model.pooling, True, dims, encoding == "base64") for text in texts]
+        model.fits(texts, _flag(body, "truncate"), "input", prompt)
+        return [Text(text, model.pooling, True, dims, encoding == "base64", prompt)
+                for text in texts]  # fmt: skip
 
     def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
         """(vector, its pieces: the usage) for each input."""
         vectors, pieces = model.embed(items)
-        return [(_shortened(v, item.dimensions), n)
-                for v, item, n in zip(vectors, items, pieces, strict=True)]  # fmt: skip
+        return list(zip(vectors, pieces, strict=True))
 
     def shape(self, model: ServedModel, items: list[Any], results: list[Any],
               style: HfStyle | None) -> Any:  # fmt: skip
@@ -580,9 +587,22 @@ def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _shortened(vector: np.ndarray, dims: int | None) -> np.ndarray:
-    """The first `dims` coordinates, at unit length again (Matryoshka-style); all without."""
-    if dims is None or dims >= len(vector):
-        return vector
-    part = vector[:dims]
-    return part / (float(np.linalg.norm(part)) or 1.0)
+def _prompt_and_dimensions(model: ServedModel, body: dict) -> tuple[str | None, int | None]:
+    """A request's "prompt_name" (one the folder declares; None: its default) and
+    "dimensions" (1 to the model's; None: all)."""
+    assert model.embedder is not None
+    name = body.get("prompt_name")
+    if name is not None:
+        if not isinstance(name, str):
+            raise InputError(f'"prompt_name" must be a text, not {kind_of(name)}')
+        try:
+            model.embedder.resolve_prompt(name)
+        except ValueError:
+            declared = ", ".join(sorted(model.embedder.prompts)) or "none"
+            raise InputError(f'"prompt_name": {name!r} is not a prompt of this model (it '
+                             f"declares {declared})") from None  # fmt: skip
+    dims, width = body.get("dimensions"), model.hidden_size
+    if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int)
+                             or not 1 <= dims <= width):  # fmt: skip
+        raise InputError(f'"dimensions" must be a whole number from 1 to {width}, not {dims!r}')
+    return name, dims
