@@ -495,3 +495,27 @@ class RecordingJob(EmbedJob):
 
     def mapper(self):
         return _RecordingMapper(super().mapper(), self.record)
+
+
+def trec_eval_scores(run_file: Path, qrels: dict[str, dict[str, int]]) -> dict[str, float]:
+    """pytrec_eval's (trec_eval's own code) nDCG@10, MRR@10 and recall@1/10/100 of a TREC run
+    file, averaged over the judged queries and rounded as `scores_of` rounds: the reference the
+    retrieval scores are checked against."""
+    import numpy as np
+    import pytrec_eval
+
+    run: dict[str, dict[str, float]] = {}
+    for line in run_file.read_text().splitlines():
+        query, _, document, rank, _score, _ = line.split()
+        run.setdefault(query, {})[document] = 1000.0 - int(rank)  # the run's order, no ties
+    measures = {"ndcg_cut.10", "recip_rank", "recall.1", "recall.10", "recall.100"}
+    full = pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(run)
+    top10 = pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(
+        {q: dict(sorted(d.items(), key=lambda kv: -kv[1])[:10]) for q, d in run.items()}
+    )
+
+    def mean(table, name):
+        return round(float(np.mean([v[name] for v in table.values()])), 4)
+
+    return {"ndcg@10": mean(full, "ndcg_cut_10"), "mrr@10": mean(top10, "recip_rank"),
+            **{f"recall@{k}": mean(full, f"recall_{k}") for k in (1, 10, 100)}}  # fmt: skip

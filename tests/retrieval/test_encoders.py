@@ -140,3 +140,204 @@ def test_serve_takes_a_prompt_name_and_dimensions(prompted):
     with pytest.raises(InputError, match="inputs\\[0\\]: 66 pieces; the model reads 64") as err:
         served.parse("embed", {"inputs": [text], "prompt_name": "document"})
     assert err.value.status == 413
+
+
+# --------------------------------------------------------------------------- sparse (SPLADE)
+@pytest.fixture(scope="module")
+def splade(tmp_path_factory, minilm_dir):
+    """A tiny random masked LM (a real uncased vocabulary; its output bias lowered so most
+    logits are negative and the vectors sparse) saved by sentence-transformers 6 as a
+    SparseEncoder with SPLADE pooling (max, relu)."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+
+    root = tmp_path_factory.mktemp("splade")
+    tokenizer = T.AutoTokenizer.from_pretrained(minilm_dir)
+    torch.manual_seed(1)
+    config = T.BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=WIDTH, num_hidden_layers=2,
+                          num_attention_heads=4, intermediate_size=37)  # fmt: skip
+    mlm = T.BertForMaskedLM(config).eval()
+    with torch.no_grad():
+        mlm.cls.predictions.bias.fill_(-0.25)
+    mlm.save_pretrained(root / "mlm")
+    tokenizer.save_pretrained(root / "mlm")
+    modules = [st_models.Transformer(str(root / "mlm"), transformer_task="fill-mask"),
+               SpladePooling("max")]  # fmt: skip
+    SparseEncoder(modules=modules, device="cpu").save(str(root / "sparse"))
+    return root / "sparse"
+
+
+def dense_of(vectors, width):
+    out = np.zeros((len(vectors), width), np.float32)
+    for row, (indices, values) in enumerate(vectors):
+        out[row, indices] = values
+    return out
+
+
+@pytest.mark.parametrize("pooling,activation", [("max", "relu"), ("sum", "log1p_relu")])
+def test_sparse_vectors_equal_sparse_encoders(splade, tmp_path, pooling, activation):
+    from sentence_transformers import SparseEncoder
+
+    folder = tmp_path / "variant"
+    import shutil
+
+    shutil.copytree(splade, folder)
+    settings = json.loads((folder / "1_SpladePooling" / "config.json").read_text())
+    settings |= {"pooling_strategy": pooling, "activation_function": activation}
+    (folder / "1_SpladePooling" / "config.json").write_text(json.dumps(settings))
+    theirs = SparseEncoder(str(folder), device="cpu").encode(TEXTS).to_dense().numpy()
+    embedder = Embedder(folder, precision="fp32", batch_size=3)  # two batches, long first
+    mine = embedder.sparse(TEXTS)
+    np.testing.assert_allclose(dense_of(mine, theirs.shape[1]), theirs, atol=1e-5, rtol=1e-5)
+    assert all(np.all(np.diff(indices) > 0) for indices, _ in mine)  # by index, no zeros
+    assert all(np.all(values > 0) for _, values in mine)
+    nonzero = (theirs > 0).sum(1)
+    assert [len(i) for i, _ in mine] == nonzero.tolist() and nonzero.max() < theirs.shape[1] / 2
+
+
+def test_sparse_through_serve_and_embed(splade, prompted, tmp_path, capsys):
+    """/embed_sparse answers text-embeddings-inference's shape; `bertkit embed` on a
+    SparseEncoder folder writes (index, value) lists; a dense model's server refuses the route
+    by name."""
+    from sentence_transformers import SparseEncoder
+
+    theirs = SparseEncoder(str(splade), device="cpu").encode(TEXTS).to_dense().numpy()
+    served = ServedModel(splade, precision="fp32", device="cpu")
+    items = served.parse("embed_sparse", {"inputs": TEXTS})
+    answer = served.shape("embed_sparse", items, served.run("embed_sparse", items))
+    got = [(np.array([e["index"] for e in a]), np.array([e["value"] for e in a])) for a in answer]
+    np.testing.assert_allclose(dense_of(got, theirs.shape[1]), theirs, atol=1e-5, rtol=1e-5)
+    assert not ServedModel(prompted, device="cpu").endpoints["embed_sparse"]
+    assert "no masked-LM head" in ServedModel(prompted, device="cpu").missing("embed_sparse")
+
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in [*TEXTS, ""]))
+    out = tmp_path / "sparse"
+    argv = ["embed", "--model", str(splade), "--input", str(source), "--out", str(out),
+            "--precision", "fp32", "--quiet"]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    table = shards.vectors(out, ("id", "indices", "values"))
+    assert table.column("indices").to_pylist()[-1] is None  # the empty row: no vector
+    indices, values = (table.column(c).to_pylist()[:4] for c in ("indices", "values"))
+    stored = [(np.array(i), np.array(v)) for i, v in zip(indices, values, strict=True)]
+    np.testing.assert_allclose(dense_of(stored, theirs.shape[1]), theirs, atol=1e-5, rtol=1e-5)
+    plan = json.loads((out / "manifest.json").read_text())["plan"]
+    assert plan["vectors"] == "sparse" and plan["splade"] == {"pooling": "max",
+                                                              "activation": "relu"}  # fmt: skip
+
+
+def squad_beir(root, documents: int, queries: int):
+    """A BEIR folder of real text: SQuAD v1.1 dev's first paragraphs as the documents (their
+    article's title beside them), the first question of every other paragraph as a query,
+    judged relevant to its own paragraph."""
+    from helpers import data_path
+
+    articles = json.loads(data_path("squad", "dev-v1.1.json").read_text())["data"]
+    paragraphs = [(a["title"].replace("_", " "), p) for a in articles for p in a["paragraphs"]]
+    corpus, asked, qrels = [], [], ["query-id\tcorpus-id\tscore"]
+    for n, (title, paragraph) in enumerate(paragraphs[:documents]):
+        corpus.append({"_id": f"d{n}", "title": title, "text": paragraph["context"]})
+        if n % 2 == 0 and len(asked) < queries:
+            asked.append({"_id": f"q{n}", "text": paragraph["qas"][0]["question"]})
+            qrels.append(f"q{n}\td{n}\t1")
+    (root / "qrels").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in corpus))
+    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in asked))
+    (root / "qrels" / "test.tsv").write_text("\n".join(qrels) + "\n")
+    return root, corpus, asked
+
+
+def ranked(scores, ids, top=100):
+    return [[ids[i] for i in np.argsort(-row, kind="stable")[:top]] for row in scores]
+
+
+def test_hybrid_retrieval_is_the_fusion_of_both_and_scored_as_trec_eval(prompted, splade,
+                                                                         tmp_path, capsys):  # fmt: skip
+    """`evaluate --retrieval --sparse-model`: the dense model's ranking (its document prompt on
+    the corpus, its query prompt on the queries) and the SPLADE model's, each equal to
+    sentence-transformers' own, fused by reciprocal rank (k = 60); the run's measures equal
+    pytrec_eval's, and each part's are reported."""
+    pytest.importorskip("pytrec_eval")
+    from sentence_transformers import SparseEncoder
+
+    from bertkit.retrieval.beir import fused, read_qrels
+
+    from helpers import trec_eval_scores
+
+    data, corpus, asked = squad_beir(tmp_path / "beir", documents=120, queries=40)
+    out = tmp_path / "scored"
+    argv = ["evaluate", "--retrieval", "--model", str(prompted), "--sparse-model", str(splade),
+            "--data", str(data), "--out", str(out), "--device", "cpu"]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    result = json.loads(capsys.readouterr().out)
+    assert result["retrieval"] == "hybrid" and set(result["parts"]) == {"dense", "sparse"}
+    assert (result["queries"], result["documents"]) == (40, 120)
+
+    documents = [f"{d['title']} {d['text']}" for d in corpus]
+    questions = [q["text"] for q in sorted(asked, key=lambda q: q["_id"])]
+    ids = [d["_id"] for d in corpus]
+    dense = theirs(prompted)
+    dense_scores = (dense.encode_query(questions, normalize_embeddings=True)
+                    @ dense.encode_document(documents, normalize_embeddings=True).T)  # fmt: skip
+    sparse = SparseEncoder(str(splade), device="cpu")
+    sparse_scores = (sparse.encode_query(questions).to_dense().numpy()
+                     @ sparse.encode_document(documents).to_dense().numpy().T)  # fmt: skip
+    expected, _ = fused([ranked(dense_scores, ids), ranked(sparse_scores, ids)], top=100)
+    run: dict[str, list[str]] = {}
+    for line in (out / "run.tsv").read_text().splitlines():
+        run.setdefault(line.split()[0], []).append(line.split()[2])
+    assert [run[q] for q in sorted(run)] == expected
+    qrels = read_qrels(data / "qrels" / "test.tsv")
+    theirs_scores = trec_eval_scores(out / "run.tsv", qrels)
+    assert {name: result[name] for name in theirs_scores} == theirs_scores
+
+
+def test_hybrid_search_fuses_dense_sparse_and_full_text(prompted, splade, tmp_path, capsys):
+    """`bertkit search --sparse-index --full-text`: the dense table's ranking, the sparse
+    table's and the BM25 index's, fused by reciprocal rank; each hit carries each side's
+    score; a table without a full-text index is refused by name."""
+    pytest.importorskip("lancedb")
+    from sentence_transformers import SparseEncoder
+
+    from bertkit.retrieval.beir import fused
+    from bertkit.retrieval.index import Searcher
+
+    _, corpus, asked = squad_beir(tmp_path / "beir", documents=60, queries=5)
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"id": d["_id"], "text": d["text"]}) + "\n"
+                              for d in corpus))  # fmt: skip
+    for model, name in ((prompted, "dense"), (splade, "sparse")):
+        argv = ["embed", "--model", str(model), "--input", str(source), "--out",
+                str(tmp_path / name), "--id-column", "id", "--keep-columns", "text",
+                "--precision", "fp32", "--quiet"]  # fmt: skip
+        assert cli.main(argv) == 0, capsys.readouterr().err
+    assert cli.main(["index", str(tmp_path / "dense"), "--out", str(tmp_path / "dense.lance"),
+                     "--full-text"]) == 0  # fmt: skip
+    assert cli.main(["index", str(tmp_path / "sparse"), "--out",
+                     str(tmp_path / "sparse.lance")]) == 0  # fmt: skip
+    query = asked[3]["text"]
+    argv = ["search", "--index", str(tmp_path / "dense.lance"), "--sparse-index",
+            str(tmp_path / "sparse.lance"), "--full-text", query, "--top", "10"]  # fmt: skip
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    hits = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+    texts, ids = [d["text"] for d in corpus], [d["_id"] for d in corpus]
+    dense = theirs(prompted)
+    by_dense = ranked(dense.encode_query([query], normalize_embeddings=True)
+                      @ dense.encode_document(texts, normalize_embeddings=True).T, ids)  # fmt: skip
+    sparse = SparseEncoder(str(splade), device="cpu")
+    by_sparse = ranked(sparse.encode_query([query]).to_dense().numpy()
+                       @ sparse.encode_document(texts).to_dense().numpy().T, ids)  # fmt: skip
+    table = Searcher(tmp_path / "dense.lance").table
+    bm25 = table.search(query, query_type="fts").limit(100).to_arrow()
+    by_words = [[bm25.column("id")[int(i)].as_py()
+                 for i in np.argsort(-bm25.column("_score").to_numpy(), kind="stable")]]  # fmt: skip
+    assert by_words[0]  # the question shares words with some paragraphs
+    expected, scores = fused([by_dense, by_sparse, by_words], top=10)
+    assert [h["id"] for h in hits] == expected[0]
+    assert [h["score"] for h in hits] == pytest.approx(scores[0].tolist(), abs=1e-6)
+    assert all(set(h["scores"]) <= {"dense", "sparse", "full_text"} and h["text"] for h in hits)
+    assert cli.main(["search", "--index", str(tmp_path / "sparse.lance"), "--full-text",
+                     query]) == 2  # fmt: skip
+    assert "no full-text index" in capsys.readouterr().err

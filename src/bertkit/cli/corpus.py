@@ -63,7 +63,7 @@ def _index(args: argparse.Namespace) -> None:
     from bertkit.retrieval.index import build_index
 
     rows = build_index(args.vectors, args.out, overwrite=args.overwrite, ann=args.ann,
-                       partitions=args.partitions)  # fmt: skip
+                       partitions=args.partitions, full_text=args.full_text)  # fmt: skip
     print(f"wrote {args.out} ({rows:,} rows)", file=sys.stderr)
 
 
@@ -78,13 +78,18 @@ def add_index(commands) -> None:
     )  # fmt: skip
     index.add_argument("--partitions", type=int, help="IVF partitions (default: about √rows)")
     index.add_argument("--overwrite", action="store_true", help="replace the table")
+    index.add_argument(
+        "--full-text", action="store_true",
+        help="a full-text (BM25) index of the kept text column too, for hybrid search",
+    )  # fmt: skip
     index.set_defaults(func=_index)
 
 
 def _search(args: argparse.Namespace) -> None:
     from bertkit.retrieval.index import Searcher
 
-    searcher = Searcher(args.index, args.model, rerank=args.rerank)
+    searcher = Searcher(args.index, args.model, rerank=args.rerank, sparse=args.sparse_index,
+                        full_text=args.full_text)  # fmt: skip
     for query in args.query:
         for hit in searcher(query, top=args.top, exact=args.exact):
             print(json.dumps({"query": query, **hit}, ensure_ascii=False))
@@ -100,6 +105,15 @@ def add_search(commands) -> None:
     search.add_argument("--top", type=int, default=10, help="rows to return")
     search.add_argument("--rerank", help="a cross-encoder to reorder the hits with")
     search.add_argument("--exact", action="store_true", help="exact search, not the ANN index")
+    search.add_argument(
+        "--sparse-index", metavar="TABLE",
+        help="hybrid: a table of sparse (SPLADE) vectors of the same rows, its ranking fused "
+        "with the index's by reciprocal rank",
+    )  # fmt: skip
+    search.add_argument(
+        "--full-text", action="store_true",
+        help="hybrid: the index's full-text (BM25) ranking fused in (index --full-text)",
+    )  # fmt: skip
     search.set_defaults(func=_search)
 
 

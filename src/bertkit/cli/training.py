@@ -378,7 +378,8 @@ def _evaluate_retrieval(args: argparse.Namespace) -> None:
     if split in ("dev", "validation") and not (Path(args.data) / "qrels" / "dev.tsv").exists():
         print("no qrels/dev.tsv: scoring qrels/test.tsv (--split test)", file=sys.stderr)
         split = "test"
-    result = evaluate_retrieval(args.model, args.data, split=split, top=args.top, out=args.out,
+    result = evaluate_retrieval(args.model, args.data, sparse_model=args.sparse_model,
+                                split=split, top=args.top, out=args.out,
                                 batch_size=args.batch_size, device=args.device, progress=True)  # fmt: skip
     print(json.dumps(result, indent=1))
 
@@ -401,6 +402,11 @@ def add_evaluate(commands) -> None:
         "queries.jsonl, qrels/SPLIT.tsv): nDCG@10, MRR@10, recall@1/10/100",
     )  # fmt: skip
     evaluate.add_argument("--top", type=int, default=100, help="--retrieval: documents ranked")
+    evaluate.add_argument(
+        "--sparse-model",
+        help="--retrieval: hybrid search, a sparse (SPLADE) model's ranking fused with the "
+        "model's by reciprocal rank (each part's own scores reported too)",
+    )
     add_flags(evaluate, EvaluateConfig, skip=("task", "progress"))
     evaluate.set_defaults(func=_evaluate)
 

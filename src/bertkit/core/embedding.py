@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,35 @@ def read_prompts(path: str | os.PathLike) -> tuple[dict[str, str], str | None, b
     # a null prompt is no prompt, as sentence-transformers reads it
     return ({name: text or "" for name, text in prompts.items()},
             settings.get("default_prompt_name"), pooling.get("include_prompt", True))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Splade:
+    """SPLADE pooling (sentence-transformers' SpladePooling): each vocabulary entry's weight is
+    log(1 + ReLU(its masked-LM logit)) — twice log1p with `log1p_relu` — then the `max` (or
+    `sum`) over the text's tokens."""
+
+    pooling: str = "max"
+    activation: str = "relu"
+
+
+def read_splade(path: str | os.PathLike) -> Splade | None:
+    """The SPLADE pooling a sentence-transformers SparseEncoder folder declares (modules.json's
+    SpladePooling module and its config.json); None where it declares none."""
+    path = Path(path)
+    for module in _declared(path / "modules.json") or []:
+        if str(module.get("type", "")).endswith("SpladePooling"):
+            file = path / module.get("path", "") / "config.json"
+            settings = _declared(file) or {}
+            found = Splade(settings.get("pooling_strategy", "max"),
+                           settings.get("activation_function", "relu"))  # fmt: skip
+            if found.pooling not in ("max", "sum") or found.activation not in ("relu",
+                                                                                 "log1p_relu"):  # fmt: skip
+                raise ValueError(f"{file}: SPLADE pooling {found.pooling!r} with "
+                                 f"{found.activation!r}: bertkit has max or sum, relu or "
+                                 "log1p_relu")  # fmt: skip
+            return found
+    return None
 
 
 def declared_normalize(path: str | os.PathLike) -> bool:

@@ -21,15 +21,20 @@ import numpy as np
 import torch
 
 from bertkit.core.embedding import (
+    Splade,
     declared_length,
     pool,
     prompt_for,
     read_pooling,
     read_prompts,
+    read_splade,
     shortened,
 )
 from bertkit.inference.loader import Loaded, load
 from bertkit.inference.texts import Ids, Text
+
+SparseVector = tuple[np.ndarray, np.ndarray]  # a sparse vector's indices (int32) and values
+SPARSE_TOKENS = 2048  # tokens whose vocabulary-wide logits are held at once
 
 
 class Row(NamedTuple):
@@ -73,7 +78,9 @@ class Embedder:
     `default_prompt_name`, else none); an unknown name is refused, listing the folder's.
     `truncate_dim`: the first that many coordinates of each vector (a Matryoshka model's
     smaller size), cut before the vector is brought to unit length — the direction
-    `SentenceTransformer(truncate_dim=...)` gives, at unit length.
+    `SentenceTransformer(truncate_dim=...)` gives, at unit length. `sparse`: open the
+    masked-LM head too, for `sparse` vectors (a SparseEncoder folder's SPLADE pooling opens it
+    anyway).
 
     >>> Embedder("runs/emb")(["a text", "another"]).shape   # doctest: +SKIP
     (2, 384)
@@ -93,11 +100,21 @@ class Embedder:
         compile: str = "off",
         prompt_name: str | None = None,
         truncate_dim: int | None = None,
+        sparse: bool = False,
     ) -> None:
-        loaded = load(model, head="BertModel", device=device, precision=precision,
-                      backend=backend, compile=compile)  # fmt: skip
-        self._open(loaded, loaded.model, batch_size, max_seq_length, pooling, normalize,
-                   truncate_dim)  # fmt: skip
+        from bertkit.core.hub import model_dir
+
+        path = model_dir(model)  # a folder, or a Hub name
+        # a SPLADE folder (or `sparse`): its masked-LM head too
+        sparse = sparse or read_splade(path) is not None
+        if sparse and backend != "torch":
+            raise ValueError(f"{path}: sparse (SPLADE) vectors run on the torch backend")
+        loaded = load(path, head="BertForMaskedLM" if sparse else "BertModel", device=device,
+                      precision=precision, backend=backend, compile=compile)  # fmt: skip
+        encoder, mlm = (loaded.model.bert, loaded.model.cls.predictions) if sparse else (
+            loaded.model, None)  # fmt: skip
+        self._open(loaded, encoder, batch_size, max_seq_length, pooling, normalize,
+                   truncate_dim, mlm)  # fmt: skip
         self.use_prompt(prompt_name)
 
     @classmethod
@@ -111,18 +128,26 @@ class Embedder:
         pooling: str | None = None,
         normalize: bool = True,
         truncate_dim: int | None = None,
+        mlm: Any = None,
     ) -> Embedder:
         """The embedder of a folder already opened (`loader.load`): its `encoder` (default
         `loaded.model`; a head's `.bert`, an ONNX export of the encoder) — what serve embeds
-        with, whatever else the folder answers."""
+        with, whatever else the folder answers; `mlm`: its masked-LM head's predictions (what
+        `sparse` reads)."""
         embedder = cls.__new__(cls)
         embedder._open(loaded, loaded.model if encoder is None else encoder, batch_size,
-                       max_seq_length, pooling, normalize, truncate_dim)  # fmt: skip
+                       max_seq_length, pooling, normalize, truncate_dim, mlm)  # fmt: skip
         return embedder
 
     def _open(self, loaded: Loaded, encoder: Any, batch_size: int, max_seq_length: int | None,
-              pooling: str | None, normalize: bool, truncate_dim: int | None) -> None:  # fmt: skip
+              pooling: str | None, normalize: bool, truncate_dim: int | None,
+              mlm: Any = None) -> None:  # fmt: skip
         self.loaded, self.encoder, self.device = loaded, encoder, loaded.device
+        self.mlm = mlm
+        # how sparse vectors pool the masked-LM logits: the folder's SPLADE pooling, else
+        # SPLADE v2's (max, relu), as text-embeddings-inference's --pooling splade
+        declared = read_splade(loaded.path)
+        self.splade, self.declares_sparse = declared or Splade(), declared is not None
         self.tokenizer, self.precision = loaded.tokenizer, loaded.precision
         self.pooling = pooling or read_pooling(loaded.path) or "mean"
         pool(torch.zeros(1, 1, 1), torch.ones(1, 1), self.pooling)  # an unknown pooling refused
@@ -261,8 +286,65 @@ class Embedder:
                     out[[chosen[r] for r in mine]] = vectors.numpy()
         return out, [len(row.ids) for row in rows]
 
+    def sparse(self, texts: Sequence[Text], *,
+               prompt_name: str | None = None) -> list[SparseVector]:  # fmt: skip
+        """Each text's sparse (SPLADE) vector over the vocabulary, as
+        sentence-transformers' `SparseEncoder.encode` makes it: (indices, values) of its
+        non-zero entries, by index."""
+        return self.encode_sparse(self.inputs(texts, prompt_name=prompt_name)[0])[0]
+
+    @torch.inference_mode()
+    def encode_sparse(self, rows: Sequence[Row]) -> tuple[list[SparseVector], list[int]]:
+        """The sparse vectors of `rows` (as `inputs` makes them) and each row's pieces: the
+        masked-LM head run on the real tokens only (never on padding), a few thousand tokens'
+        vocabulary logits at a time, each text's `splade` pooling taken over its own tokens —
+        for max pooling the max of the logits first, then log1p(ReLU) of that one row (the
+        same numbers: the transform is monotonic)."""
+        if self.mlm is None:
+            raise ValueError(f"{self.loaded.path}: sparse (SPLADE) vectors need a masked-LM "
+                             "head, and this model has none (a SparseEncoder folder or a "
+                             "pre-trained BERT with its MLM head has one)")  # fmt: skip
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i].ids))
+        out: list[SparseVector] = [(np.zeros(0, np.int32), np.zeros(0, np.float32))] * len(rows)
+        dtype, largest = self.precision.dtype, self.splade.pooling == "max"
+        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
+            for start in range(0, len(order), self.batch_size):
+                chosen = order[start : start + self.batch_size]
+                hidden, mask = self._forward([rows[i] for i in chosen])
+                packed = hidden[mask.to(hidden.device).bool()]  # (T, H): real tokens, in order
+                ends = np.cumsum([len(rows[i].ids) for i in chosen]).tolist()
+                first = 0
+                while first < len(chosen):  # rows whose logits fit SPARSE_TOKENS together
+                    last = first + 1
+                    while (last < len(chosen)
+                           and ends[last] - (ends[first - 1] if first else 0) <= SPARSE_TOKENS):  # fmt: skip
+                        last += 1
+                    begin = ends[first - 1] if first else 0
+                    logits = self.mlm(packed[begin : ends[last - 1]]).float()
+                    for r in range(first, last):
+                        a, b = (ends[r - 1] if r else 0) - begin, ends[r] - begin
+                        # max: the largest logit, then the transform; sum: the transform of
+                        # each token's, summed
+                        weights = logits[a:b].amax(0) if largest else logits[a:b].clone()
+                        weights = weights.relu_().log1p_()
+                        if self.splade.activation == "log1p_relu":
+                            weights = weights.log1p_()
+                        if not largest:
+                            weights = weights.sum(0)
+                        index = torch.nonzero(weights).squeeze(1)
+                        out[chosen[r]] = (index.cpu().numpy().astype(np.int32),
+                                          weights[index].cpu().numpy())  # fmt: skip
+                    first = last
+        return out, [len(row.ids) for row in rows]
+
     def _states(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
         """The final states (B, S, H) float32 on the host of a batch of rows, and its mask."""
+        hidden, attention = self._forward(rows)
+        return hidden.float().cpu(), attention
+
+    def _forward(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The final states (B, S, H) of a batch of rows where the model left them, and its
+        mask (on the host)."""
         width = max(len(row.ids) for row in rows)
         ids = np.full((len(rows), width), self.pad_id, np.int64)
         types = np.zeros((len(rows), width), np.int64)
@@ -284,7 +366,7 @@ class Embedder:
         else:  # an ONNX Runtime session of the encoder
             hidden = self.encoder(input_ids=input_ids, token_type_ids=token_types,
                                   attention_mask=attention).last_hidden_state  # fmt: skip
-        return hidden.float().cpu(), attention
+        return hidden, attention
 
 
 def _each(value: Any, count: int) -> list[Any]:

@@ -91,6 +91,11 @@ class EmbedConfig(JobConfig):
         "text (default: its document prompt — document, passage or corpus — else its default "
         "prompt, else none); search then gives queries the folder's query prompt",
     )
+    sparse: bool = setting(
+        False,
+        "sparse (SPLADE) vectors from the masked-LM head: (index, value) pairs in the columns "
+        "indices and values (a SparseEncoder folder: always)",
+    )
     dimensions: int | None = setting(
         None,
         "keep each vector's first N coordinates (a Matryoshka model's smaller size), cut "

@@ -39,9 +39,14 @@ class EmbeddingMapper:
         embedder = Embedder(model, device=config.device, batch_size=config.batch_size,
                             precision=config.precision, pooling=config.pooling,
                             max_seq_length=config.max_seq_length,
-                            truncate_dim=config.dimensions)  # fmt: skip
+                            truncate_dim=config.dimensions, sparse=config.sparse)  # fmt: skip
         embedder.use_prompt(config.prompt_name or embedder.prompt_for(role))
         self.embedder, self.loaded = embedder, embedder.loaded
+        # sparse (SPLADE) vectors where asked or where the folder declares them
+        self.sparse = config.sparse or embedder.declares_sparse
+        if self.sparse and config.dimensions is not None:
+            raise ValueError("--dimensions cuts dense vectors; sparse vectors span the "
+                             "vocabulary")  # fmt: skip
         embedder.normalize = (declared_normalize(embedder.loaded.path)
                               if config.normalize == "auto" else config.normalize == "yes")  # fmt: skip
         self.normalize, self.max_seq_length = embedder.normalize, embedder.max_seq_length
@@ -49,8 +54,11 @@ class EmbeddingMapper:
 
     def describe(self) -> dict[str, Any]:
         """What the vectors depend on, for the manifest."""
+        sparse = {"vectors": "sparse", "splade": vars(self.embedder.splade),
+                  "vocabulary": self.loaded.config.vocab_size} if self.sparse else {}  # fmt: skip
         return {
             "kind": "embed",
+            **sparse,
             "pooling": self.embedder.pooling,
             "normalize": self.normalize,
             "dimension": self.dimension,
@@ -71,6 +79,8 @@ class EmbeddingMapper:
         for i, length in zip(todo, lengths, strict=True):
             if length > self.max_seq_length:
                 issues[i] = f"truncated: {length} tokens to {self.max_seq_length}"
+        if self.sparse:
+            return self._sparse_columns(len(rows), todo, inputs), issues
         vectors = self.embedder.encode(inputs)[0]
         dtype = np.float16 if self.dtype == "float16" else np.float32
         values = np.zeros((len(rows), self.dimension), dtype)
@@ -81,9 +91,24 @@ class EmbeddingMapper:
         column = pa.FixedSizeListArray.from_arrays(flat, self.dimension, mask=pa.array(~valid))
         return {"vector": column}, issues
 
+    def _sparse_columns(self, count: int, todo: list[int], inputs: list[Any]) -> dict[str, Any]:
+        """`indices` (int32) and `values` (float32) of each row's sparse vector: lists, by
+        index; null for a row with an issue."""
+        import pyarrow as pa
+
+        found = dict(zip(todo, self.embedder.encode_sparse(inputs)[0], strict=True))
+        indices = [found[i][0] if i in found else None for i in range(count)]
+        values = [found[i][1] if i in found else None for i in range(count)]
+        return {"indices": pa.array(indices, pa.list_(pa.int32())),
+                "values": pa.array(values, pa.list_(pa.float32()))}  # fmt: skip
+
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         """(N, H) float32 vectors of `texts` (queries, texts given on the command line)."""
         return self.embedder(texts)
+
+    def embed_sparse_texts(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The sparse vectors of `texts` (queries against a sparse job): (indices, values)."""
+        return self.embedder.sparse(texts)
 
 
 def query_embedder(plan: dict[str, Any], model: str | os.PathLike | None = None, *,
@@ -97,7 +122,8 @@ def query_embedder(plan: dict[str, Any], model: str | os.PathLike | None = None,
     config = EmbedConfig(
         pooling=plan["pooling"], normalize="yes" if plan["normalize"] else "no",
         max_seq_length=plan["max_seq_length"], precision=plan.get("precision", "auto"),
-        dimensions=plan.get("dimensions"), batch_size=batch_size, device=device,
+        dimensions=plan.get("dimensions"), sparse=plan.get("vectors") == "sparse",
+        batch_size=batch_size, device=device,
     )  # fmt: skip
     model = str(model or plan["model"]["name"])
     mapper = EmbeddingMapper(model, config, role="query")

@@ -99,12 +99,93 @@ def exact_top(vectors_dir: Path, queries: np.ndarray, top: int) -> tuple[list[li
         ids = np.asarray(table.column("id").to_pylist(), object)[valid]
         flat = table.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)
         matrix = unit_rows(flat.reshape(-1, unit.shape[1]).astype(np.float32)[valid])
-        scores = np.concatenate([best_scores, unit @ matrix.T], axis=1)
-        names = np.concatenate([best_ids, np.broadcast_to(ids, (len(unit), len(ids)))], axis=1)
-        keep = np.argsort(-scores, axis=1, kind="stable")[:, :top]
-        best_scores = np.take_along_axis(scores, keep, axis=1)
-        best_ids = np.take_along_axis(names, keep, axis=1)
+        best_scores, best_ids = _kept(best_scores, best_ids, unit @ matrix.T, ids, top)
     return [list(row) for row in best_ids], best_scores
+
+
+def _kept(best_scores: np.ndarray, best_ids: np.ndarray, scores: np.ndarray, ids: np.ndarray,
+          top: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The `top` best of each query's rows so far and a shard's (`scores`: queries x rows),
+    best first; ties: the earlier row first."""
+    scores = np.concatenate([best_scores, scores], axis=1)
+    names = np.concatenate([best_ids, np.broadcast_to(ids, (len(scores), len(ids)))], axis=1)
+    keep = np.argsort(-scores, axis=1, kind="stable")[:, :top]
+    return np.take_along_axis(scores, keep, axis=1), np.take_along_axis(names, keep, axis=1)
+
+
+def sparse_top(vectors_dir: Path, queries: Sequence[tuple[np.ndarray, np.ndarray]],
+               top: int) -> tuple[list[list[str]], np.ndarray]:  # fmt: skip
+    """Each sparse query's `top` rows of a finished sparse embed job by dot product (as
+    sentence-transformers scores SPLADE vectors), best first: their ids and scores, a shard at
+    a time (each a sparse matrix times the queries; ties: the earlier row first)."""
+    import pyarrow.parquet as pq
+
+    from bertkit.jobs import shards
+
+    manifest = shards.finished_vectors(vectors_dir)
+    width = manifest["plan"].get("vocabulary")
+    if manifest["plan"].get("vectors") != "sparse" or width is None:
+        raise ValueError(f"{vectors_dir}: holds dense vectors, not sparse ones")
+    dense_queries = queries_matrix(queries, width)
+    best_scores = np.full((len(queries), 0), -np.inf, np.float32)
+    best_ids = np.empty((len(queries), 0), object)
+    for shard in manifest["shards"]:
+        table = pq.read_table(vectors_dir / shard["file"], columns=["id", "indices", "values"])
+        valid = np.asarray(table.column("indices").is_valid())
+        if not valid.any():
+            continue
+        table = table.filter(valid)
+        ids = np.asarray(table.column("id").to_pylist(), object)
+        documents = rows_matrix(table, width)
+        scores = (documents @ dense_queries).T.numpy()  # (queries, rows)
+        best_scores, best_ids = _kept(best_scores, best_ids, scores, ids, top)
+    return [list(row) for row in best_ids], best_scores
+
+
+def rows_matrix(table: Any, width: int) -> Any:
+    """The sparse vectors of an Arrow table's `indices` and `values` list columns (no nulls) as
+    a (rows, `width`) torch CSR matrix, sharing the table's buffers where it can."""
+    import torch
+
+    lists = table.column("indices").combine_chunks()
+    offsets = lists.offsets.to_numpy().astype(np.int64)
+    columns = lists.flatten().to_numpy().astype(np.int64)
+    values = table.column("values").combine_chunks().flatten().to_numpy().astype(np.float32)
+    return torch.sparse_csr_tensor(torch.as_tensor(offsets - offsets[0]),
+                                   torch.as_tensor(columns), torch.as_tensor(values),
+                                   (table.num_rows, width), check_invariants=False)  # fmt: skip
+
+
+def queries_matrix(queries: Sequence[tuple[np.ndarray, np.ndarray]], width: int) -> Any:
+    """Sparse queries as the columns of a dense (`width`, queries) torch matrix: what a CSR
+    matrix of documents multiplies into their scores."""
+    import torch
+
+    matrix = torch.zeros((width, len(queries)), dtype=torch.float32)
+    for q, (indices, values) in enumerate(queries):
+        matrix[torch.as_tensor(indices, dtype=torch.long), q] = torch.as_tensor(values)
+    return matrix
+
+
+def fused(rankings: Sequence[list[list[str]]], top: int,
+          k: int = 60) -> tuple[list[list[str]], np.ndarray]:  # fmt: skip
+    """Reciprocal-rank fusion (Cormack et al., 2009) of several rankings of the same queries:
+    a document's score is the sum over the rankings of 1 / (k + its rank, from 1); best first
+    (ties: the order the documents first appear in).
+
+    >>> fused([[["a", "b"]], [["b", "c"]]], top=3)[0]
+    [['b', 'a', 'c']]
+    """
+    ids, scores = [], []
+    for lists in zip(*rankings, strict=True):
+        total: dict[str, float] = {}
+        for ranking in lists:
+            for rank, document in enumerate(ranking, start=1):
+                total[document] = total.get(document, 0.0) + 1.0 / (k + rank)
+        best = sorted(total.items(), key=lambda item: -item[1])[:top]
+        ids.append([d for d, _ in best])
+        scores.append([s for _, s in best] + [0.0] * (top - len(best)))
+    return ids, np.asarray(scores, np.float32)
 
 
 def scores_of(ranking: dict[str, list[str]], qrels: dict[str, dict[str, int]],
@@ -137,17 +218,22 @@ def evaluate_retrieval(
     model: str | os.PathLike,
     data: str | os.PathLike,
     *,
+    sparse_model: str | os.PathLike | None = None,
     split: str = "test",
     top: int = 100,
     out: str | os.PathLike | None = None,
     batch_size: int = 64,
     device: str | None = None,
     progress: bool = False,
+    fusion_k: int = 60,
 ) -> dict[str, Any]:
-    """Score `model` (an embedding model) on the BEIR folder `data`, qrels `split`: the
-    measures (`scores_of`), with the queries' and documents' counts. With `out`: the corpus's
-    vectors (resumable) in out/corpus, the ranking as a TREC run file out/run.tsv and the
-    scores in out/results.json."""
+    """Score `model` on the BEIR folder `data`, qrels `split`: the measures (`scores_of`), with
+    the queries' and documents' counts. `model` retrieves with dense vectors (sparse ones where
+    it is a SparseEncoder folder); with `sparse_model` (a SPLADE folder), hybrid retrieval: each
+    query's `top` of both, fused by reciprocal rank (`fused`, k = `fusion_k`), each part's own
+    measures under "parts". With `out`: the corpus's vectors (resumable) in out/corpus (and
+    out/corpus-sparse), the ranking as a TREC run file out/run.tsv and the scores in
+    out/results.json."""
     from bertkit._io import write_json
     from bertkit.jobs.config import EmbedConfig
     from bertkit.jobs.embed import embed, query_embedder
@@ -159,18 +245,34 @@ def evaluate_retrieval(
                                     "corpus.jsonl, queries.jsonl and qrels/SPLIT.tsv)")  # fmt: skip
     qrels = read_qrels(folder / "qrels" / f"{split}.tsv")
     queries = read_queries(folder / "queries.jsonl", set(qrels))
+    names = sorted(queries)
+    texts = [queries[q] for q in names]
+    parts: dict[str, tuple[list[list[str]], np.ndarray]] = {}
     with tempfile.TemporaryDirectory() as scratch:
-        vectors = Path(out) / "corpus" if out is not None else Path(scratch) / "corpus"
-        config = EmbedConfig(text_column="title,text", id_column="_id", batch_size=batch_size,
-                             device=device, progress=progress, resume=True)  # fmt: skip
-        manifest = embed(model, [folder / "corpus.jsonl"], vectors, config)
-        encoder = query_embedder(manifest["plan"], model, device=device, batch_size=batch_size)
-        names = sorted(queries)
-        vectors_q = encoder.embed_texts([queries[q] for q in names])
-        ids, scores = exact_top(vectors, vectors_q, top)
+        place = Path(out) if out is not None else Path(scratch)
+        for given, sparse, where in ((model, False, "corpus"),
+                                     (sparse_model, True, "corpus-sparse")):  # fmt: skip
+            if given is None:
+                continue
+            config = EmbedConfig(text_column="title,text", id_column="_id", batch_size=batch_size,
+                                 device=device, progress=progress, resume=True, sparse=sparse)  # fmt: skip
+            manifest = embed(given, [folder / "corpus.jsonl"], place / where, config)
+            encoder = query_embedder(manifest["plan"], given, device=device, batch_size=batch_size)
+            if encoder.sparse:
+                found = sparse_top(place / where, encoder.embed_sparse_texts(texts), top)
+            else:
+                found = exact_top(place / where, encoder.embed_texts(texts), top)
+            parts["sparse" if encoder.sparse else "dense"] = found
+    ids, scores = (fused([found[0] for found in parts.values()], top, fusion_k)
+                   if len(parts) > 1 else next(iter(parts.values())))  # fmt: skip
     ranking = dict(zip(names, ids, strict=True))
     result = {**scores_of(ranking, qrels), "queries": len(qrels), "documents": manifest["rows"],
-              "split": split, "model": str(model)}  # fmt: skip
+              "split": split, "model": str(model),
+              "retrieval": "hybrid" if len(parts) > 1 else next(iter(parts))}  # fmt: skip
+    if sparse_model is not None:
+        result["sparse_model"] = str(sparse_model)
+        result["parts"] = {kind: scores_of(dict(zip(names, found[0], strict=True)), qrels)
+                           for kind, found in parts.items()}  # fmt: skip
     if out is not None:
         write_run(Path(out) / "run.tsv", ranking, {q: s for q, s in zip(names, scores,
                                                                          strict=True)})  # fmt: skip

@@ -3,6 +3,7 @@ and search over it.
 
     build_index("vectors/", "my.lance")              # the shards, one at a time; ANN if large
     Searcher("my.lance")("how do magnets work?", top=10)
+    Searcher("my.lance", sparse="splade.lance", full_text=True)(...)   # hybrid, fused by rank
 
 The table holds each row's `id`, `vector` and the columns the job kept; rows without a vector
 (empty or missing texts) are left out. Its schema carries the job's plan, so a search embeds
@@ -55,15 +56,18 @@ def build_index(
     overwrite: bool = False,
     ann: str = "auto",
     partitions: int | None = None,
+    full_text: bool = False,
 ) -> int:
     """A LanceDB table at `table` (NAME.lance) of the finished job in `vectors`, shard by shard;
-    `ann` auto|yes|no. Returns the rows indexed."""
+    `ann` auto|yes|no (dense vectors; sparse ones are searched exactly); `full_text`: a
+    full-text (BM25) index of the kept `text` column too. Returns the rows indexed."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     folder = Path(vectors)
     manifest = shards.finished_vectors(folder)
     plan = manifest["plan"]
+    key = "indices" if plan.get("vectors") == "sparse" else "vector"
     target = Path(table)
     if target.exists():
         if not overwrite:
@@ -75,9 +79,12 @@ def build_index(
     for shard in manifest["shards"]:
         data = pq.read_table(folder / shard["file"])
         data = data.drop_columns([c for c in ("issue", "source", "line") if c in data.column_names])
-        data = data.filter(pc.is_valid(data.column("vector")))
+        data = data.filter(pc.is_valid(data.column(key)))
         if data.num_rows == 0:
             continue
+        if full_text and "text" not in data.column_names:
+            raise ValueError(f"{folder}: --full-text indexes each row's text, and the job kept "
+                             "no text column (embed with --keep-columns text)")  # fmt: skip
         data = data.replace_schema_metadata(metadata)
         if created is None:
             created = db.create_table(name, data=data)
@@ -86,7 +93,7 @@ def build_index(
         rows += data.num_rows
     if created is None:
         raise ValueError(f"{folder}: no row has a vector: nothing to index")
-    if ann == "yes" or (ann == "auto" and rows >= ANN_FROM):
+    if key == "vector" and (ann == "yes" or (ann == "auto" and rows >= ANN_FROM)):
         from lancedb.index import IvfPq
 
         # about √rows partitions, no fewer than 256 rows each (what LanceDB trains one on)
@@ -94,6 +101,10 @@ def build_index(
         config = IvfPq(distance_type="cosine", num_partitions=count,
                        num_sub_vectors=_sub_vectors(plan["dimension"]))  # fmt: skip
         created.create_index("vector", config=config)
+    if full_text:
+        from lancedb.index import FTS
+
+        created.create_index("text", config=FTS())
     return rows
 
 
@@ -105,23 +116,37 @@ def _sub_vectors(dimension: int) -> int:
     return 1
 
 
+Hit = dict[str, Any]
+
+
 class Searcher:
-    """A table's nearest rows to a query, its query embedded as the corpus was; `rerank`: a
-    cross-encoder (`bertkit finetune` on text pairs) that reorders the hits by their kept
-    `text` column."""
+    """A table's nearest rows to a query, its query embedded as the corpus was (dense vectors
+    by cosine, through the ANN index where there is one; sparse (SPLADE) vectors by dot
+    product, exactly, the table held in memory). Hybrid: `sparse` (a second table, of sparse
+    vectors) and/or `full_text` (the table's BM25 index of its text) each rank the rows too,
+    and the rankings are fused by reciprocal rank (k = `fusion_k`; each hit keeps each side's
+    score under "scores"). `rerank`: a cross-encoder (`bertkit finetune` on text pairs) that
+    reorders the hits by their kept `text` column."""
 
     def __init__(self, table: str | os.PathLike, model: str | os.PathLike | None = None, *,
-                 rerank: str | os.PathLike | None = None, device: str | None = None) -> None:  # fmt: skip
-        from bertkit.jobs.embed import query_embedder
-
-        db, name = _open(table)
-        self.table = db.open_table(name)
-        raw = (self.table.schema.metadata or {}).get(PLAN_KEY)
-        if raw is None:
-            raise ValueError(f"{table}: not a table `bertkit index` wrote (no job plan)")
-        self.plan = json.loads(raw)
-        self.encoder = query_embedder(self.plan, model, device=device)
-        self.indexed = bool(self.table.list_indices())
+                 rerank: str | os.PathLike | None = None, device: str | None = None,
+                 sparse: str | os.PathLike | None = None, full_text: bool = False,
+                 fusion_k: int = 60) -> None:  # fmt: skip
+        self.main = _Side(table, model, device)
+        self.table, self.plan, self.encoder = self.main.table, self.main.plan, self.main.encoder
+        self.indexed = self.main.indexed
+        self.sides = [self.main]
+        if sparse is not None:
+            second = _Side(sparse, None, device)
+            if not second.sparse:
+                raise ValueError(f"{sparse}: holds dense vectors; --sparse-index takes a table "
+                                 "of sparse ones (bertkit embed --sparse, then index)")  # fmt: skip
+            self.sides.append(second)
+        self.full_text = full_text
+        if full_text and not any(i.index_type == "FTS" for i in self.table.list_indices()):
+            raise ValueError(f"{table}: no full-text index (bertkit index --full-text, with the "
+                             "text kept: embed --keep-columns text)")  # fmt: skip
+        self.fusion_k = fusion_k
         self.reranker = None
         if rerank is not None:
             from bertkit.inference.predict import Predictor
@@ -135,10 +160,62 @@ class Searcher:
         return self.encoder.embed_texts(queries)
 
     def __call__(self, query: str, top: int = 10, *, exact: bool = False,
-                 candidates: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+                 candidates: int | None = None) -> list[Hit]:  # fmt: skip
         """The `top` rows nearest `query`, best first: {"id", "score", kept columns}."""
-        vector = self.embed_queries([query])[0]
-        wanted = max(top, candidates or (100 if self.reranker else top))
+        hybrid = len(self.sides) > 1 or self.full_text
+        wanted = max(top, candidates or (100 if self.reranker or hybrid else top))
+        ranked = {side.kind: side.search(query, wanted, exact) for side in self.sides}
+        if self.full_text:
+            ranked["full_text"] = self._full_text(query, wanted)
+        hits = next(iter(ranked.values())) if not hybrid else self._fused(ranked, wanted)
+        if self.reranker is not None:
+            relevance = self.reranker.relevance([(query, h["text"]) for h in hits])
+            for hit, score in zip(hits, relevance, strict=True):
+                hit["retrieval_score"], hit["score"] = hit["score"], score
+            hits.sort(key=lambda h: -h["score"])
+        return hits[:top]
+
+    def _full_text(self, query: str, wanted: int) -> list[Hit]:
+        found = self.table.search(query, query_type="fts").limit(wanted).to_arrow()
+        return _hits(found, found.column("_score").to_numpy())
+
+    def _fused(self, ranked: dict[str, list[Hit]], wanted: int) -> list[Hit]:
+        from bertkit.retrieval.beir import fused
+
+        ids, scores = fused([[[h["id"] for h in hits]] for hits in ranked.values()], wanted,
+                            self.fusion_k)  # fmt: skip
+        known: dict[Any, Hit] = {}
+        for kind, hits in ranked.items():
+            for hit in hits:
+                entry = known.setdefault(hit["id"], {k: v for k, v in hit.items() if k != "score"})
+                entry.setdefault("scores", {})[kind] = hit["score"]
+        return [known[i] | {"score": float(s)} for i, s in zip(ids[0], scores[0], strict=False)]
+
+
+class _Side:
+    """One table searched by its own vectors: dense through LanceDB, sparse exactly."""
+
+    def __init__(self, table: str | os.PathLike, model: str | os.PathLike | None,
+                 device: str | None) -> None:  # fmt: skip
+        from bertkit.jobs.embed import query_embedder
+
+        db, name = _open(table)
+        self.table = db.open_table(name)
+        raw = (self.table.schema.metadata or {}).get(PLAN_KEY)
+        if raw is None:
+            raise ValueError(f"{table}: not a table `bertkit index` wrote (no job plan)")
+        self.plan = json.loads(raw)
+        self.encoder = query_embedder(self.plan, model, device=device)
+        self.sparse = self.plan.get("vectors") == "sparse"
+        self.kind = "sparse" if self.sparse else "dense"
+        self.indexed = any(i.index_type != "FTS" for i in self.table.list_indices())
+        self._held: Any = None  # a sparse table, in memory once searched
+
+    def search(self, query: str, wanted: int, exact: bool) -> list[Hit]:
+        return self._sparse(query, wanted) if self.sparse else self._dense(query, wanted, exact)
+
+    def _dense(self, query: str, wanted: int, exact: bool) -> list[Hit]:
+        vector = self.encoder.embed_texts([query])[0]
         search = self.table.search(vector, vector_column_name="vector").metric("cosine")
         search = search.limit(wanted)
         if self.indexed and not exact:
@@ -147,14 +224,26 @@ class Searcher:
             search = search.bypass_vector_index()
         found = search.to_arrow()
         matrix = np.asarray(found.column("vector").to_pylist(), np.float32).reshape(-1, len(vector))
-        scores = unit_rows(matrix) @ unit_rows(vector[None])[0]
-        order = np.argsort(-scores, kind="stable")
-        kept = [c for c in found.column_names if c not in ("vector", "_distance", "id")]
-        hits = [{"id": found.column("id")[int(i)].as_py(), "score": float(scores[i]),
-                 **{c: found.column(c)[int(i)].as_py() for c in kept}} for i in order]  # fmt: skip
-        if self.reranker is not None:
-            relevance = self.reranker.relevance([(query, h["text"]) for h in hits])
-            for hit, score in zip(hits, relevance, strict=True):
-                hit["retrieval_score"], hit["score"] = hit["score"], score
-            hits.sort(key=lambda h: -h["score"])
-        return hits[:top]
+        return _hits(found, unit_rows(matrix) @ unit_rows(vector[None])[0])
+
+    def _sparse(self, query: str, wanted: int) -> list[Hit]:
+        from bertkit.retrieval.beir import queries_matrix, rows_matrix
+
+        width = self.plan["vocabulary"]
+        if self._held is None:
+            data = self.table.to_arrow()
+            self._held = (data, rows_matrix(data, width))
+        data, matrix = self._held
+        scores = matrix @ queries_matrix(self.encoder.embed_sparse_texts([query]), width)
+        scores = scores[:, 0].numpy()
+        best = np.argsort(-scores, kind="stable")[:wanted]
+        return _hits(data.take(best), scores[best])
+
+
+def _hits(found: Any, scores: np.ndarray) -> list[Hit]:
+    """Rows of an Arrow table with their scores, best first: {"id", "score", kept columns}."""
+    order = np.argsort(-np.asarray(scores), kind="stable")
+    hidden = ("vector", "indices", "values", "_distance", "_score", "id")
+    kept = [c for c in found.column_names if c not in hidden]
+    return [{"id": found.column("id")[int(i)].as_py(), "score": float(scores[i]),
+             **{c: found.column(c)[int(i)].as_py() for c in kept}} for i in order]  # fmt: skip

@@ -4,7 +4,7 @@
     curl -s localhost:8080/predict -H 'content-type: application/json' \\
          -d '{"inputs": ["a gripping film", "a dull one"]}'
 
-Routes: POST /predict, /embed, /v1/embeddings (OpenAI's shape), /rerank (a cross-encoder,
+Routes: POST /predict, /embed, /v1/embeddings (OpenAI's shape), /embed_sparse (SPLADE), /rerank (a cross-encoder,
 text-embeddings-inference's shape), /v1/rerank (Cohere's and Jina's), /similarity, /fill-mask
 (what the model answers; others 404 with the reason), and / and /invocations (the model's own
 route, in the shapes Hugging Face's InferenceClient parses: `clients`); GET /v1/models, /health

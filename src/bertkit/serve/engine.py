@@ -188,7 +188,8 @@ class ServedModel:
         # the one path: the folder's length (all-MiniLM-L6-v2: 256, as SentenceTransformer(path)
         # cuts), else what the tokenizer and positions allow; its pooling
         self.embedder = Embedder.of(loaded, encoder, batch_size=self.max_batch_size,
-                                    pooling=self.pooling)  # fmt: skip
+                                    pooling=self.pooling,
+                                    mlm=loaded.model.cls.predictions if masked else None)  # fmt: skip
         self.max_seq_length = self.embedder.max_seq_length
 
     # ------------------------------------------------------------------ what it serves
@@ -348,6 +349,14 @@ class ServedModel:
                 cut = shortened(torch.from_numpy(out[n][None]), item.dimensions, item.normalize)
                 out[n] = cut[0].numpy()
         return out, pieces
+
+    def embed_sparse(self, items: list[Text]) -> list[Any]:
+        """Each item's sparse (SPLADE) vector, (indices, values), on the one path."""
+        assert self.embedder is not None
+        self._count()
+        rows = self.embedder.inputs([item.text for item in items],
+                                    prompt_name=[item.prompt_name for item in items])[0]  # fmt: skip
+        return self.embedder.encode_sparse(rows)[0]
 
     def warm(self) -> None:
         """Each route with inputs of its own once on a short input, on a short and a long one,

@@ -253,6 +253,45 @@ class OpenAIEmbeddings(Route):
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
 
 
+class EmbedSparse(Route):
+    """/embed_sparse: text-embeddings-inference's {"inputs", "truncate"?, "prompt_name"?}: a
+    sparse (SPLADE) vector per text, its non-zero entries as {"index", "value"}."""
+
+    name = "embed_sparse"
+    summary = "a sparse (SPLADE) vector per text: [{index, value}] over the vocabulary"
+
+    def schema(self) -> tuple[dict[str, Any], list[str]]:
+        return {"inputs": {"anyOf": [{"type": "string"}, _TEXTS]}, "truncate": _TRUNCATE,
+                "prompt_name": _PROMPT_NAME}, ["inputs"]  # fmt: skip
+
+    def answers(self, model: ServedModel) -> bool:
+        return model.embedder is not None and model.embedder.mlm is not None
+
+    def missing(self, model: ServedModel) -> str:
+        return (f"{model.source} has no masked-LM head (sparse vectors are SPLADE's: a "
+                "SparseEncoder folder, or a BERT saved with its MLM head, on --backend torch)")  # fmt: skip
+
+    def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
+        inputs = _inputs(body, self.name, limits, {"truncate", "prompt_name"})
+        for n, item in enumerate(inputs):
+            if not isinstance(item, str):
+                raise InputError(f"inputs[{n}]: a text expected, not {kind_of(item)}")
+        prompt, _ = _prompt_and_dimensions(model, body)
+        model.fits(inputs, _flag(body, "truncate"), "inputs", prompt)
+        return [Text(text, model.pooling, prompt_name=prompt) for text in inputs]
+
+    def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
+        return model.embed_sparse(items)
+
+    def shape(self, model: ServedModel, items: list[Any], results: list[Any],
+              style: HfStyle | None) -> Any:  # fmt: skip
+        return [[{"index": int(i), "value": float(v)} for i, v in zip(*vector, strict=True)]
+                for vector in results]  # fmt: skip
+
+    def warm_inputs(self, model: ServedModel, short: str, long: str) -> tuple[Any, Any]:
+        return Text(short, "mean"), Text(long, "mean")
+
+
 class Similarity(Route):
     """/similarity: text-embeddings-inference's (and Hugging Face's sentence-similarity)
     {"inputs": {"source_sentence", "sentences"}, "truncate"?}: each sentence's cosine with the
@@ -450,6 +489,7 @@ ROUTES: dict[str, Route] = {
         Predict(),
         Embed(),
         OpenAIEmbeddings(),
+        EmbedSparse(),
         Rerank(),
         CohereRerank(),
         Similarity(),
