@@ -151,6 +151,86 @@ def read_splade(path: str | os.PathLike) -> Splade | None:
     return None
 
 
+@dataclass(frozen=True)
+class MultiVector:
+    """A multi-vector (ColBERT-style, late-interaction) folder as sentence-transformers'
+    MultiVectorEncoder saves it: each token's final state through a linear `projection` (the
+    Dense module's folder; None: none), kept where the MultiVectorMask keeps it (real tokens;
+    for `skiplist_tasks`, not the `skiplist` pieces; for documents only `keep_only` ids where
+    given), at unit length if `normalize`. Queries and documents are cut at their own lengths;
+    `expansion` pads queries with [MASK]s as ColBERT does ({"strategy": "fixed" or "min",
+    "length", "attend", "token"}); scores are MaxSim (`meanmaxsim`: over the query's vectors)."""
+
+    projection: str | None = None
+    skiplist: tuple[str, ...] = ()
+    skiplist_tasks: tuple[str, ...] = ("document",)
+    keep_only: tuple[int, ...] | None = None
+    normalize: bool = True
+    query_length: int | None = None
+    document_length: int | None = None
+    expansion: dict[str, Any] | None = None
+    similarity: str = "maxsim"
+
+
+def read_multi_vector(path: str | os.PathLike) -> MultiVector | None:
+    """The multi-vector settings a MultiVectorEncoder folder declares (modules.json's Dense,
+    MultiVectorMask and Normalize modules, sentence_bert_config.json's query_length,
+    document_length and query_expansion); None where the folder is not one. A module bertkit
+    does not run (token pooling, another activation) is refused by name."""
+    path = Path(path)
+    modules = _declared(path / "modules.json") or []
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    if "MultiVectorMask" not in kinds:
+        return None
+    found: dict[str, Any] = {"normalize": "Normalize" in kinds}
+    for module, kind in zip(modules, kinds, strict=True):
+        folder = path / module.get("path", "")
+        settings = _declared(folder / "config.json") or {}
+        if kind == "Dense":
+            activation = str(settings.get("activation_function", "")).rsplit(".", 1)[-1]
+            if activation != "Identity":
+                raise ValueError(f"{folder / 'config.json'}: a {activation} projection; bertkit "
+                                 "runs a linear one (Identity)")  # fmt: skip
+            found["projection"] = module.get("path", "")
+        elif kind == "MultiVectorMask":
+            tasks = settings.get("skiplist_tasks") or ["document"]
+            keep = settings.get("keep_only_token_ids")
+            found |= {"skiplist": tuple(settings.get("skiplist_words") or ()),
+                      "skiplist_tasks": tuple([tasks] if isinstance(tasks, str) else tasks),
+                      "keep_only": tuple(keep) if keep else None}  # fmt: skip
+        elif kind not in ("Transformer", "Normalize", "MLMTransformer"):
+            raise ValueError(f"{path / 'modules.json'}: a {kind} module; bertkit's multi-vector "
+                             "path runs Transformer, Dense, MultiVectorMask and Normalize")  # fmt: skip
+    reading = _declared(path / "sentence_bert_config.json") or {}
+    expansion = reading.get("query_expansion")
+    if expansion is not None and expansion.get("strategy") not in ("fixed", "min"):
+        raise ValueError(f"{path / 'sentence_bert_config.json'}: query_expansion strategy "
+                         f"{expansion.get('strategy')!r} (bertkit has fixed and min)")  # fmt: skip
+    settings = _declared(path / "config_sentence_transformers.json") or {}
+    return MultiVector(**found, query_length=reading.get("query_length"),
+                       document_length=reading.get("document_length"), expansion=expansion,
+                       similarity=settings.get("similarity_fn_name") or "maxsim")  # fmt: skip
+
+
+def maxsim(query: torch.Tensor, documents: list[torch.Tensor], mean: bool = False) -> torch.Tensor:
+    """Late interaction (ColBERT's MaxSim): for each document, the sum over the query's vectors
+    of each one's largest dot product with the document's vectors (`mean`: divided by the
+    query's count, MeanMaxSim).
+
+    >>> q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    >>> maxsim(q, [torch.tensor([[1.0, 0.0], [0.6, 0.8]])]).tolist()
+    [1.7999999523162842]
+    """
+    if not documents:
+        return torch.zeros(0)
+    lengths = [len(d) for d in documents]
+    similarities = query @ torch.cat(documents).T  # (q, all documents' vectors)
+    best = torch.stack([part.amax(1) if len(part.T) else torch.zeros(len(query))
+                        for part in similarities.split(lengths, dim=1)])  # fmt: skip
+    scores = best.sum(1)
+    return scores / max(len(query), 1) if mean else scores
+
+
 def declared_normalize(path: str | os.PathLike) -> bool:
     """Whether a folder declares unit-length vectors (sentence-transformers' Normalize module in
     modules.json)."""

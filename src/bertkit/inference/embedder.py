@@ -21,10 +21,13 @@ import numpy as np
 import torch
 
 from bertkit.core.embedding import (
+    MultiVector,
     Splade,
     declared_length,
+    maxsim,
     pool,
     prompt_for,
+    read_multi_vector,
     read_pooling,
     read_prompts,
     read_splade,
@@ -45,6 +48,7 @@ class Row(NamedTuple):
     ids: list[int]
     types: list[int]
     unpooled: int = 0
+    unattended: int = 0  # trailing pieces computed but not attended to (ColBERT's expansion)
 
 
 def reading_length(loaded: Loaded, given: int | None = None) -> int:
@@ -148,6 +152,13 @@ class Embedder:
         # SPLADE v2's (max, relu), as text-embeddings-inference's --pooling splade
         declared = read_splade(loaded.path)
         self.splade, self.declares_sparse = declared or Splade(), declared is not None
+        # per-token vectors: a MultiVectorEncoder folder's settings, else each token's final
+        # state at unit length
+        multi = read_multi_vector(loaded.path)
+        self.multi, self.declares_multi_vector = multi or MultiVector(), multi is not None
+        self.projection: torch.nn.Linear | None = None
+        if self.multi.projection is not None:
+            self.projection = _linear(loaded.path / self.multi.projection, self.device)
         self.tokenizer, self.precision = loaded.tokenizer, loaded.precision
         self.pooling = pooling or read_pooling(loaded.path) or "mean"
         pool(torch.zeros(1, 1, 1), torch.ones(1, 1), self.pooling)  # an unknown pooling refused
@@ -209,12 +220,17 @@ class Embedder:
         return self.encode(self.inputs(texts, prompt_name=prompt_name)[0])[0]
 
     def inputs(
-        self, texts: Sequence[Text], *, prompt_name: str | Sequence[str | None] | None = None
+        self,
+        texts: Sequence[Text],
+        *,
+        prompt_name: str | Sequence[str | None] | None = None,
+        max_length: int | None = None,
     ) -> tuple[list[Row], list[int]]:
         """Each text as the model reads it ([CLS] A [SEP], a pair as the tokenizer lays pairs
-        out, token ids as given; cut to `max_seq_length`), and its pieces before the cut. A text
-        (not a pair, not token ids) gets its prompt before it: `prompt_name`, one for all or one
-        per text (default: the embedder's)."""
+        out, token ids as given; cut to `max_length`, default `max_seq_length`), and its pieces
+        before the cut. A text (not a pair, not token ids) gets its prompt before it:
+        `prompt_name`, one for all or one per text (default: the embedder's)."""
+        limit = min(max_length or self.max_seq_length, self.max_seq_length)
         rows: list[Row | None] = [None] * len(texts)
         lengths = [0] * len(texts)
         names = _each(prompt_name, len(texts)) if prompt_name is not None else None
@@ -222,10 +238,10 @@ class Embedder:
         pairs = [i for i, t in enumerate(texts) if not isinstance(t, (str, Ids))]
         for i, text in enumerate(texts):
             if isinstance(text, Ids):
-                ids = list(text[: self.max_seq_length])
+                ids = list(text[: limit])
                 rows[i], lengths[i] = Row(ids, [0] * len(ids)), len(text)
         if singles:
-            room = self.max_seq_length - self.tokenizer.special_tokens_added(False)
+            room = limit - self.tokenizer.special_tokens_added(False)
             prompts = [self.resolve_prompt(self.prompt_name if names is None or names[i] is None
                                     else names[i]) for i in singles]  # fmt: skip
             plain = [
@@ -234,20 +250,20 @@ class Embedder:
             encoded = self.tokenizer.encode_ids(plain)
             for i, ids, (_, unpooled) in zip(singles, encoded, prompts, strict=True):
                 rows[i] = Row(*self.tokenizer.with_specials(ids[:room]), unpooled)
-                lengths[i] = len(ids) + self.max_seq_length - room
+                lengths[i] = len(ids) + limit - room
         if pairs:
             firsts = self.tokenizer.encode_ids([texts[i][0] for i in pairs])
             seconds = self.tokenizer.encode_ids([texts[i][1] for i in pairs])
             cut = []
             for i, a, b in zip(pairs, firsts, seconds, strict=True):
                 lengths[i] = len(a) + len(b) + self.pair_specials
-                if lengths[i] <= self.max_seq_length:
+                if lengths[i] <= limit:
                     rows[i] = Row(*self.tokenizer.with_specials(a, b or None))
                 else:
                     cut.append(i)
             if cut:  # the tokenizer's own longest-first cut, as a cross-encoder's
                 both = self.tokenizer([texts[i][0] for i in cut], [texts[i][1] for i in cut],
-                                      max_length=self.max_seq_length, truncation=True)  # fmt: skip
+                                      max_length=limit, truncation=True)  # fmt: skip
                 for i, ids, types in zip(cut, both["input_ids"], both["token_type_ids"],
                                          strict=True):  # fmt: skip
                     rows[i] = Row(ids, types)
@@ -337,6 +353,95 @@ class Embedder:
                     first = last
         return out, [len(row.ids) for row in rows]
 
+    def multi_vector(self, texts: Sequence[str], *, role: str = "document",
+                     prompt_name: str | None = None) -> list[np.ndarray]:  # fmt: skip
+        """Each text's per-token vectors (n_i, D) float32 for late interaction (ColBERT's
+        MaxSim), as sentence-transformers' `MultiVectorEncoder.encode_query` / `encode_document`
+        make them for `role` "query" / "document": the role's prompt and length, queries
+        padded with [MASK]s where the folder says, projected, skip-listed and normalised as its
+        modules say."""
+        return self.encode_multi(self.multi_inputs(texts, role, prompt_name), role)[0]
+
+    def maxsim_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        """Each (query, text)'s late-interaction score: MaxSim of the query's vectors (role
+        query) over the text's (role document), divided by the query's count where the folder
+        scores by meanmaxsim; each distinct query embedded once."""
+        queries = sorted({query for query, _ in pairs})
+        asked = dict(zip(queries, self.multi_vector(queries, role="query"), strict=True))
+        texts = self.multi_vector([text for _, text in pairs])
+        mean = self.multi.similarity == "meanmaxsim"
+        return [float(maxsim(torch.from_numpy(asked[query]), [torch.from_numpy(vectors)],
+                             mean)[0])
+                for (query, _), vectors in zip(pairs, texts, strict=True)]  # fmt: skip
+
+    def multi_inputs(self, texts: Sequence[str], role: str,
+                     prompt_name: str | None = None) -> list[Row]:  # fmt: skip
+        """Texts as a multi-vector model reads them in `role`: its prompt (`prompt_name`, else
+        the folder's for the role), cut at the role's length, a query expanded to the
+        expansion's length with its token (default [MASK]) — attended to or not as it says."""
+        if role not in ("query", "document"):
+            raise ValueError(f"role must be query or document, not {role!r}")
+        spec = self.multi
+        expansion = spec.expansion if role == "query" else None
+        length = spec.query_length if role == "query" else spec.document_length
+        if expansion is not None and expansion["strategy"] == "fixed":
+            length = expansion["length"]
+        rows, _ = self.inputs(texts, prompt_name=prompt_name or self.prompt_for(role),
+                              max_length=length)  # fmt: skip
+        if expansion is None:
+            return rows
+        token = expansion.get("token") or self.tokenizer.mask_token
+        fill = self.tokenizer.vocab[token]
+        floor, attend = expansion["length"], expansion.get("attend", False)
+        expanded = []
+        for row in rows:
+            extra = max(floor - len(row.ids), 0)
+            expanded.append(Row(row.ids + [fill] * extra, row.types + [0] * extra, row.unpooled,
+                                0 if attend else extra))  # fmt: skip
+        return expanded
+
+    @torch.inference_mode()
+    def encode_multi(self, rows: Sequence[Row],
+                     role: str = "document") -> tuple[list[np.ndarray], list[int]]:  # fmt: skip
+        """The per-token vectors of `rows` (as `multi_inputs` makes them) and each row's pieces:
+        longest first in batches, unpadded where no query expansion hides pieces from
+        attention."""
+        spec = self.multi
+        skipped = torch.tensor(self._skiplist_ids(), dtype=torch.long)
+        drop = len(skipped) > 0 and role in spec.skiplist_tasks
+        keep = (torch.tensor(spec.keep_only, dtype=torch.long)
+                if spec.keep_only and role != "query" else None)  # fmt: skip
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i].ids))
+        out: list[np.ndarray] = [np.zeros((0, self.dimension), np.float32)] * len(rows)
+        dtype = self.precision.dtype
+        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
+            for start in range(0, len(order), self.batch_size):
+                chosen = order[start : start + self.batch_size]
+                hidden, _ = self._forward([rows[i] for i in chosen])
+                if self.projection is not None:
+                    hidden = self.projection(hidden)
+                hidden = hidden.float().cpu()
+                for r, i in enumerate(chosen):
+                    ids = torch.tensor(rows[i].ids)
+                    kept = torch.ones(len(ids), dtype=torch.bool)
+                    if drop:
+                        kept &= ~torch.isin(ids, skipped)
+                    if keep is not None:
+                        kept &= torch.isin(ids, keep)
+                    vectors = hidden[r, : len(ids)][kept]
+                    if spec.normalize:
+                        vectors = torch.nn.functional.normalize(vectors, dim=-1)
+                    if self.truncate_dim is not None:
+                        vectors = shortened(vectors, self.truncate_dim, True)
+                    out[i] = vectors.numpy()
+        return out, [len(row.ids) for row in rows]
+
+    def _skiplist_ids(self) -> list[int]:
+        """The skip-list words' ids: those that are one piece of the vocabulary (as
+        sentence-transformers resolves them: one that is not is left out)."""
+        vocab, unknown = self.tokenizer.vocab, self.tokenizer.unk_token
+        return [vocab[w] for w in self.multi.skiplist if w in vocab or w == unknown]
+
     def _states(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
         """The final states (B, S, H) float32 on the host of a batch of rows, and its mask."""
         hidden, attention = self._forward(rows)
@@ -352,8 +457,15 @@ class Embedder:
         for r, row in enumerate(rows):
             ids[r, : len(row.ids)] = row.ids
             types[r, : len(row.types)] = row.types
-            mask[r, : len(row.ids)] = 1
+            mask[r, : len(row.ids) - row.unattended] = 1
         input_ids, token_types, attention = map(torch.from_numpy, (ids, types, mask))
+        if any(row.unattended for row in rows):
+            # pieces no token attends to, computed all the same (ColBERT's query expansion):
+            # the padded forward, which computes every position
+            padded: Any = self.encoder
+            hidden = padded(input_ids.to(self.device), token_types.to(self.device),
+                            attention.to(self.device)).last_hidden_state  # fmt: skip
+            return hidden, attention
         if isinstance(self.encoder, torch.nn.Module):
             encoder: Any = self.encoder
             # where the real tokens are, worked out on the host: the forward need not count
@@ -367,6 +479,23 @@ class Embedder:
             hidden = self.encoder(input_ids=input_ids, token_type_ids=token_types,
                                   attention_mask=attention).last_hidden_state  # fmt: skip
         return hidden, attention
+
+
+def _linear(folder: Any, device: torch.device) -> torch.nn.Linear:
+    """A sentence-transformers Dense module's linear map (its config.json and weights)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    settings = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    file = folder / "model.safetensors"
+    if not file.exists():
+        raise FileNotFoundError(f"{file}: the projection's weights are missing")
+    weights = load_file(file)
+    layer = torch.nn.Linear(settings["in_features"], settings["out_features"],
+                            bias=bool(settings.get("bias", True)))  # fmt: skip
+    layer.load_state_dict({k.removeprefix("linear."): v for k, v in weights.items()})
+    return layer.to(device).eval()
 
 
 def _each(value: Any, count: int) -> list[Any]:

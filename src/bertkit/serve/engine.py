@@ -350,6 +350,34 @@ class ServedModel:
                 out[n] = cut[0].numpy()
         return out, pieces
 
+    @property
+    def late_interaction(self) -> bool:
+        """Whether this is a multi-vector (ColBERT) model: /rerank scores by MaxSim."""
+        return self.embedder is not None and self.embedder.declares_multi_vector
+
+    def embed_all(self, items: list[Text]) -> list[np.ndarray]:
+        """Each item's per-token vectors, in its role (`Text.pooling` holds "query" or
+        "document")."""
+        assert self.embedder is not None
+        self._count()
+        out: list[Any] = [None] * len(items)
+        for role in ("query", "document"):
+            chosen = [i for i, item in enumerate(items) if item.pooling == role]
+            for name in {items[i].prompt_name for i in chosen}:
+                mine = [i for i in chosen if items[i].prompt_name == name]
+                rows = self.embedder.multi_inputs([str(items[i].text) for i in mine], role, name)
+                for i, vectors in zip(mine, self.embedder.encode_multi(rows, role)[0],
+                                      strict=True):  # fmt: skip
+                    out[i] = vectors
+        return out
+
+    def maxsim(self, pairs: list[tuple[str, str]]) -> list[float]:
+        """Each (query, text)'s late-interaction score (MaxSim, MeanMaxSim where the folder
+        says), the query and the texts in their roles."""
+        assert self.embedder is not None
+        self._count()
+        return self.embedder.maxsim_pairs(pairs)
+
     def embed_sparse(self, items: list[Text]) -> list[Any]:
         """Each item's sparse (SPLADE) vector, (indices, values), on the one path."""
         assert self.embedder is not None

@@ -253,6 +253,44 @@ class OpenAIEmbeddings(Route):
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
 
 
+class EmbedAll(Route):
+    """/embed_all: text-embeddings-inference's {"inputs", "truncate"?, "prompt_name"?}, and
+    sentence-transformers' "task": "query" or "document" (default): each text's per-token
+    vectors — a multi-vector (ColBERT) model's, as `MultiVectorEncoder.encode_query` /
+    `encode_document` make them; another encoder's final states at unit length."""
+
+    name = "embed_all"
+    summary = "per-token vectors of each text (late interaction, ColBERT's MaxSim)"
+
+    def schema(self) -> tuple[dict[str, Any], list[str]]:
+        return {"inputs": {"anyOf": [{"type": "string"}, _TEXTS]}, "truncate": _TRUNCATE,
+                "prompt_name": _PROMPT_NAME,
+                "task": {"enum": ["query", "document"], "default": "document"}}, ["inputs"]  # fmt: skip
+
+    def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
+        inputs = _inputs(body, self.name, limits, {"truncate", "prompt_name", "task"})
+        for n, item in enumerate(inputs):
+            if not isinstance(item, str):
+                raise InputError(f"inputs[{n}]: a text expected, not {kind_of(item)}")
+        task = body.get("task", "document")
+        if task not in ("query", "document"):
+            raise InputError(f'"task" must be "query" or "document", not {task!r}')
+        prompt, _ = _prompt_and_dimensions(model, body)
+        if not model.late_interaction:  # a multi-vector model cuts at the role's length
+            model.fits(inputs, _flag(body, "truncate"), "inputs", prompt)
+        return [Text(text, task, prompt_name=prompt) for text in inputs]
+
+    def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
+        return model.embed_all(items)
+
+    def shape(self, model: ServedModel, items: list[Any], results: list[Any],
+              style: HfStyle | None) -> Any:  # fmt: skip
+        return [vectors.tolist() for vectors in results]
+
+    def warm_inputs(self, model: ServedModel, short: str, long: str) -> tuple[Any, Any]:
+        return Text(short, "query"), Text(long, "document")
+
+
 class EmbedSparse(Route):
     """/embed_sparse: text-embeddings-inference's {"inputs", "truncate"?, "prompt_name"?}: a
     sparse (SPLADE) vector per text, its non-zero entries as {"index", "value"}."""
@@ -351,12 +389,12 @@ class Rerank(Route):
     fields = {"query", "texts", "return_text", "truncate", "raw_scores"}
 
     def answers(self, model: ServedModel) -> bool:
-        return model.rerank_label is not None
+        return model.rerank_label is not None or model.late_interaction
 
     def missing(self, model: ServedModel) -> str:
         return (
             f"{model.source} is not a cross-encoder: /rerank takes a model fine-tuned on text "
-            "pairs (a pair classifier or regressor)"
+            "pairs (a pair classifier or regressor) or a multi-vector (ColBERT) model"
         )
 
     def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
@@ -366,7 +404,8 @@ class Rerank(Route):
         return [Pair(query, text, keep, raw=raw) for text in texts]
 
     def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
-        assert model.predictor is not None
+        if model.predictor is None:  # a multi-vector model: MaxSim
+            return model.maxsim([(item.query, item.text) for item in items])
         scores: list[Any] = [None] * len(items)
         for raw in (False, True):  # (a batch may hold requests of either)
             chosen = [i for i, item in enumerate(items) if item.raw == raw]
@@ -490,6 +529,7 @@ ROUTES: dict[str, Route] = {
         Embed(),
         OpenAIEmbeddings(),
         EmbedSparse(),
+        EmbedAll(),
         Rerank(),
         CohereRerank(),
         Similarity(),
@@ -537,7 +577,10 @@ def _query_and_texts(model: ServedModel, body: dict, texts: Any, limits: ServeCo
         n = next(i for i, t in enumerate(texts) if not (isinstance(t, str) and t.strip()))
         raise InputError(f"{field}[{n}]: a non-empty text expected")
     _check_limits([query, *texts], limits, field, count=len(texts))
-    model.fits([(query, text) for text in texts], _flag(body, "truncate"), field)
+    if model.predictor is None:  # late interaction reads the query and each text apart
+        model.fits([query, *texts], _flag(body, "truncate"), field)
+    else:
+        model.fits([(query, text) for text in texts], _flag(body, "truncate"), field)
     return query, texts
 
 
