@@ -341,3 +341,163 @@ def test_hybrid_search_fuses_dense_sparse_and_full_text(prompted, splade, tmp_pa
     assert cli.main(["search", "--index", str(tmp_path / "sparse.lance"), "--full-text",
                      query]) == 2  # fmt: skip
     assert "no full-text index" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- multi-vector
+@pytest.fixture(scope="module")
+def colbert(prompted, tmp_path_factory):
+    """A tiny random ColBERT saved by sentence-transformers 6 as a MultiVectorEncoder: a linear
+    projection to 24 dimensions, punctuation skipped in documents, [unused0]/[unused1] prompts,
+    queries cut or [MASK]-padded to 16 pieces that nothing attends to, documents cut at 48."""
+    import string
+
+    from sentence_transformers import MultiVectorEncoder
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.base.modules.dense import Dense
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+
+    root = tmp_path_factory.mktemp("colbert")
+    torch.manual_seed(2)
+    tokens = {"module_input_name": "token_embeddings", "module_output_name": "token_embeddings"}
+    modules = [
+        Transformer(str(prompted.parent / "base"), query_length=16, document_length=48,
+                    query_expansion={"strategy": "fixed", "length": 16}),
+        Dense(WIDTH, 24, bias=False, activation_function=torch.nn.Identity(), **tokens),
+        MultiVectorMask(list(string.punctuation)), Normalize(**tokens),
+    ]  # fmt: skip
+    MultiVectorEncoder(modules=modules, device="cpu",
+                       prompts={"query": "[unused0] ", "document": "[unused1] "}
+                       ).save(str(root / "colbert"))  # fmt: skip
+    return root / "colbert"
+
+
+QUESTIONS = ["where is paris?", "what did the stock markets do on monday, and why?"]
+DOCUMENTS = [*TEXTS, "Paris, the capital; of France!", "x"]
+
+
+@pytest.mark.parametrize("expansion", [{"strategy": "fixed", "length": 16},
+                                       {"strategy": "min", "length": 12, "attend": True}])  # fmt: skip
+def test_multi_vectors_and_maxsim_equal_multi_vector_encoders(colbert, tmp_path, expansion):
+    import shutil
+
+    from sentence_transformers import MultiVectorEncoder
+
+    from bertkit.core.embedding import maxsim
+
+    folder = tmp_path / "variant"
+    shutil.copytree(colbert, folder)
+    settings = json.loads((folder / "sentence_bert_config.json").read_text())
+    settings["query_expansion"] = {"attend": False, "token": None, **expansion}
+    (folder / "sentence_bert_config.json").write_text(json.dumps(settings))
+    reference = MultiVectorEncoder(str(folder), device="cpu")
+    embedder = Embedder(folder, precision="fp32", batch_size=2)
+    assert embedder.token_dimension == 24
+    for role, texts in (("query", QUESTIONS), ("document", DOCUMENTS)):
+        wanted = getattr(reference, f"encode_{role}")(texts, convert_to_numpy=True)
+        got = embedder.multi_vector(texts, role=role)
+        assert [g.shape for g in got] == [w.shape for w in wanted]
+        for g, w in zip(got, wanted, strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-5)
+    # the skip list: a document's punctuation has no vector (a query's has)
+    # [CLS] [ unused ##1 ] paris , . [SEP]: the brackets, comma and full stop have none
+    assert len(embedder.multi_vector(["paris , ."])[0]) == 5
+    assert len(embedder.multi_vector(["paris , ."], role="document", prompt_name="query")[0]) == 5
+    scores = reference.similarity(reference.encode_query(QUESTIONS),
+                                  reference.encode_document(DOCUMENTS))  # fmt: skip
+    queries, documents = (embedder.multi_vector(QUESTIONS, role="query"),
+                          embedder.multi_vector(DOCUMENTS))  # fmt: skip
+    mine = torch.stack([maxsim(torch.from_numpy(q), [torch.from_numpy(d) for d in documents])
+                        for q in queries])  # fmt: skip
+    np.testing.assert_allclose(mine.numpy(), scores.numpy(), atol=1e-4)
+
+
+def test_multi_vectors_through_serve_embed_index_and_search(colbert, prompted, tmp_path, capsys):
+    """/embed_all and /rerank (MaxSim) answer as MultiVectorEncoder scores; `bertkit embed`
+    on a MultiVectorEncoder folder writes each row's per-token vectors; `index` puts them in
+    LanceDB, `search` over that table ranks every row by MaxSim, and `search --maxsim` reorders
+    a dense table's hits by it."""
+    pytest.importorskip("lancedb")
+    from sentence_transformers import MultiVectorEncoder
+
+    reference = MultiVectorEncoder(str(colbert), device="cpu")
+    scores = reference.similarity(reference.encode_query(QUESTIONS[:1]),
+                                  reference.encode_document(DOCUMENTS))[0].numpy()  # fmt: skip
+    served = ServedModel(colbert, precision="fp32", device="cpu")
+    for task in ("query", "document"):
+        texts = QUESTIONS if task == "query" else DOCUMENTS
+        items = served.parse("embed_all", {"inputs": texts, "task": task})
+        got = served.shape("embed_all", items, served.run("embed_all", items))
+        wanted = getattr(reference, f"encode_{task}")(texts, convert_to_numpy=True)
+        for g, w in zip(got, wanted, strict=True):
+            np.testing.assert_allclose(np.array(g), w, atol=1e-5)
+    items = served.parse("rerank", {"query": QUESTIONS[0], "texts": DOCUMENTS})
+    answer = served.shape("rerank", items, served.run("rerank", items))
+    assert [a["index"] for a in answer] == np.argsort(-scores, kind="stable").tolist()
+    assert [a["score"] for a in answer] == pytest.approx(sorted(scores, reverse=True), abs=1e-4)
+    with pytest.raises(InputError, match='"task" must be "query" or "document"'):
+        served.parse("embed_all", {"inputs": ["x"], "task": "passage"})
+
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"id": f"d{n}", "text": t}) + "\n"
+                              for n, t in enumerate(DOCUMENTS)))  # fmt: skip
+    for model, name in ((colbert, "late"), (prompted, "dense")):
+        argv = ["embed", "--model", str(model), "--input", str(source), "--out",
+                str(tmp_path / name), "--id-column", "id", "--keep-columns", "text",
+                "--precision", "fp32", "--quiet", "--index", str(tmp_path / f"{name}.lance")]  # fmt: skip
+        assert cli.main(argv) == 0, capsys.readouterr().err
+    stored = shards.vectors(tmp_path / "late", ("id", "vectors")).column("vectors").to_pylist()
+    for row, wanted in zip(stored, reference.encode_document(DOCUMENTS, convert_to_numpy=True),
+                           strict=True):  # fmt: skip
+        np.testing.assert_allclose(np.array(row, np.float32), wanted, atol=1e-5)
+    plan = json.loads((tmp_path / "late" / "manifest.json").read_text())["plan"]
+    assert (plan["vectors"], plan["dimension"]) == ("multi-vector", 24)
+
+    capsys.readouterr()
+    assert cli.main(["search", "--index", str(tmp_path / "late.lance"), QUESTIONS[0],
+                     "--top", "6"]) == 0  # fmt: skip
+    hits = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [h["id"] for h in hits] == [f"d{i}" for i in np.argsort(-scores, kind="stable")]
+    assert [h["score"] for h in hits] == pytest.approx(sorted(scores, reverse=True), abs=1e-4)
+    assert cli.main(["search", "--index", str(tmp_path / "dense.lance"), "--maxsim",
+                     str(tmp_path / "late.lance"), QUESTIONS[0], "--top", "3"]) == 0  # fmt: skip
+    hits = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [h["id"] for h in hits] == [f"d{i}" for i in np.argsort(-scores, kind="stable")[:3]]
+    assert all("retrieval_score" in h for h in hits)  # the dense cosine, kept beside
+
+
+def test_retrieval_reranked_by_maxsim_is_scored_as_trec_eval(prompted, colbert, tmp_path,
+                                                             capsys):  # fmt: skip
+    """`evaluate --retrieval --maxsim-model`: each query's dense top 100 reordered by a
+    ColBERT's MaxSim as MultiVectorEncoder scores it; the run scored as pytrec_eval scores it,
+    the ranking before it reported under "parts"."""
+    pytest.importorskip("pytrec_eval")
+    from sentence_transformers import MultiVectorEncoder
+
+    from bertkit.retrieval.beir import read_qrels
+
+    from helpers import trec_eval_scores
+
+    data, corpus, asked = squad_beir(tmp_path / "beir", documents=120, queries=40)
+    out = tmp_path / "scored"
+    argv = ["evaluate", "--retrieval", "--model", str(prompted), "--maxsim-model", str(colbert),
+            "--data", str(data), "--out", str(out), "--device", "cpu"]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    result = json.loads(capsys.readouterr().out)
+    assert result["retrieval"] == "dense+maxsim" and set(result["parts"]) == {"dense"}
+    documents = [f"{d['title']} {d['text']}" for d in corpus]
+    questions = [q["text"] for q in sorted(asked, key=lambda q: q["_id"])]
+    late = MultiVectorEncoder(str(colbert), device="cpu")
+    scores = late.similarity(late.encode_query(questions),
+                             late.encode_document(documents)).numpy()  # fmt: skip
+    dense = theirs(prompted)
+    candidates = ranked(dense.encode_query(questions, normalize_embeddings=True)
+                        @ dense.encode_document(documents, normalize_embeddings=True).T,
+                        list(range(len(corpus))))  # fmt: skip
+    run: dict[str, list[str]] = {}
+    for line in (out / "run.tsv").read_text().splitlines():
+        run.setdefault(line.split()[0], []).append(line.split()[2])
+    for q, (query, found) in enumerate(sorted(run.items())):
+        wanted = sorted(candidates[q], key=lambda d: -scores[q, d])
+        assert found == [corpus[d]["_id"] for d in wanted], query
+    theirs_scores = trec_eval_scores(out / "run.tsv", read_qrels(data / "qrels" / "test.tsv"))
+    assert {name: result[name] for name in theirs_scores} == theirs_scores

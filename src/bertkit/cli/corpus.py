@@ -89,7 +89,7 @@ def _search(args: argparse.Namespace) -> None:
     from bertkit.retrieval.index import Searcher
 
     searcher = Searcher(args.index, args.model, rerank=args.rerank, sparse=args.sparse_index,
-                        full_text=args.full_text)  # fmt: skip
+                        full_text=args.full_text, maxsim=args.maxsim)  # fmt: skip
     for query in args.query:
         for hit in searcher(query, top=args.top, exact=args.exact):
             print(json.dumps({"query": query, **hit}, ensure_ascii=False))
@@ -113,6 +113,11 @@ def add_search(commands) -> None:
     search.add_argument(
         "--full-text", action="store_true",
         help="hybrid: the index's full-text (BM25) ranking fused in (index --full-text)",
+    )  # fmt: skip
+    search.add_argument(
+        "--maxsim", metavar="TABLE",
+        help="rerank the hits by late interaction (MaxSim) with a table of per-token vectors "
+        "of the same rows (embed --multi-vector, then index)",
     )  # fmt: skip
     search.set_defaults(func=_search)
 

@@ -379,6 +379,7 @@ def _evaluate_retrieval(args: argparse.Namespace) -> None:
         print("no qrels/dev.tsv: scoring qrels/test.tsv (--split test)", file=sys.stderr)
         split = "test"
     result = evaluate_retrieval(args.model, args.data, sparse_model=args.sparse_model,
+                                maxsim_model=args.maxsim_model,
                                 split=split, top=args.top, out=args.out,
                                 batch_size=args.batch_size, device=args.device, progress=True)  # fmt: skip
     print(json.dumps(result, indent=1))
@@ -406,6 +407,11 @@ def add_evaluate(commands) -> None:
         "--sparse-model",
         help="--retrieval: hybrid search, a sparse (SPLADE) model's ranking fused with the "
         "model's by reciprocal rank (each part's own scores reported too)",
+    )
+    evaluate.add_argument(
+        "--maxsim-model",
+        help="--retrieval: rerank each query's documents by late interaction (MaxSim) with a "
+        "multi-vector (ColBERT) model",
     )
     add_flags(evaluate, EvaluateConfig, skip=("task", "progress"))
     evaluate.set_defaults(func=_evaluate)

@@ -196,6 +196,13 @@ class Embedder:
         """The text put before each text by default ("" for none)."""
         return self.resolve_prompt(self.prompt_name)[0]
 
+    @property
+    def token_dimension(self) -> int:
+        """The width of the per-token vectors `multi_vector` gives (the projection's, cut to
+        `truncate_dim`)."""
+        width = self.projection.out_features if self.projection is not None else self.width
+        return min(self.truncate_dim or width, width)
+
     def resolve_prompt(self, name: str | None) -> tuple[str, int]:
         """Prompt `name`'s text and the pieces pooling leaves out with it (0 where the pooling
         counts the prompt): [CLS] and the prompt's pieces, as sentence-transformers counts its
@@ -238,7 +245,7 @@ class Embedder:
         pairs = [i for i, t in enumerate(texts) if not isinstance(t, (str, Ids))]
         for i, text in enumerate(texts):
             if isinstance(text, Ids):
-                ids = list(text[: limit])
+                ids = list(text[:limit])
                 rows[i], lengths[i] = Row(ids, [0] * len(ids)), len(text)
         if singles:
             room = limit - self.tokenizer.special_tokens_added(False)

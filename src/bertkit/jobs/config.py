@@ -96,6 +96,11 @@ class EmbedConfig(JobConfig):
         "sparse (SPLADE) vectors from the masked-LM head: (index, value) pairs in the columns "
         "indices and values (a SparseEncoder folder: always)",
     )
+    multi_vector: bool = setting(
+        False,
+        "per-token vectors for late interaction (ColBERT's MaxSim), a list per row in the "
+        "column vectors (a MultiVectorEncoder folder: always)",
+    )
     dimensions: int | None = setting(
         None,
         "keep each vector's first N coordinates (a Matryoshka model's smaller size), cut "

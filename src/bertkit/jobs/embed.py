@@ -42,23 +42,33 @@ class EmbeddingMapper:
                             truncate_dim=config.dimensions, sparse=config.sparse)  # fmt: skip
         embedder.use_prompt(config.prompt_name or embedder.prompt_for(role))
         self.embedder, self.loaded = embedder, embedder.loaded
-        # sparse (SPLADE) vectors where asked or where the folder declares them
+        # sparse (SPLADE) or per-token vectors where asked or where the folder declares them
         self.sparse = config.sparse or embedder.declares_sparse
+        self.multi_vector = (config.multi_vector or embedder.declares_multi_vector) and not (
+            self.sparse)  # fmt: skip
+        self.role = role
+        if config.sparse and config.multi_vector:
+            raise ValueError("--sparse or --multi-vector: a job writes one kind of vectors")
         if self.sparse and config.dimensions is not None:
             raise ValueError("--dimensions cuts dense vectors; sparse vectors span the "
                              "vocabulary")  # fmt: skip
         embedder.normalize = (declared_normalize(embedder.loaded.path)
                               if config.normalize == "auto" else config.normalize == "yes")  # fmt: skip
         self.normalize, self.max_seq_length = embedder.normalize, embedder.max_seq_length
-        self.dtype, self.dimension = config.dtype, embedder.dimension
+        self.dtype = config.dtype
+        self.dimension = embedder.token_dimension if self.multi_vector else embedder.dimension
 
     def describe(self) -> dict[str, Any]:
         """What the vectors depend on, for the manifest."""
-        sparse = {"vectors": "sparse", "splade": vars(self.embedder.splade),
-                  "vocabulary": self.loaded.config.vocab_size} if self.sparse else {}  # fmt: skip
+        kind: dict[str, Any] = {}
+        if self.sparse:
+            kind = {"vectors": "sparse", "splade": vars(self.embedder.splade),
+                    "vocabulary": self.loaded.config.vocab_size}  # fmt: skip
+        elif self.multi_vector:
+            kind = {"vectors": "multi-vector", "multi_vector": vars(self.embedder.multi)}
         return {
             "kind": "embed",
-            **sparse,
+            **kind,
             "pooling": self.embedder.pooling,
             "normalize": self.normalize,
             "dimension": self.dimension,
@@ -81,6 +91,10 @@ class EmbeddingMapper:
                 issues[i] = f"truncated: {length} tokens to {self.max_seq_length}"
         if self.sparse:
             return self._sparse_columns(len(rows), todo, inputs), issues
+        if self.multi_vector:
+            texts = [str(rows[i].text) for i in todo]
+            inputs = self.embedder.multi_inputs(texts, self.role)
+            return self._multi_columns(len(rows), todo, inputs), issues
         vectors = self.embedder.encode(inputs)[0]
         dtype = np.float16 if self.dtype == "float16" else np.float32
         values = np.zeros((len(rows), self.dimension), dtype)
@@ -102,9 +116,31 @@ class EmbeddingMapper:
         return {"indices": pa.array(indices, pa.list_(pa.int32())),
                 "values": pa.array(values, pa.list_(pa.float32()))}  # fmt: skip
 
+    def _multi_columns(self, count: int, todo: list[int], inputs: list[Any]) -> dict[str, Any]:
+        """`vectors`: each row's per-token vectors, a list of fixed-size lists (of the job's
+        dtype); null for a row with an issue."""
+        import pyarrow as pa
+
+        dtype = np.float16 if self.dtype == "float16" else np.float32
+        found = dict(zip(todo, self.embedder.encode_multi(inputs, self.role)[0], strict=True))
+        kind = pa.list_(pa.list_(pa.from_numpy_dtype(dtype), self.dimension))
+        tokens = [found[i].astype(dtype) if i in found else None for i in range(count)]
+        counts = [len(t) if t is not None else 0 for t in tokens]
+        flat = np.concatenate([t for t in tokens if t is not None] or
+                              [np.zeros((0, self.dimension), dtype)]).reshape(-1)  # fmt: skip
+        inner = pa.FixedSizeListArray.from_arrays(pa.array(flat), self.dimension)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+        valid = pa.array([t is None for t in tokens])
+        column = pa.ListArray.from_arrays(offsets, inner, type=kind, mask=valid)
+        return {"vectors": column}
+
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         """(N, H) float32 vectors of `texts` (queries, texts given on the command line)."""
         return self.embedder(texts)
+
+    def embed_multi_texts(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """The per-token vectors of `texts` (queries against a multi-vector job)."""
+        return self.embedder.multi_vector(texts, role=self.role)
 
     def embed_sparse_texts(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
         """The sparse vectors of `texts` (queries against a sparse job): (indices, values)."""
@@ -123,6 +159,7 @@ def query_embedder(plan: dict[str, Any], model: str | os.PathLike | None = None,
         pooling=plan["pooling"], normalize="yes" if plan["normalize"] else "no",
         max_seq_length=plan["max_seq_length"], precision=plan.get("precision", "auto"),
         dimensions=plan.get("dimensions"), sparse=plan.get("vectors") == "sparse",
+        multi_vector=plan.get("vectors") == "multi-vector",
         batch_size=batch_size, device=device,
     )  # fmt: skip
     model = str(model or plan["model"]["name"])

@@ -142,6 +142,46 @@ def sparse_top(vectors_dir: Path, queries: Sequence[tuple[np.ndarray, np.ndarray
     return [list(row) for row in best_ids], best_scores
 
 
+def maxsim_rerank(vectors_dir: Path, queries: Sequence[np.ndarray],
+                  candidates: Sequence[list[str]]) -> tuple[list[list[str]], np.ndarray]:  # fmt: skip
+    """Each query's `candidates` reordered by late interaction (MaxSim of its per-token vectors
+    over each candidate's, from a finished multi-vector embed job), best first with their
+    scores; the job's rows read a shard at a time, only the candidates' vectors kept."""
+    import pyarrow.parquet as pq
+    import torch
+
+    from bertkit.core.embedding import maxsim
+    from bertkit.jobs import shards
+
+    manifest = shards.finished_vectors(vectors_dir)
+    plan = manifest["plan"]
+    if plan.get("vectors") != "multi-vector":
+        raise ValueError(f"{vectors_dir}: holds {plan.get('vectors', 'dense')} vectors, not "
+                         "per-token ones (embed --multi-vector)")  # fmt: skip
+    mean = plan.get("multi_vector", {}).get("similarity") == "meanmaxsim"
+    asking: dict[str, list[int]] = {}
+    for q, documents in enumerate(candidates):
+        for document in documents:
+            asking.setdefault(document, []).append(q)
+    found: list[dict[str, float]] = [{} for _ in queries]
+    asked = [torch.from_numpy(np.asarray(q, np.float32)) for q in queries]
+    for shard in manifest["shards"]:
+        table = pq.read_table(vectors_dir / shard["file"], columns=["id", "vectors"])
+        for document, vectors in zip(table.column("id").to_pylist(),
+                                     table.column("vectors").to_pylist(), strict=True):  # fmt: skip
+            if document in asking and vectors is not None:
+                tokens = torch.tensor(vectors, dtype=torch.float32).reshape(-1, plan["dimension"])
+                for q in asking[document]:
+                    found[q][document] = float(maxsim(asked[q], [tokens], mean)[0])
+    ids, scores = [], []
+    for q, documents in enumerate(candidates):
+        order = sorted(documents, key=lambda d: -found[q].get(d, -np.inf))
+        ids.append(order)
+        scores.append([found[q].get(d, -np.inf) for d in order])
+    width = max((len(row) for row in scores), default=0)
+    return ids, np.asarray([row + [-np.inf] * (width - len(row)) for row in scores], np.float32)
+
+
 def rows_matrix(table: Any, width: int) -> Any:
     """The sparse vectors of an Arrow table's `indices` and `values` list columns (no nulls) as
     a (rows, `width`) torch CSR matrix, sharing the table's buffers where it can."""
@@ -219,6 +259,7 @@ def evaluate_retrieval(
     data: str | os.PathLike,
     *,
     sparse_model: str | os.PathLike | None = None,
+    maxsim_model: str | os.PathLike | None = None,
     split: str = "test",
     top: int = 100,
     out: str | os.PathLike | None = None,
@@ -231,10 +272,13 @@ def evaluate_retrieval(
     the queries' and documents' counts. `model` retrieves with dense vectors (sparse ones where
     it is a SparseEncoder folder); with `sparse_model` (a SPLADE folder), hybrid retrieval: each
     query's `top` of both, fused by reciprocal rank (`fused`, k = `fusion_k`), each part's own
-    measures under "parts". With `out`: the corpus's vectors (resumable) in out/corpus (and
-    out/corpus-sparse), the ranking as a TREC run file out/run.tsv and the scores in
+    measures under "parts". `maxsim_model` (a multi-vector, ColBERT-style folder): each
+    query's `top` reordered by late interaction (MaxSim), the ranking before it under "parts"
+    too. With `out`: the corpus's vectors (resumable) in out/corpus (and out/corpus-sparse,
+    out/corpus-multi-vector), the ranking as a TREC run file out/run.tsv and the scores in
     out/results.json."""
     from bertkit._io import write_json
+    from bertkit.jobs import shards
     from bertkit.jobs.config import EmbedConfig
     from bertkit.jobs.embed import embed, query_embedder
 
@@ -250,27 +294,43 @@ def evaluate_retrieval(
     parts: dict[str, tuple[list[list[str]], np.ndarray]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         place = Path(out) if out is not None else Path(scratch)
-        for given, sparse, where in ((model, False, "corpus"),
-                                     (sparse_model, True, "corpus-sparse")):  # fmt: skip
-            if given is None:
-                continue
+
+        def corpus(given: str | os.PathLike, where: str, sparse: bool = False,
+                   multi_vector: bool = False) -> tuple[Any, Path]:  # fmt: skip
+            """The corpus embedded by `given` into place/where (resumable), and the embedder
+            of the queries against it."""
             config = EmbedConfig(text_column="title,text", id_column="_id", batch_size=batch_size,
-                                 device=device, progress=progress, resume=True, sparse=sparse)  # fmt: skip
-            manifest = embed(given, [folder / "corpus.jsonl"], place / where, config)
-            encoder = query_embedder(manifest["plan"], given, device=device, batch_size=batch_size)
-            if encoder.sparse:
-                found = sparse_top(place / where, encoder.embed_sparse_texts(texts), top)
-            else:
-                found = exact_top(place / where, encoder.embed_texts(texts), top)
-            parts["sparse" if encoder.sparse else "dense"] = found
-    ids, scores = (fused([found[0] for found in parts.values()], top, fusion_k)
-                   if len(parts) > 1 else next(iter(parts.values())))  # fmt: skip
+                                 device=device, progress=progress, resume=True, sparse=sparse,
+                                 multi_vector=multi_vector)  # fmt: skip
+            found = embed(given, [folder / "corpus.jsonl"], place / where, config)
+            encoder = query_embedder(found["plan"], given, device=device, batch_size=batch_size)
+            return encoder, place / where
+
+        encoder, where = corpus(model, "corpus")
+        documents = shards.finished_vectors(where)["rows"]
+        if encoder.sparse:
+            parts["sparse"] = sparse_top(where, encoder.embed_sparse_texts(texts), top)
+        else:
+            parts["dense"] = exact_top(where, encoder.embed_texts(texts), top)
+        if sparse_model is not None:
+            encoder, where = corpus(sparse_model, "corpus-sparse", sparse=True)
+            parts["sparse"] = sparse_top(where, encoder.embed_sparse_texts(texts), top)
+        retrieval = "hybrid" if len(parts) > 1 else next(iter(parts))
+        ids, scores = (fused([found[0] for found in parts.values()], top, fusion_k)
+                       if len(parts) > 1 else next(iter(parts.values())))  # fmt: skip
+        if maxsim_model is not None:
+            if len(parts) > 1:
+                parts["hybrid"] = (ids, scores)
+            encoder, where = corpus(maxsim_model, "corpus-multi-vector", multi_vector=True)
+            ids, scores = maxsim_rerank(where, encoder.embed_multi_texts(texts), ids)
+            retrieval += "+maxsim"
     ranking = dict(zip(names, ids, strict=True))
-    result = {**scores_of(ranking, qrels), "queries": len(qrels), "documents": manifest["rows"],
-              "split": split, "model": str(model),
-              "retrieval": "hybrid" if len(parts) > 1 else next(iter(parts))}  # fmt: skip
-    if sparse_model is not None:
-        result["sparse_model"] = str(sparse_model)
+    result = {**scores_of(ranking, qrels), "queries": len(qrels), "documents": documents,
+              "split": split, "model": str(model), "retrieval": retrieval}  # fmt: skip
+    for name, given in (("sparse_model", sparse_model), ("maxsim_model", maxsim_model)):
+        if given is not None:
+            result[name] = str(given)
+    if sparse_model is not None or maxsim_model is not None:
         result["parts"] = {kind: scores_of(dict(zip(names, found[0], strict=True)), qrels)
                            for kind, found in parts.items()}  # fmt: skip
     if out is not None:

@@ -67,7 +67,7 @@ def build_index(
     folder = Path(vectors)
     manifest = shards.finished_vectors(folder)
     plan = manifest["plan"]
-    key = "indices" if plan.get("vectors") == "sparse" else "vector"
+    key = {"sparse": "indices", "multi-vector": "vectors"}.get(plan.get("vectors", ""), "vector")
     target = Path(table)
     if target.exists():
         if not overwrite:
@@ -131,7 +131,7 @@ class Searcher:
     def __init__(self, table: str | os.PathLike, model: str | os.PathLike | None = None, *,
                  rerank: str | os.PathLike | None = None, device: str | None = None,
                  sparse: str | os.PathLike | None = None, full_text: bool = False,
-                 fusion_k: int = 60) -> None:  # fmt: skip
+                 fusion_k: int = 60, maxsim: str | os.PathLike | None = None) -> None:  # fmt: skip
         self.main = _Side(table, model, device)
         self.table, self.plan, self.encoder = self.main.table, self.main.plan, self.main.encoder
         self.indexed = self.main.indexed
@@ -147,6 +147,13 @@ class Searcher:
             raise ValueError(f"{table}: no full-text index (bertkit index --full-text, with the "
                              "text kept: embed --keep-columns text)")  # fmt: skip
         self.fusion_k = fusion_k
+        self.late: _Side | None = None
+        if maxsim is not None:
+            self.late = _Side(maxsim, None, device)
+            if self.late.kind != "multi-vector":
+                raise ValueError(f"{maxsim}: holds {self.late.kind} vectors; --maxsim takes a "
+                                 "table of per-token ones (bertkit embed --multi-vector, then "
+                                 "index)")  # fmt: skip
         self.reranker = None
         if rerank is not None:
             from bertkit.inference.predict import Predictor
@@ -163,11 +170,17 @@ class Searcher:
                  candidates: int | None = None) -> list[Hit]:  # fmt: skip
         """The `top` rows nearest `query`, best first: {"id", "score", kept columns}."""
         hybrid = len(self.sides) > 1 or self.full_text
-        wanted = max(top, candidates or (100 if self.reranker or hybrid else top))
+        reranked = self.reranker is not None or self.late is not None
+        wanted = max(top, candidates or (100 if reranked or hybrid else top))
         ranked = {side.kind: side.search(query, wanted, exact) for side in self.sides}
         if self.full_text:
             ranked["full_text"] = self._full_text(query, wanted)
         hits = next(iter(ranked.values())) if not hybrid else self._fused(ranked, wanted)
+        if self.late is not None:  # the hits reordered by late interaction
+            scores = self.late.maxsim(query, [h["id"] for h in hits])
+            for hit, score in zip(hits, scores, strict=True):
+                hit["retrieval_score"], hit["score"] = hit["score"], score
+            hits.sort(key=lambda h: -h["score"])
         if self.reranker is not None:
             relevance = self.reranker.relevance([(query, h["text"]) for h in hits])
             for hit, score in zip(hits, relevance, strict=True):
@@ -206,13 +219,49 @@ class _Side:
             raise ValueError(f"{table}: not a table `bertkit index` wrote (no job plan)")
         self.plan = json.loads(raw)
         self.encoder = query_embedder(self.plan, model, device=device)
-        self.sparse = self.plan.get("vectors") == "sparse"
-        self.kind = "sparse" if self.sparse else "dense"
+        self.kind = {"sparse": "sparse", "multi-vector": "multi-vector"}.get(
+            self.plan.get("vectors", ""), "dense")  # fmt: skip
+        self.sparse = self.kind == "sparse"
         self.indexed = any(i.index_type != "FTS" for i in self.table.list_indices())
         self._held: Any = None  # a sparse table, in memory once searched
 
     def search(self, query: str, wanted: int, exact: bool) -> list[Hit]:
+        if self.kind == "multi-vector":
+            return self._late(query, wanted)
         return self._sparse(query, wanted) if self.sparse else self._dense(query, wanted, exact)
+
+    def _late(self, query: str, wanted: int) -> list[Hit]:
+        """Every row scored by MaxSim with the query's vectors (LanceDB's multi-vector search,
+        its scores recomputed here)."""
+        vectors = self.encoder.embed_multi_texts([query])[0]
+        found = (self.table.search(vectors.tolist(), vector_column_name="vectors")
+                 .metric("cosine").limit(wanted).to_arrow())  # fmt: skip
+        return _hits(found, self._scores(vectors, found))
+
+    def maxsim(self, query: str, ids: list[Any]) -> list[float]:
+        """The MaxSim of `query` with each of the rows `ids` (their stored vectors)."""
+        if not ids:
+            return []
+        found = (self.table.search().where(f"id IN ({_sql_values(ids)})").select(["id", "vectors"])
+                 .limit(len(ids)).to_arrow())  # fmt: skip
+        scores = self._scores(self.encoder.embed_multi_texts([query])[0], found)
+        by_id = dict(zip(found.column("id").to_pylist(), scores.tolist(), strict=True))
+        missing = [i for i in ids if i not in by_id]
+        if missing:
+            raise ValueError(f"rows {missing[:3]} are not in the multi-vector table: embed the "
+                             "same rows for --maxsim")  # fmt: skip
+        return [by_id[i] for i in ids]
+
+    def _scores(self, query: np.ndarray, found: Any) -> np.ndarray:
+        import torch
+
+        from bertkit.core.embedding import maxsim
+
+        width = query.shape[1]
+        documents = [torch.from_numpy(np.asarray(v, np.float32).reshape(-1, width))
+                     for v in found.column("vectors").to_pylist()]  # fmt: skip
+        mean = self.plan.get("multi_vector", {}).get("similarity") == "meanmaxsim"
+        return maxsim(torch.from_numpy(query), documents, mean).numpy()
 
     def _dense(self, query: str, wanted: int, exact: bool) -> list[Hit]:
         vector = self.encoder.embed_texts([query])[0]
@@ -240,10 +289,20 @@ class _Side:
         return _hits(data.take(best), scores[best])
 
 
+def _sql_values(values: list[Any]) -> str:
+    """Values as an SQL list: texts quoted (a quote doubled), whole numbers as they are.
+
+    >>> _sql_values(["a", "it's", 3])
+    "'a', 'it''s', 3"
+    """
+    return ", ".join("'" + v.replace("'", "''") + "'" if isinstance(v, str) else str(int(v))
+                     for v in values)  # fmt: skip
+
+
 def _hits(found: Any, scores: np.ndarray) -> list[Hit]:
     """Rows of an Arrow table with their scores, best first: {"id", "score", kept columns}."""
     order = np.argsort(-np.asarray(scores), kind="stable")
-    hidden = ("vector", "indices", "values", "_distance", "_score", "id")
+    hidden = ("vector", "vectors", "indices", "values", "_distance", "_score", "id")
     kept = [c for c in found.column_names if c not in hidden]
     return [{"id": found.column("id")[int(i)].as_py(), "score": float(scores[i]),
              **{c: found.column(c)[int(i)].as_py() for c in kept}} for i in order]  # fmt: skip
