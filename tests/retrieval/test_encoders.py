@@ -255,8 +255,8 @@ def test_hybrid_retrieval_is_the_fusion_of_both_and_scored_as_trec_eval(prompted
                                                                          tmp_path, capsys):  # fmt: skip
     """`evaluate --retrieval --sparse-model`: the dense model's ranking (its document prompt on
     the corpus, its query prompt on the queries) and the SPLADE model's, each equal to
-    sentence-transformers' own, fused by reciprocal rank (k = 60); the run's measures equal
-    pytrec_eval's, and each part's are reported."""
+    sentence-transformers' own, and BM25's (`--full-text`), fused by reciprocal rank (k = 60);
+    the run's measures equal pytrec_eval's, and each part's are reported."""
     pytest.importorskip("pytrec_eval")
     from sentence_transformers import SparseEncoder
 
@@ -267,10 +267,11 @@ def test_hybrid_retrieval_is_the_fusion_of_both_and_scored_as_trec_eval(prompted
     data, corpus, asked = squad_beir(tmp_path / "beir", documents=120, queries=40)
     out = tmp_path / "scored"
     argv = ["evaluate", "--retrieval", "--model", str(prompted), "--sparse-model", str(splade),
-            "--data", str(data), "--out", str(out), "--device", "cpu"]  # fmt: skip
+            "--full-text", "--data", str(data), "--out", str(out), "--device", "cpu"]  # fmt: skip
     assert cli.main(argv) == 0, capsys.readouterr().err
     result = json.loads(capsys.readouterr().out)
-    assert result["retrieval"] == "hybrid" and set(result["parts"]) == {"dense", "sparse"}
+    assert result["retrieval"] == "hybrid"
+    assert set(result["parts"]) == {"dense", "sparse", "full_text"}
     assert (result["queries"], result["documents"]) == (40, 120)
 
     documents = [f"{d['title']} {d['text']}" for d in corpus]
@@ -282,7 +283,21 @@ def test_hybrid_retrieval_is_the_fusion_of_both_and_scored_as_trec_eval(prompted
     sparse = SparseEncoder(str(splade), device="cpu")
     sparse_scores = (sparse.encode_query(questions).to_dense().numpy()
                      @ sparse.encode_document(documents).to_dense().numpy().T)  # fmt: skip
-    expected, _ = fused([ranked(dense_scores, ids), ranked(sparse_scores, ids)], top=100)
+    import lancedb
+    import pyarrow as pa
+
+    words = lancedb.connect(str(tmp_path / "words")).create_table(
+        "t", data=pa.table({"id": ids, "text": documents}))  # fmt: skip
+    from lancedb.index import FTS
+
+    words.create_index("text", config=FTS())
+    by_words = []
+    for question in questions:
+        found = words.search(question, query_type="fts").limit(100).to_arrow()
+        order = np.argsort(-found.column("_score").to_numpy(), kind="stable")
+        by_words.append([found.column("id")[int(i)].as_py() for i in order])
+    expected, _ = fused([ranked(dense_scores, ids), ranked(sparse_scores, ids), by_words],
+                        top=100)  # fmt: skip
     run: dict[str, list[str]] = {}
     for line in (out / "run.tsv").read_text().splitlines():
         run.setdefault(line.split()[0], []).append(line.split()[2])

@@ -379,7 +379,7 @@ def _evaluate_retrieval(args: argparse.Namespace) -> None:
         print("no qrels/dev.tsv: scoring qrels/test.tsv (--split test)", file=sys.stderr)
         split = "test"
     result = evaluate_retrieval(args.model, args.data, sparse_model=args.sparse_model,
-                                maxsim_model=args.maxsim_model,
+                                maxsim_model=args.maxsim_model, full_text=args.full_text,
                                 split=split, top=args.top, out=args.out,
                                 batch_size=args.batch_size, device=args.device, progress=True)  # fmt: skip
     print(json.dumps(result, indent=1))
@@ -407,6 +407,11 @@ def add_evaluate(commands) -> None:
         "--sparse-model",
         help="--retrieval: hybrid search, a sparse (SPLADE) model's ranking fused with the "
         "model's by reciprocal rank (each part's own scores reported too)",
+    )
+    evaluate.add_argument(
+        "--full-text",
+        action="store_true",
+        help="--retrieval: hybrid search, BM25's ranking (LanceDB's full-text index) fused in",
     )
     evaluate.add_argument(
         "--maxsim-model",

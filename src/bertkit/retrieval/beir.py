@@ -142,6 +142,36 @@ def sparse_top(vectors_dir: Path, queries: Sequence[tuple[np.ndarray, np.ndarray
     return [list(row) for row in best_ids], best_scores
 
 
+def bm25_top(corpus: Path, queries: Sequence[str], top: int,
+             where: Path) -> tuple[list[list[str]], np.ndarray]:  # fmt: skip
+    """Each query's `top` documents of a BEIR corpus by BM25 (LanceDB's full-text index of
+    `title text`, made in `where` once), best first, with their scores."""
+    import json
+
+    import pyarrow as pa
+    from lancedb.index import FTS
+
+    from bertkit.retrieval.index import lancedb_module
+
+    db = lancedb_module().connect(str(where))
+    if "bm25" not in db.table_names():
+        rows = [json.loads(line) for line in corpus.read_text(encoding="utf-8").splitlines()
+                if line.strip()]  # fmt: skip
+        text = [" ".join(str(r.get(k) or "") for k in ("title", "text")).strip() for r in rows]
+        table = db.create_table("bm25", data=pa.table({"id": [str(r["_id"]) for r in rows],
+                                                       "text": text}))  # fmt: skip
+        table.create_index("text", config=FTS())
+    table = db.open_table("bm25")
+    ids, scores = [], []
+    for query in queries:
+        found = table.search(query, query_type="fts").limit(top).to_arrow()
+        order = np.argsort(-found.column("_score").to_numpy(), kind="stable")
+        ids.append([found.column("id")[int(i)].as_py() for i in order])
+        scores.append(found.column("_score").to_numpy()[order].tolist() +
+                      [0.0] * (top - len(order)))  # fmt: skip
+    return ids, np.asarray(scores, np.float32)
+
+
 def maxsim_rerank(vectors_dir: Path, queries: Sequence[np.ndarray],
                   candidates: Sequence[list[str]]) -> tuple[list[list[str]], np.ndarray]:  # fmt: skip
     """Each query's `candidates` reordered by late interaction (MaxSim of its per-token vectors
@@ -260,6 +290,7 @@ def evaluate_retrieval(
     *,
     sparse_model: str | os.PathLike | None = None,
     maxsim_model: str | os.PathLike | None = None,
+    full_text: bool = False,
     split: str = "test",
     top: int = 100,
     out: str | os.PathLike | None = None,
@@ -272,7 +303,8 @@ def evaluate_retrieval(
     the queries' and documents' counts. `model` retrieves with dense vectors (sparse ones where
     it is a SparseEncoder folder); with `sparse_model` (a SPLADE folder), hybrid retrieval: each
     query's `top` of both, fused by reciprocal rank (`fused`, k = `fusion_k`), each part's own
-    measures under "parts". `maxsim_model` (a multi-vector, ColBERT-style folder): each
+    measures under "parts"; `full_text`: BM25's ranking (LanceDB's full-text index of
+    `title text`) fused in too. `maxsim_model` (a multi-vector, ColBERT-style folder): each
     query's `top` reordered by late interaction (MaxSim), the ranking before it under "parts"
     too. With `out`: the corpus's vectors (resumable) in out/corpus (and out/corpus-sparse,
     out/corpus-multi-vector), the ranking as a TREC run file out/run.tsv and the scores in
@@ -315,6 +347,8 @@ def evaluate_retrieval(
         if sparse_model is not None:
             encoder, where = corpus(sparse_model, "corpus-sparse", sparse=True)
             parts["sparse"] = sparse_top(where, encoder.embed_sparse_texts(texts), top)
+        if full_text:
+            parts["full_text"] = bm25_top(folder / "corpus.jsonl", texts, top, place / "bm25")
         retrieval = "hybrid" if len(parts) > 1 else next(iter(parts))
         ids, scores = (fused([found[0] for found in parts.values()], top, fusion_k)
                        if len(parts) > 1 else next(iter(parts.values())))  # fmt: skip
@@ -330,7 +364,7 @@ def evaluate_retrieval(
     for name, given in (("sparse_model", sparse_model), ("maxsim_model", maxsim_model)):
         if given is not None:
             result[name] = str(given)
-    if sparse_model is not None or maxsim_model is not None:
+    if len(parts) > 1 or maxsim_model is not None:
         result["parts"] = {kind: scores_of(dict(zip(names, found[0], strict=True)), qrels)
                            for kind, found in parts.items()}  # fmt: skip
     if out is not None:

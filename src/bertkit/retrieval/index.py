@@ -31,7 +31,7 @@ ANN_FROM = 10_000  # rows: below this, exact search is fast and exact
 PLAN_KEY = b"bertkit.plan"
 
 
-def _lancedb():
+def lancedb_module():
     try:
         import lancedb
     except ImportError:
@@ -46,7 +46,7 @@ def _open(table: str | os.PathLike, *, create: bool = False):
     if not create and not path.is_dir():
         raise FileNotFoundError(f"{path}: no such table (make one: bertkit index VECTORS --out "
                                 f"{path})")  # fmt: skip
-    return _lancedb().connect(str(path.parent)), path.stem
+    return lancedb_module().connect(str(path.parent)), path.stem
 
 
 def build_index(
