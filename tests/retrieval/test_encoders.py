@@ -466,6 +466,10 @@ def test_multi_vectors_through_serve_embed_index_and_search(colbert, prompted, t
         np.testing.assert_allclose(np.array(row, np.float32), wanted, atol=1e-5)
     plan = json.loads((tmp_path / "late" / "manifest.json").read_text())["plan"]
     assert (plan["vectors"], plan["dimension"]) == ("multi-vector", 24)
+    # a resumed job's plan (read back from JSON) equals the one it makes
+    assert cli.main(["embed", "--model", str(colbert), "--input", str(source), "--out",
+                     str(tmp_path / "late"), "--id-column", "id", "--keep-columns", "text",
+                     "--precision", "fp32", "--quiet", "--resume"]) == 0, capsys.readouterr().err  # fmt: skip
 
     capsys.readouterr()
     assert cli.main(["search", "--index", str(tmp_path / "late.lance"), QUESTIONS[0],

@@ -13,6 +13,7 @@ makes the same batches). Texts over the model's length are cut to it and said so
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,7 +66,9 @@ class EmbeddingMapper:
             kind = {"vectors": "sparse", "splade": vars(self.embedder.splade),
                     "vocabulary": self.loaded.config.vocab_size}  # fmt: skip
         elif self.multi_vector:
-            kind = {"vectors": "multi-vector", "multi_vector": vars(self.embedder.multi)}
+            # as JSON reads it back (lists, not tuples), so a resumed job's plan compares equal
+            settings = json.loads(json.dumps(vars(self.embedder.multi)))
+            kind = {"vectors": "multi-vector", "multi_vector": settings}
         return {
             "kind": "embed",
             **kind,
