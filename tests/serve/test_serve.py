@@ -64,6 +64,7 @@ def test_every_head_answers_a_gathered_batch_as_each_input_alone(name, heads):
     rerank = {"mrpc": "1", "stsb": "score"}.get(name)
     assert served.rerank_label == rerank
     assert served.endpoints == {"predict": True, "embed": True, "v1/embeddings": True,
+                                "embed_sparse": False, "embed_all": True,
                                 "rerank": rerank is not None, "v1/rerank": rerank is not None,
                                 "similarity": True, "fill-mask": False}  # fmt: skip
 
@@ -118,6 +119,7 @@ def test_bad_bodies_are_refused_with_a_status_and_a_reason(topics_model, body, s
 def test_embed_is_the_mean_or_cls_of_the_encoder(minilm_dir):
     served = ServedModel(minilm_dir)
     assert served.endpoints == {"predict": False, "embed": True, "v1/embeddings": True,
+                                "embed_sparse": False, "embed_all": True,
                                 "rerank": False, "v1/rerank": False, "similarity": True,
                                 "fill-mask": False}  # fmt: skip
     assert "not a fine-tuned model" in served.missing("predict")
@@ -170,6 +172,7 @@ def test_openai_embeddings_tokenise_each_text_once_and_count_its_pieces(minilm_d
 def test_fill_mask_is_the_library_s(mlm_dir):
     served = ServedModel(mlm_dir)
     assert served.endpoints == {"predict": False, "embed": True, "v1/embeddings": True,
+                                "embed_sparse": True, "embed_all": True,
                                 "rerank": False, "v1/rerank": False, "similarity": True,
                                 "fill-mask": True}  # fmt: skip
     texts = ["the capital of [MASK] is [MASK] .", ["a [MASK] sat", "on the mat"]]

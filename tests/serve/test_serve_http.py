@@ -50,7 +50,8 @@ def test_operations_endpoints(server):
     assert httpx.get(server.url + "/health").json() == {"status": "ready"}
     info = httpx.get(server.url + "/info").json()
     assert info["labels"] == ["business", "sports", "tech"]
-    assert info["endpoints"] == ["/predict", "/embed", "/v1/embeddings", "/similarity"]
+    assert info["endpoints"] == ["/predict", "/embed", "/v1/embeddings", "/embed_all",
+                                 "/similarity"]  # fmt: skip
     assert info["settings"]["max_inputs"] == 8 and info["rerank_label"] is None
     spec = httpx.get(server.url + "/openapi.json").json()
     assert {"/predict", "/embed", "/fill-mask", "/health", "/metrics"} <= set(spec["paths"])
@@ -175,7 +176,8 @@ def test_fill_mask_over_http(mlm_dir):
         assert server.post("/fill-mask", {"inputs": "no mask"}).status_code == 422
         assert server.post("/predict", {"inputs": "x"}).status_code == 404
         assert json.loads(httpx.get(server.url + "/info").text)["endpoints"] == [
-            "/embed", "/v1/embeddings", "/similarity", "/fill-mask"]  # fmt: skip
+            "/embed", "/v1/embeddings", "/embed_sparse", "/embed_all", "/similarity",
+            "/fill-mask"]  # fmt: skip
     finally:
         server.stop()
 
