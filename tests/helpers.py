@@ -519,3 +519,22 @@ def trec_eval_scores(run_file: Path, qrels: dict[str, dict[str, int]]) -> dict[s
 
     return {"ndcg@10": mean(full, "ndcg_cut_10"), "mrr@10": mean(top10, "recip_rank"),
             **{f"recall@{k}": mean(full, f"recall_{k}") for k in (1, 10, 100)}}  # fmt: skip
+
+
+def cli_in_one_process(runs: dict[str, list[str]], env: dict[str, str]) -> dict[str, dict]:
+    """Several `bertkit` command lines run one after the other in one fresh process with `env`
+    (what a test needs where a library reads its environment when imported, e.g. datasets'
+    cache): {name: {"code": the exit code, "out" and "err": what it wrote to stdout and
+    stderr}}."""
+    driver = ("import contextlib, io, json, sys\nfrom bertkit import cli\n"
+              "for name, argv in json.loads(sys.argv[1]).items():\n"
+              "    out, err = io.StringIO(), io.StringIO()\n"
+              "    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):\n"
+              "        code = cli.main(argv)\n"
+              "    print(json.dumps({'name': name, 'code': code, 'out': out.getvalue(),\n"
+              "                      'err': err.getvalue()}))\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", driver, json.dumps(runs)], env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    answers = {a["name"]: a for a in map(json.loads, done.stdout.splitlines())}
+    assert set(answers) == set(runs), done.stderr[-3000:]
+    return answers

@@ -264,7 +264,7 @@ def test_hybrid_retrieval_is_the_fusion_of_both_and_scored_as_trec_eval(prompted
 
     from helpers import trec_eval_scores
 
-    data, corpus, asked = squad_beir(tmp_path / "beir", documents=120, queries=40)
+    data, corpus, asked = squad_beir(tmp_path / "beir", documents=60, queries=20)
     out = tmp_path / "scored"
     argv = ["evaluate", "--retrieval", "--model", str(prompted), "--sparse-model", str(splade),
             "--full-text", "--data", str(data), "--out", str(out), "--device", "cpu"]  # fmt: skip
@@ -272,7 +272,7 @@ def test_hybrid_retrieval_is_the_fusion_of_both_and_scored_as_trec_eval(prompted
     result = json.loads(capsys.readouterr().out)
     assert result["retrieval"] == "hybrid"
     assert set(result["parts"]) == {"dense", "sparse", "full_text"}
-    assert (result["queries"], result["documents"]) == (40, 120)
+    assert (result["queries"], result["documents"]) == (20, 60)
 
     documents = [f"{d['title']} {d['text']}" for d in corpus]
     questions = [q["text"] for q in sorted(asked, key=lambda q: q["_id"])]
@@ -496,7 +496,7 @@ def test_retrieval_reranked_by_maxsim_is_scored_as_trec_eval(prompted, colbert, 
 
     from helpers import trec_eval_scores
 
-    data, corpus, asked = squad_beir(tmp_path / "beir", documents=120, queries=40)
+    data, corpus, asked = squad_beir(tmp_path / "beir", documents=60, queries=20)
     out = tmp_path / "scored"
     argv = ["evaluate", "--retrieval", "--model", str(prompted), "--maxsim-model", str(colbert),
             "--data", str(data), "--out", str(out), "--device", "cpu"]  # fmt: skip

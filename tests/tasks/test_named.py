@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
-from helpers import topic_rows
+from bertkit import cli as bertkit_cli
+
+from helpers import cli_in_one_process, topic_rows
 
 pytestmark = pytest.mark.slow  # subprocesses: the datasets library reads its settings at import
 
@@ -69,22 +71,22 @@ def test_a_dataset_by_name_from_the_cache(words_model, tmp_path):
         "0": "business", "1": "sports", "2": "tech"}  # fmt: skip
     assert results["data"] == {"dataset": "topics"}
 
-    # no validation split named and none called "validation": said, with the splits it has
+    # the refusals, in one process (each a start-up less): no validation split named and none
+    # called "validation" (said, with the splits it has), a wrong configuration, an absent
+    # dataset, a wrong split
     at = command.index("--validation-split")
-    without = command[:at] + command[at + 2 : -1] + [str(tmp_path / "b")]
-    done = subprocess.run(without, env=env, capture_output=True, text=True)
-    assert done.returncode != 0
-    assert "--dataset topics has no 'validation' split (its splits: train, test)" in done.stderr
-    for name, says in (("topics:nope", "--dataset topics:nope"), ("absent", "--dataset absent")):
-        wrong = [*command]
-        wrong[wrong.index("topics")] = name
-        done = subprocess.run(wrong, env=env, capture_output=True, text=True)
-        assert done.returncode != 0 and says in done.stderr, done.stderr[-2000:]
-        assert "Traceback" not in done.stderr
-    wrong = [*command]
-    wrong[wrong.index("test")] = "dev"
-    done = subprocess.run(wrong, env=env, capture_output=True, text=True)
-    assert "--dataset topics has no split 'dev' (its splits: train, test)" in done.stderr
+    refused = {"no validation": command[3:at] + command[at + 2 : -1] + [str(tmp_path / "b")]}
+    for name in ("topics:nope", "absent"):
+        refused[name] = [name if part == "topics" else part for part in command[3:]]
+    refused["dev"] = ["dev" if part == "test" else part for part in command[3:]]
+    answers = cli_in_one_process(refused, env)
+    says = {"no validation": "--dataset topics has no 'validation' split (its splits: train, "
+                             "test)",
+            "topics:nope": "--dataset topics:nope", "absent": "--dataset absent",
+            "dev": "--dataset topics has no split 'dev' (its splits: train, test)"}  # fmt: skip
+    for name, answer in answers.items():
+        assert answer["code"] != 0 and says[name] in answer["err"], (name, answer)
+        assert "Traceback" not in answer["err"]
 
 
 def test_a_corpus_by_name_from_the_cache(words_model, tmp_path):
@@ -101,21 +103,19 @@ def test_a_corpus_by_name_from_the_cache(words_model, tmp_path):
            "HF_DATASETS_OFFLINE": "1"}  # fmt: skip
     synthetic_tokenizer().save_pretrained(tmp_path / "vocab")
     (tmp_path / "plain.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    cli = [sys.executable, "-m", "bertkit.cli"]
-    runs = {
-        "named": [*cli, "prepare", "--dataset", "corpus", "--split", "train"],
-        "plain": [*cli, "prepare", str(tmp_path / "plain.jsonl")],
-    }
-    for name, command in runs.items():
-        done = subprocess.run([*command, "--vocab", str(tmp_path / "vocab"), "--out",
-                               str(tmp_path / name)], env=env, capture_output=True, text=True)  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
+    vocab = ["--vocab", str(tmp_path / "vocab")]
+    assert bertkit_cli.main(["prepare", str(tmp_path / "plain.jsonl"), *vocab, "--out",
+                             str(tmp_path / "plain")]) == 0  # fmt: skip
+    runs = {  # what reads the cache, in one process that has it in its environment
+        "named": ["prepare", "--dataset", "corpus", "--split", "train", *vocab, "--out",
+                  str(tmp_path / "named")],
+        "embed": ["embed", "--model", str(words_model), "--dataset", "corpus", "--pooling",
+                  "mean", "--out", str(tmp_path / "vectors"), "--quiet"],
+    }  # fmt: skip
+    for name, answer in cli_in_one_process(runs, env).items():
+        assert answer["code"] == 0, (name, answer["err"][-3000:])
     for kind in ("tokens", "sentences", "documents"):
         name = f"shard-00000.{kind}"
         assert (tmp_path / "named" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
-    done = subprocess.run([*cli, "embed", "--model", str(words_model), "--dataset", "corpus",
-                           "--pooling", "mean", "--out", str(tmp_path / "vectors"), "--quiet"],
-                          env=env, capture_output=True, text=True)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
     manifest = json.loads((tmp_path / "vectors" / "manifest.json").read_text())
     assert manifest["rows"] == 40 and manifest["plan"]["inputs"][0]["path"] == "corpus/train"
