@@ -115,9 +115,8 @@ class Embedder:
             raise ValueError(f"{path}: sparse (SPLADE) vectors run on the torch backend")
         loaded = load(path, head="BertForMaskedLM" if sparse else "BertModel", device=device,
                       precision=precision, backend=backend, compile=compile)  # fmt: skip
-        encoder, mlm = (loaded.model.bert, loaded.model.cls.predictions) if sparse else (
-            loaded.model, None)  # fmt: skip
-        self._open(loaded, encoder, batch_size, max_seq_length, pooling, normalize,
+        mlm = loaded.model.cls.predictions if sparse else None
+        self._open(loaded, loaded.encoder, batch_size, max_seq_length, pooling, normalize,
                    truncate_dim, mlm)  # fmt: skip
         self.use_prompt(prompt_name)
 
@@ -135,11 +134,11 @@ class Embedder:
         mlm: Any = None,
     ) -> Embedder:
         """The embedder of a folder already opened (`loader.load`): its `encoder` (default
-        `loaded.model`; a head's `.bert`, an ONNX export of the encoder) — what serve embeds
+        `loaded.encoder`: a head's `.bert`, an ONNX export of the encoder) — what serve embeds
         with, whatever else the folder answers; `mlm`: its masked-LM head's predictions (what
         `sparse` reads)."""
         embedder = cls.__new__(cls)
-        embedder._open(loaded, loaded.model if encoder is None else encoder, batch_size,
+        embedder._open(loaded, loaded.encoder if encoder is None else encoder, batch_size,
                        max_seq_length, pooling, normalize, truncate_dim, mlm)  # fmt: skip
         return embedder
 

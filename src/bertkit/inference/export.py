@@ -154,3 +154,25 @@ def _output_axes(names: tuple[str, ...], choices: bool) -> dict[str, dict[int, s
         else:  # per position (and multiple choice's (batch, choices))
             axes[name] = {0: "batch", 1: "choices" if choices else "length"}
     return axes
+
+
+def onnx_folder(model: str | os.PathLike, quantize: str | None = None) -> tuple[Path, Path | None]:
+    """The folder of an ONNX model of `model` to run: its own export where it is one (refused
+    where its quantisation is not `quantize`), else one exported now into a temporary folder —
+    returned second, for the caller to remove when done (None: nothing to remove)."""
+    import logging
+    import tempfile
+
+    path = Path(model)
+    if (path / ONNX_FILE).exists():
+        info = json.loads((path / ONNX_INFO).read_text()) if (path / ONNX_INFO).exists() else {}
+        if quantize and info.get("quantize") != quantize:
+            raise ValueError(f"{path / ONNX_FILE} is not {quantize} (it was exported with "
+                             f"quantize={info.get('quantize')}); use the checkpoint it came "
+                             "from instead")  # fmt: skip
+        return path, None
+    made = Path(tempfile.mkdtemp(prefix="bertkit-onnx-"))
+    logging.getLogger(__name__).warning("exporting %s to ONNX%s", path,
+                                        f" ({quantize})" if quantize else "")  # fmt: skip
+    export_onnx(path, made, quantize=quantize, overwrite=True)
+    return made, made

@@ -78,6 +78,9 @@ class Loaded:
     precision: Precision
     task: Task | None = None  # a fine-tuned folder's task, with what it learnt
     info: dict[str, Any] = field(default_factory=dict)  # its task record as saved
+    # the encoder that embeds (a head's `.bert`, else the model), compiled where `load`
+    # compiled the encoder alone
+    encoder: Any = None
 
     @functools.cached_property
     def tokenizer(self) -> BertTokenizer:
@@ -113,13 +116,16 @@ def load(
     backend: str = "torch",
     compile: str = "off",
     task_options: dict[str, Any] | None = None,
+    compile_encoder_only: bool = False,
 ) -> Loaded:
     """`model` (a folder or a Hub name) opened to run. `head`: the class to load it as (default:
     the folder's own, `head_of`); `fine_tuned`: its task — its task record's, else the task
     head a folder transformers or sentence-transformers saved names (`tasks.saved`; with
     `task_options`: a tagger's aggregation, a reader's no-answer rule), else refused; `task`:
     read the record as this task's. `precision` auto|fp32|bf16|fp16, `backend` torch|onnx and
-    `compile` off|on as `bertkit predict` takes them (checked before anything loads)."""
+    `compile` off|on as `bertkit predict` takes them (checked before anything loads);
+    `compile_encoder_only`: `compile` compiles the encoder (`Loaded.encoder`) and leaves the
+    head eager (a masked LM that serves fill-mask eagerly and embeds compiled)."""
     compiled = inference_compile(compile, backend)
     fit_threads()
     path = model_dir(model)  # a folder, or a Hub name
@@ -143,11 +149,14 @@ def load(
                 f"{path}: its {name} lacks {len(missing)} trained head tensors, e.g. "
                 f"{missing[:4]}: the folder holds no trained head of this kind"
             )
+    encoder = getattr(net, "bert", net)
     if isinstance(net, torch.nn.Module):
         cast_for_inference(net, compute)
-        if compiled:
-            net = compile_for_inference(net)
-    loaded = Loaded(path, net, config, name, chosen, compute, found, info)
+        if compiled and compile_encoder_only:
+            encoder = compile_for_inference(encoder)
+        elif compiled:
+            net = encoder = compile_for_inference(net)
+    loaded = Loaded(path, net, config, name, chosen, compute, found, info, encoder)
     if found is not None and "saved_by" in info:  # a saved head reads what its folder allows
         from bertkit.inference.embedder import reading_length
 

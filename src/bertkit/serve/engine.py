@@ -18,10 +18,8 @@ Runtime: an export folder is used as it is, any other checkpoint is exported (in
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +32,7 @@ from bertkit._io import TASK_FILE
 from bertkit.core.embedding import read_pooling, shortened
 from bertkit.errors import InputError
 from bertkit.inference.texts import Ids
-from bertkit.precision import compile_for_inference, inference_compile, resolve_precision
+from bertkit.precision import inference_compile, resolve_precision
 from bertkit.serve.clients import HfStyle, hf_parameters
 from bertkit.serve.config import ServeConfig
 from bertkit.serve.routes import ROUTES, Text, kind_of
@@ -101,8 +99,10 @@ class ServedModel:
             raise FileNotFoundError(f"{path}: no such model folder")
         self.source, self.backend, self.quantize = path, backend, quantize
         self._exported: Path | None = None
-        if backend == "onnx":
-            path = self._onnx_folder(path, quantize)
+        if backend == "onnx":  # its own export, else one made now (removed by `close`)
+            from bertkit.inference.export import onnx_folder
+
+            path, self._exported = onnx_folder(path, quantize)
         self.path = path
         # /embed's default: what a sentence-transformers folder declares, else the mean
         self.pooling = read_pooling(self.source) or "mean"
@@ -118,25 +118,6 @@ class ServedModel:
             self._open_task_model(path, on_forward)
         else:
             self._open_encoder(path)
-
-    def _onnx_folder(self, path: Path, quantize: str | None) -> Path:
-        """The folder of the ONNX model to serve: `path`'s own export (of the asked
-        quantisation), else one exported now into a folder of our own."""
-        from bertkit.inference.export import export_onnx
-        from bertkit.inference.loader import ONNX_FILE, ONNX_INFO
-
-        if (path / ONNX_FILE).exists():
-            info = json.loads((path / ONNX_INFO).read_text()) if (path / ONNX_INFO).exists() else {}
-            if quantize and info.get("quantize") != quantize:
-                raise ValueError(
-                    f"{path / ONNX_FILE} is not {quantize} (it was exported with quantize="
-                    f"{info.get('quantize')}); serve the checkpoint it came from instead"
-                )
-            return path
-        self._exported = Path(tempfile.mkdtemp(prefix="bertkit-serve-"))
-        log.warning("exporting %s to ONNX%s", path, f" ({quantize})" if quantize else "")
-        export_onnx(path, self._exported, quantize=quantize, overwrite=True)
-        return self._exported
 
     def _open_task_model(self, path: Path, on_forward: Callable[[], None]) -> None:
         """A fine-tuned folder: its Predictor answers /predict (and /rerank); its encoder
@@ -171,15 +152,12 @@ class ServedModel:
         # fill-mask runs eagerly (its forward counts its tokens); `compile` is /embed's encoder's
         loaded = load(path, head="BertForMaskedLM" if masked else "BertModel",
                       device=self.device, precision=config.precision, backend=self.backend,
-                      compile="off" if masked else config.compile)  # fmt: skip
+                      compile=config.compile, compile_encoder_only=masked)  # fmt: skip
         self.tokenizer = loaded.tokenizer
-        encoder = loaded.model
+        encoder = loaded.encoder
         if masked:
             self.fill = FillMask.of(loaded, batch_size=self.max_batch_size)
             loaded.model.register_forward_pre_hook(lambda *_: self._count())
-            encoder = loaded.model.bert
-            if inference_compile(config.compile, self.backend):
-                encoder = compile_for_inference(encoder)
         elif self.backend == "onnx" and "last_hidden_state" not in loaded.model.names:
             raise ValueError(
                 f"{path}: an ONNX export of {loaded.model.info.get('head')} without a task "
