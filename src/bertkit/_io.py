@@ -76,6 +76,24 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def read_json(path: str | os.PathLike, *, object_only: bool = False) -> Any:
+    """A JSON file's value (UTF-8); malformed JSON refused naming the file, line and column,
+    and with `object_only` anything but an object.
+
+    >>> read_json(__file__)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: ..._io.py:1:3: invalid JSON: Extra data
+    """
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
+    if object_only and not isinstance(value, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return value
+
+
 def write_json(path: str | os.PathLike, value: Any) -> None:
     """`value` as indented JSON, written atomically (results.json and its kin)."""
     atomic_write_text(path, json.dumps(value, indent=2) + "\n")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bertkit._io import read_json
 from bertkit.core.family import family_of
 
 # Activations a BERT checkpoint may name. "gelu" is the exact (erf) GELU of the paper's code;
@@ -431,13 +432,9 @@ class BertConfig:
         """Read a Google `bert_config.json` or a Hugging Face `config.json`."""
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            data = read_json(path)
         except FileNotFoundError:
             raise FileNotFoundError(f"{path}: config file not found") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
         return cls.from_dict(data, strict=strict, source=str(path))
 
     def to_json_string(self, flavour: str = "hf", **extra: Any) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bertkit._io import TASK_FILE, atomic_write_text
+from bertkit._io import TASK_FILE, atomic_write_text, read_json
 from bertkit.core.config import BertConfig
 from bertkit.core.model import BertModel, BertPreTrainedModel
 
@@ -75,12 +75,7 @@ def prompt_for(prompts: dict[str, str], role: str) -> str | None:
 
 def _declared(file: Path) -> Any:
     """A sentence-transformers module file's JSON; None where the folder has no such file."""
-    if not file.exists():
-        return None
-    try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file}:{err.lineno}: invalid JSON: {err.msg}") from None
+    return read_json(file) if file.exists() else None
 
 
 def read_pooling(path: str | os.PathLike) -> str | None:

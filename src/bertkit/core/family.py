@@ -21,13 +21,14 @@ encoder chosen by a config field), not a copied model file.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bertkit._io import read_json
 
 
 @dataclass(frozen=True)
@@ -282,10 +283,5 @@ def family_of_folder(path: str | os.PathLike) -> Family:
     file = Path(path) / "config.json"
     if not file.exists():
         return FAMILIES["bert"]
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{file}: not a JSON object")
+    data = read_json(file, object_only=True)
     return family_of(str(data.get("model_type", "bert")), str(file))

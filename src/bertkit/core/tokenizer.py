@@ -29,7 +29,7 @@ from tokenizers import (
     trainers,
 )
 
-from bertkit._io import atomic_write_text
+from bertkit._io import atomic_write_text, read_json
 from bertkit.core.config import BertConfig
 from bertkit.core.family import family_of, family_of_folder
 from bertkit.core.hub import model_dir
@@ -203,10 +203,7 @@ class BertTokenizer:
         settings: dict[str, Any] = {}
         config_file = directory / "tokenizer_config.json"
         if config_file.exists():
-            try:
-                data = json.loads(config_file.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{config_file}:{err.lineno}: invalid JSON: {err.msg}") from None
+            data = read_json(config_file)
             if "do_lower_case" in data:
                 settings["lowercase"] = bool(data["do_lower_case"])
             if data.get("strip_accents") is not None:

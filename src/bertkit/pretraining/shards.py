@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from bertkit._device import usable_cpus
-from bertkit._io import atomic_write_text, sha256_of
+from bertkit._io import atomic_write_text, read_json, sha256_of
 from bertkit.core.tokenizer import BertTokenizer, JsonTokenizer
 from bertkit.pretraining.corpus import (
     CorpusStats,
@@ -393,10 +393,7 @@ class Shards:
             raise FileNotFoundError(
                 f"{self.directory}: not a shards directory (no {META}; run bertkit prepare)"
             )
-        try:
-            self.meta = json.loads(meta_path.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{meta_path}:{err.lineno}: invalid JSON: {err.msg}") from None
+        self.meta = read_json(meta_path)
         if (
             not isinstance(self.meta, dict)
             or self.meta.get("format") != "bertkit-shards"

@@ -30,7 +30,6 @@ head is a small task on the one encoder:
 from __future__ import annotations
 
 import copy
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from bertkit._io import read_json
 from bertkit.settings import Settings, setting
 from bertkit.tasks.base import Feature, Task, head_logits
 from bertkit.tasks.labels import LabelSet, sigmoid, softmax
@@ -106,16 +106,6 @@ class SavedHead:
         return TASK_HEADS[self.head]
 
 
-def _read_json(file: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{file}: not a JSON object")
-    return data
-
-
 def saved_head(path: str | os.PathLike) -> SavedHead | None:
     """The task head of a folder transformers or sentence-transformers saved, from its
     config.json; None where it is an encoder (BertModel, a masked LM, no architectures). A
@@ -127,7 +117,7 @@ def saved_head(path: str | os.PathLike) -> SavedHead | None:
     file = folder / "config.json"
     if not file.exists():
         return None
-    config = _read_json(file)
+    config = read_json(file, object_only=True)
     architectures = config.get("architectures") or []
     if not architectures:
         return None
@@ -190,7 +180,7 @@ def _activation(folder: Path, config: dict[str, Any]) -> tuple[str | None, str]:
     saved_by = "transformers"
     own = folder / "config_sentence_transformers.json"
     if own.exists():
-        data = _read_json(own)
+        data = read_json(own, object_only=True)
         if data.get("model_type") == "CrossEncoder" or "activation_fn" in data:
             path, saved_by = data.get("activation_fn"), "sentence-transformers"
     if path is None and isinstance(config.get("sentence_transformers"), dict):
