@@ -219,11 +219,22 @@ def test_sparse_through_serve_and_embed(splade, prompted, tmp_path, capsys):
     table = shards.vectors(out, ("id", "indices", "values"))
     assert table.column("indices").to_pylist()[-1] is None  # the empty row: no vector
     indices, values = (table.column(c).to_pylist()[:4] for c in ("indices", "values"))
+    indices = [np.array(i) for i in indices]
     stored = [(np.array(i), np.array(v)) for i, v in zip(indices, values, strict=True)]
     np.testing.assert_allclose(dense_of(stored, theirs.shape[1]), theirs, atol=1e-5, rtol=1e-5)
     plan = json.loads((out / "manifest.json").read_text())["plan"]
     assert plan["vectors"] == "sparse" and plan["splade"] == {"pooling": "max",
                                                               "activation": "relu"}  # fmt: skip
+    # `bertkit predict` on a SparseEncoder folder: each text's (indices, values), as a file's
+    capsys.readouterr()
+    assert cli.main(["predict", "--model", str(splade), "--precision", "fp32", *TEXTS[:2]]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [p["indices"] for p in printed] == [s.tolist() for s in indices[:2]]
+    rows = tmp_path / "answers.jsonl"
+    assert cli.main(["predict", "--model", str(splade), "--precision", "fp32", "--input",
+                     str(source), "--output", str(rows)]) == 0  # fmt: skip
+    written = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert [w["values"] for w in written[:4]] == values and written[-1]["indices"] is None
 
 
 def squad_beir(root, documents: int, queries: int):
@@ -466,6 +477,12 @@ def test_multi_vectors_through_serve_embed_index_and_search(colbert, prompted, t
         np.testing.assert_allclose(np.array(row, np.float32), wanted, atol=1e-5)
     plan = json.loads((tmp_path / "late" / "manifest.json").read_text())["plan"]
     assert (plan["vectors"], plan["dimension"]) == ("multi-vector", 24)
+    capsys.readouterr()
+    assert cli.main(["predict", "--model", str(colbert), "--precision", "fp32", DOCUMENTS[4]]) == 0
+    printed = json.loads(capsys.readouterr().out)["vectors"]
+    np.testing.assert_allclose(np.array(printed, np.float32),
+                               reference.encode_document(DOCUMENTS[4:5], convert_to_numpy=True)[0],
+                               atol=1e-5)  # fmt: skip
     # a resumed job's plan (read back from JSON) equals the one it makes
     assert cli.main(["embed", "--model", str(colbert), "--input", str(source), "--out",
                      str(tmp_path / "late"), "--id-column", "id", "--keep-columns", "text",

@@ -111,9 +111,9 @@ def _predict_by_embedding(args: argparse.Namespace) -> None:
     else:
         if not args.text:
             raise ValueError("give texts to embed, or --input FILE")
-        vectors = EmbeddingMapper(args.model, config).embed_texts(list(args.text))
-        for text, vector in zip(args.text, vectors, strict=True):
-            print(json.dumps({"text": text, "vector": vector.tolist()}, ensure_ascii=False))
+        answers = EmbeddingMapper(args.model, config).answers(list(args.text))
+        for text, answer in zip(args.text, answers, strict=True):
+            print(json.dumps({"text": text, **answer}, ensure_ascii=False))
 
 
 def add_predict(commands) -> None:

@@ -141,6 +141,16 @@ class EmbeddingMapper:
         """(N, H) float32 vectors of `texts` (queries, texts given on the command line)."""
         return self.embedder(texts)
 
+    def answers(self, texts: Sequence[str]) -> list[dict[str, Any]]:
+        """Each text's vector as a JSON-ready record: {"vector"}, a sparse model's {"indices",
+        "values"}, a multi-vector model's {"vectors"} (what `bertkit predict` prints)."""
+        if self.sparse:
+            return [{"indices": i.tolist(), "values": v.tolist()}
+                    for i, v in self.embed_sparse_texts(texts)]  # fmt: skip
+        if self.multi_vector:
+            return [{"vectors": m.tolist()} for m in self.embed_multi_texts(texts)]
+        return [{"vector": v.tolist()} for v in self.embed_texts(texts)]
+
     def embed_multi_texts(self, texts: Sequence[str]) -> list[np.ndarray]:
         """The per-token vectors of `texts` (queries against a multi-vector job)."""
         return self.embedder.multi_vector(texts, role=self.role)
@@ -218,8 +228,9 @@ def embed_to_file(
 ) -> int:
     """Each row of `inputs` with its vector, as JSON Lines in `output` (None or "-": stdout),
     `chunk` rows at a time: the small-file form of `embed` (what `bertkit predict` writes for
-    an embedding model given a file). Rows with an issue get `"vector": null` and their
-    `issue`. Returns the rows written."""
+    an embedding model given a file): `vector`, or a sparse model's `indices` and `values`, or
+    a multi-vector model's `vectors`. Rows with an issue get nulls and their `issue`. Returns
+    the rows written."""
     import itertools
 
     from bertkit.inference.predict import RowWriter
@@ -234,10 +245,10 @@ def embed_to_file(
     with RowWriter(target, "jsonl") as writer:
         while batch := list(itertools.islice(rows, chunk)):
             columns, issues = mapper(batch)
-            for row, vector, issue in zip(batch, columns["vector"].to_pylist(), issues,
-                                          strict=True):  # fmt: skip
+            values = {name: column.to_pylist() for name, column in columns.items()}
+            for n, (row, issue) in enumerate(zip(batch, issues, strict=True)):
                 record = {"id": row.key, config.text_column: row.text, **row.kept,
-                          "vector": vector}  # fmt: skip
+                          **{name: value[n] for name, value in values.items()}}  # fmt: skip
                 writer.write(record | ({"issue": issue} if issue else {}))
             written += len(batch)
     return written
