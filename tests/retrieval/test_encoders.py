@@ -64,7 +64,7 @@ def test_the_embedder_takes_prompts_by_role_and_cuts_dimensions(prompted):
     np.testing.assert_allclose(embedder(TEXTS), cut / np.linalg.norm(cut, axis=1, keepdims=True),
                                atol=1e-5)  # fmt: skip
     assert np.linalg.norm(cut, axis=1).max() < 0.999
-    with pytest.raises(ValueError, match=f"truncate_dim must be from 1 to the model's {WIDTH} "):
+    with pytest.raises(ValueError, match=f"must be from 1 to the model's {WIDTH} "):
         Embedder(prompted, truncate_dim=WIDTH + 1)
     with pytest.raises(ValueError, match="no prompt named 'passage' .*declares document, query"):
         embedder(TEXTS, prompt_name="passage")
@@ -537,3 +537,29 @@ def test_retrieval_reranked_by_maxsim_is_scored_as_trec_eval(prompted, colbert, 
         assert found == [corpus[d]["_id"] for d in wanted], query
     theirs_scores = trec_eval_scores(out / "run.tsv", read_qrels(data / "qrels" / "test.tsv"))
     assert {name: result[name] for name in theirs_scores} == theirs_scores
+
+
+def test_all_minilm_embedded_indexed_and_searched_at_128_dimensions(minilm_dir, tmp_path, capsys):
+    """The real all-MiniLM-L6-v2 at 128 of its 384 dimensions: the stored vectors and search's
+    query equal `SentenceTransformer(truncate_dim=128)`'s (unit length); a width above the
+    model's is refused by name."""
+    pytest.importorskip("lancedb")
+    from bertkit.retrieval.index import Searcher
+
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    argv = ["embed", "--model", str(minilm_dir), "--input", str(source), "--precision", "fp32",
+            "--quiet", "--dimensions"]  # fmt: skip
+    assert cli.main([*argv, "128", "--out", str(tmp_path / "v"), "--index",
+                     str(tmp_path / "v.lance")]) == 0, capsys.readouterr().err  # fmt: skip
+    reference = st.SentenceTransformer(str(minilm_dir), device="cpu", truncate_dim=128)
+    stored = np.array(shards.vectors(tmp_path / "v").column("vector").to_pylist(), np.float32)
+    np.testing.assert_allclose(stored, reference.encode(TEXTS, normalize_embeddings=True),
+                               atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(Searcher(tmp_path / "v.lance").embed_queries(QUERIES),
+                               reference.encode(QUERIES, normalize_embeddings=True), atol=1e-5)  # fmt: skip
+    assert cli.main([*argv, "385", "--out", str(tmp_path / "w")]) == 2
+    assert (
+        "truncate_dim (--dimensions) must be from 1 to the model's 384 dimensions"
+        in capsys.readouterr().err
+    )
