@@ -165,8 +165,8 @@ class Embedder:
         self.max_seq_length = reading_length(loaded, max_seq_length)
         self.width = loaded.config.hidden_size  # the model's vectors, before any cut
         if truncate_dim is not None and not 1 <= truncate_dim <= self.width:
-            raise ValueError(f"{loaded.path}: truncate_dim (--dimensions) must be from 1 to the model's "
-                             f"{self.width} dimensions, not {truncate_dim}")  # fmt: skip
+            raise ValueError(f"{loaded.path}: truncate_dim (--dimensions) must be from 1 to "
+                             f"the model's {self.width} dimensions, not {truncate_dim}")  # fmt: skip
         self.truncate_dim = truncate_dim
         self.dimension = truncate_dim or self.width  # the vectors this embedder gives
         self.pad_id = self.tokenizer.pad_token_id
