@@ -334,13 +334,12 @@ class ServedModel:
         return self.embedder is not None and self.embedder.declares_multi_vector
 
     def embed_all(self, items: list[Text]) -> list[np.ndarray]:
-        """Each item's per-token vectors, in its role (`Text.pooling` holds "query" or
-        "document")."""
+        """Each item's per-token vectors, in its role (query or document)."""
         assert self.embedder is not None
         self._count()
         out: list[Any] = [None] * len(items)
         for role in ("query", "document"):
-            chosen = [i for i, item in enumerate(items) if item.pooling == role]
+            chosen = [i for i, item in enumerate(items) if item.role == role]
             for name in {items[i].prompt_name for i in chosen}:
                 mine = [i for i in chosen if items[i].prompt_name == name]
                 rows = self.embedder.multi_inputs([str(items[i].text) for i in mine], role, name)

@@ -63,7 +63,8 @@ class Text:
     """One input to embed: a text, a pair or the model's token ids (`Ids`, run as they are);
     a text after the folder's prompt `prompt_name` (None: its default); pooled by `pooling`,
     its first `dimensions` kept (None: all), at unit length if `normalize`; OpenAI's answers
-    may be written as base64."""
+    may be written as base64; per-token vectors (/embed_all) made in its `role` (query or
+    document)."""
 
     text: Words | Ids
     pooling: str
@@ -71,6 +72,7 @@ class Text:
     dimensions: int | None = None
     base64: bool = False
     prompt_name: str | None = None
+    role: str = "document"
 
 
 @dataclass(frozen=True)
@@ -278,7 +280,7 @@ class EmbedAll(Route):
         prompt, _ = _prompt_and_dimensions(model, body)
         if not model.late_interaction:  # a multi-vector model cuts at the role's length
             model.fits(inputs, _flag(body, "truncate"), "inputs", prompt)
-        return [Text(text, task, prompt_name=prompt) for text in inputs]
+        return [Text(text, model.pooling, prompt_name=prompt, role=task) for text in inputs]
 
     def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
         return model.embed_all(items)
@@ -288,7 +290,7 @@ class EmbedAll(Route):
         return [vectors.tolist() for vectors in results]
 
     def warm_inputs(self, model: ServedModel, short: str, long: str) -> tuple[Any, Any]:
-        return Text(short, "query"), Text(long, "document")
+        return Text(short, "mean", role="query"), Text(long, "mean")
 
 
 class EmbedSparse(Route):
