@@ -14,7 +14,7 @@ pooling (`1_Pooling/config.json`), else the mean of the real tokens' final state
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -289,24 +289,33 @@ class Embedder:
         requests)."""
         poolings = _each(pooling or self.pooling, len(rows))
         normalized = _each(self.normalize if normalize is None else normalize, len(rows))
-        order = sorted(range(len(rows)), key=lambda i: -len(rows[i].ids))
         out = np.zeros((len(rows), self.dimension), np.float32)
+        for chosen, hidden, mask in self._batches(rows):
+            hidden = hidden.float().cpu()
+            batch = [rows[i] for i in chosen]
+            if any(row.unpooled for row in batch):  # a prompt's tokens not pooled
+                mask = mask.clone()
+                for r, row in enumerate(batch):
+                    mask[r, : row.unpooled] = 0
+            for kind in {poolings[i] for i in chosen}:
+                mine = [r for r, i in enumerate(chosen) if poolings[i] == kind]
+                unit = torch.tensor([normalized[chosen[r]] for r in mine])
+                vectors = shortened(pool(hidden[mine], mask[mine], kind), self.dimension, unit)
+                out[[chosen[r] for r in mine]] = vectors.numpy()
+        return out, [len(row.ids) for row in rows]
+
+    def _batches(self, rows: Sequence[Row]) -> Iterator[tuple[list[int], torch.Tensor,
+                                                               torch.Tensor]]:  # fmt: skip
+        """The rows longest first in batches of `batch_size` (a batch of like lengths wastes
+        less on padding): each batch's row numbers, its final states (B, S, H) where the model
+        left them and its mask, under the precision's autocast — also while the caller's head
+        runs on them."""
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i].ids))
         dtype = self.precision.dtype
         with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
             for start in range(0, len(order), self.batch_size):
                 chosen = order[start : start + self.batch_size]
-                batch = [rows[i] for i in chosen]
-                hidden, mask = self._states(batch)
-                if any(row.unpooled for row in batch):  # a prompt's tokens not pooled
-                    mask = mask.clone()
-                    for r, row in enumerate(batch):
-                        mask[r, : row.unpooled] = 0
-                for kind in {poolings[i] for i in chosen}:
-                    mine = [r for r, i in enumerate(chosen) if poolings[i] == kind]
-                    unit = torch.tensor([normalized[chosen[r]] for r in mine])
-                    vectors = shortened(pool(hidden[mine], mask[mine], kind), self.dimension, unit)
-                    out[[chosen[r] for r in mine]] = vectors.numpy()
-        return out, [len(row.ids) for row in rows]
+                yield (chosen, *self._forward([rows[i] for i in chosen]))
 
     def sparse(self, texts: Sequence[Text], *,
                prompt_name: str | None = None) -> list[SparseVector]:  # fmt: skip
@@ -326,37 +335,33 @@ class Embedder:
             raise ValueError(f"{self.loaded.path}: sparse (SPLADE) vectors need a masked-LM "
                              "head, and this model has none (a SparseEncoder folder or a "
                              "pre-trained BERT with its MLM head has one)")  # fmt: skip
-        order = sorted(range(len(rows)), key=lambda i: -len(rows[i].ids))
         out: list[SparseVector] = [(np.zeros(0, np.int32), np.zeros(0, np.float32))] * len(rows)
-        dtype, largest = self.precision.dtype, self.splade.pooling == "max"
-        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
-            for start in range(0, len(order), self.batch_size):
-                chosen = order[start : start + self.batch_size]
-                hidden, mask = self._forward([rows[i] for i in chosen])
-                packed = hidden[mask.to(hidden.device).bool()]  # (T, H): real tokens, in order
-                ends = np.cumsum([len(rows[i].ids) for i in chosen]).tolist()
-                first = 0
-                while first < len(chosen):  # rows whose logits fit SPARSE_TOKENS together
-                    last = first + 1
-                    while (last < len(chosen)
-                           and ends[last] - (ends[first - 1] if first else 0) <= SPARSE_TOKENS):  # fmt: skip
-                        last += 1
-                    begin = ends[first - 1] if first else 0
-                    logits = self.mlm(packed[begin : ends[last - 1]]).float()
-                    for r in range(first, last):
-                        a, b = (ends[r - 1] if r else 0) - begin, ends[r] - begin
-                        # max: the largest logit, then the transform; sum: the transform of
-                        # each token's, summed
-                        weights = logits[a:b].amax(0) if largest else logits[a:b].clone()
-                        weights = weights.relu_().log1p_()
-                        if self.splade.activation == "log1p_relu":
-                            weights = weights.log1p_()
-                        if not largest:
-                            weights = weights.sum(0)
-                        index = torch.nonzero(weights).squeeze(1)
-                        out[chosen[r]] = (index.cpu().numpy().astype(np.int32),
-                                          weights[index].cpu().numpy())  # fmt: skip
-                    first = last
+        largest = self.splade.pooling == "max"
+        for chosen, hidden, mask in self._batches(rows):
+            packed = hidden[mask.to(hidden.device).bool()]  # (T, H): real tokens, in order
+            ends = np.cumsum([len(rows[i].ids) for i in chosen]).tolist()
+            first = 0
+            while first < len(chosen):  # rows whose logits fit SPARSE_TOKENS together
+                last = first + 1
+                while (last < len(chosen)
+                       and ends[last] - (ends[first - 1] if first else 0) <= SPARSE_TOKENS):  # fmt: skip
+                    last += 1
+                begin = ends[first - 1] if first else 0
+                logits = self.mlm(packed[begin : ends[last - 1]]).float()
+                for r in range(first, last):
+                    a, b = (ends[r - 1] if r else 0) - begin, ends[r] - begin
+                    # max: the largest logit, then the transform; sum: the transform of
+                    # each token's, summed
+                    weights = logits[a:b].amax(0) if largest else logits[a:b].clone()
+                    weights = weights.relu_().log1p_()
+                    if self.splade.activation == "log1p_relu":
+                        weights = weights.log1p_()
+                    if not largest:
+                        weights = weights.sum(0)
+                    index = torch.nonzero(weights).squeeze(1)
+                    out[chosen[r]] = (index.cpu().numpy().astype(np.int32),
+                                      weights[index].cpu().numpy())  # fmt: skip
+                first = last
         return out, [len(row.ids) for row in rows]
 
     def multi_vector(self, texts: Sequence[str], *, role: str = "document",
@@ -417,29 +422,24 @@ class Embedder:
         drop = len(skipped) > 0 and role in spec.skiplist_tasks
         keep = (torch.tensor(spec.keep_only, dtype=torch.long)
                 if spec.keep_only and role != "query" else None)  # fmt: skip
-        order = sorted(range(len(rows)), key=lambda i: -len(rows[i].ids))
         out: list[np.ndarray] = [np.zeros((0, self.dimension), np.float32)] * len(rows)
-        dtype = self.precision.dtype
-        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
-            for start in range(0, len(order), self.batch_size):
-                chosen = order[start : start + self.batch_size]
-                hidden, _ = self._forward([rows[i] for i in chosen])
-                if self.projection is not None:
-                    hidden = self.projection(hidden)
-                hidden = hidden.float().cpu()
-                for r, i in enumerate(chosen):
-                    ids = torch.tensor(rows[i].ids)
-                    kept = torch.ones(len(ids), dtype=torch.bool)
-                    if drop:
-                        kept &= ~torch.isin(ids, skipped)
-                    if keep is not None:
-                        kept &= torch.isin(ids, keep)
-                    vectors = hidden[r, : len(ids)][kept]
-                    if spec.normalize:
-                        vectors = torch.nn.functional.normalize(vectors, dim=-1)
-                    if self.truncate_dim is not None:
-                        vectors = shortened(vectors, self.truncate_dim, True)
-                    out[i] = vectors.numpy()
+        for chosen, hidden, _ in self._batches(rows):
+            if self.projection is not None:
+                hidden = self.projection(hidden)
+            hidden = hidden.float().cpu()
+            for r, i in enumerate(chosen):
+                ids = torch.tensor(rows[i].ids)
+                kept = torch.ones(len(ids), dtype=torch.bool)
+                if drop:
+                    kept &= ~torch.isin(ids, skipped)
+                if keep is not None:
+                    kept &= torch.isin(ids, keep)
+                vectors = hidden[r, : len(ids)][kept]
+                if spec.normalize:
+                    vectors = torch.nn.functional.normalize(vectors, dim=-1)
+                if self.truncate_dim is not None:
+                    vectors = shortened(vectors, self.truncate_dim, True)
+                out[i] = vectors.numpy()
         return out, [len(row.ids) for row in rows]
 
     def _skiplist_ids(self) -> list[int]:
@@ -447,11 +447,6 @@ class Embedder:
         sentence-transformers resolves them: one that is not is left out)."""
         vocab, unknown = self.tokenizer.vocab, self.tokenizer.unk_token
         return [vocab[w] for w in self.multi.skiplist if w in vocab or w == unknown]
-
-    def _states(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The final states (B, S, H) float32 on the host of a batch of rows, and its mask."""
-        hidden, attention = self._forward(rows)
-        return hidden.float().cpu(), attention
 
     def _forward(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor]:
         """The final states (B, S, H) of a batch of rows where the model left them, and its
