@@ -15,10 +15,10 @@ from bertkit.inference.predict import PredictConfig
 from bertkit.pretraining.dataset import MaskingConfig
 from bertkit.pretraining.recipes import apply_recipe
 from bertkit.pretraining.train import PretrainConfig
+from bertkit.rows import FileConfig
 from bertkit.serve import ServeConfig
 from bertkit.settings import from_flags, from_values, replaced
 from bertkit.tasks import get_task
-from bertkit.tasks.files import FileConfig
 from bertkit.tasks.own import DataConfig
 from bertkit.training.optim import OptimConfig
 

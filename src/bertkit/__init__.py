@@ -28,7 +28,7 @@ _EXPORTS = {
     "DataConfig": "bertkit.tasks.own",
     "Predictor": "bertkit.inference.predict",
     "PredictConfig": "bertkit.inference.predict",
-    "FileConfig": "bertkit.tasks.files",
+    "FileConfig": "bertkit.rows",
     "Embedder": "bertkit.inference.embedder",
     "extract": "bertkit.inference.features",
     "FillMask": "bertkit.inference.fill_mask",
@@ -68,5 +68,5 @@ if TYPE_CHECKING:  # what static checkers read (F401 off for this file: pyprojec
     from bertkit.inference.fill_mask import FillMask
     from bertkit.inference.insight import attention, similarity
     from bertkit.inference.predict import PredictConfig, Predictor
-    from bertkit.tasks.files import FileConfig
+    from bertkit.rows import FileConfig
     from bertkit.tasks.own import DataConfig

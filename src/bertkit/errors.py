@@ -3,6 +3,7 @@ with a status (no torch import here, so the command can catch them without loadi
 
 from __future__ import annotations
 
+import os
 import signal
 
 
@@ -31,3 +32,12 @@ class InputError(ValueError):
 class JobFailed(RuntimeError):
     """A corpus job's worker (a local process, a Ray actor) failed past its retries; the shards
     written are kept, and `--resume` continues."""
+
+
+class DataError(ValueError):
+    """Malformed input, reported as `file:line: what is wrong (what was expected)`."""
+
+    def __init__(self, path: str | os.PathLike, line: int | None, message: str) -> None:
+        where = f"{path}:{line}" if line is not None else str(path)
+        super().__init__(f"{where}: {message}")
+        self.path, self.line = str(path), line

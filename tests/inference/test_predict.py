@@ -14,8 +14,8 @@ from bertkit import cli
 from bertkit.cli import main
 from bertkit.finetuning.train import FinetuneConfig, finetune
 from bertkit.inference.predict import Predictor, predict_file
+from bertkit.rows import read_conll_columns
 from bertkit.tasks.base import DataError
-from bertkit.tasks.files import read_conll_columns
 from bertkit.tasks.own import DataConfig
 
 from helpers import FIXTURES, OWN_QUICK, conll_text, grow_copies, tagged_sentences, topic_rows

@@ -4,6 +4,7 @@ bad input said per row or refused by name."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import random
@@ -22,7 +23,7 @@ from bertkit.jobs import shards
 from bertkit.jobs.config import EmbedConfig
 from bertkit.jobs.embed import embed
 from bertkit.jobs.inputs import Columns, corpus_rows, expand, positions
-from bertkit.tasks.files import FileConfig
+from bertkit.rows import FileConfig
 
 from helpers import KILLER, WORDS, write_rows
 
@@ -95,10 +96,11 @@ def test_a_csv_embedded_with_a_released_model_as_sentence_transformers_does(
 
 
 def test_rows_of_many_files_in_order_each_from_its_own_position(tmp_path):
-    """A glob of CSV, JSON Lines and Parquet files is read in order, each row keyed FILE:LINE
-    (a quoted CSV cell over two lines keeps its first line); a JSON line without the text, a
-    number where a text should be and a blank text are rows with their issue; and reading from
-    any shard's recorded position gives exactly the rows a whole read gives from there."""
+    """A glob of CSV, JSON Lines (one gzipped) and Parquet files is read in order, each row
+    keyed FILE:LINE (a quoted CSV cell over two lines keeps its first line); a JSON line without
+    the text, a number where a text should be and a blank text are rows with their issue, a
+    bare JSON string is the text; and reading from any shard's recorded position gives exactly
+    the rows a whole read gives from there."""
     (tmp_path / "in").mkdir()
     write_rows(tmp_path / "in" / "a.csv", [{"text": "one"}, {"text": "two\nlines"},
                                            {"text": "three"}])  # fmt: skip
@@ -110,10 +112,14 @@ def test_rows_of_many_files_in_order_each_from_its_own_position(tmp_path):
                    tmp_path / "in" / "c.parquet", row_group_size=7)  # fmt: skip
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_dict({"text": ["ds 0", "ds 1"]}).save_to_disk(tmp_path / "in" / "d")
+    lines = "".join(json.dumps({"text": f"gz {i}"}) + "\n" for i in range(6)) + '"bare"\n'
+    (tmp_path / "in" / "e.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
     sources = expand([str(tmp_path / "in" / "*")])
-    assert [Path(s.path).name for s in sources] == ["a.csv", "b.jsonl", "c.parquet", "d"]
+    assert [Path(s.path).name for s in sources] == ["a.csv", "b.jsonl", "c.parquet", "d",
+                                                    "e.jsonl.gz"]  # fmt: skip
     everything = list(corpus_rows(sources, Columns()))
-    assert len(everything) == 3 + 24 + 30 + 2 and everything[-1].text == "ds 1"
+    assert len(everything) == 3 + 24 + 30 + 2 + 7 and everything[-1].text == "bare"
+    assert Path(everything[-2].key).name == "e.jsonl.gz:6" and everything[-2].text == "gz 5"
     assert [(Path(r.key).name, r.text, r.issue) for r in everything[:7]] == [
         ("a.csv:2", "one", None), ("a.csv:3", "two\nlines", None), ("a.csv:5", "three", None),
         ("b.jsonl:1", "four", None), ("b.jsonl:2", None, "missing"),

@@ -45,9 +45,16 @@ def test_bad_corpus_input_is_reported_with_file_line_and_offset(tmp_path):
     stats = CorpusStats()
     assert list(read_documents([bad], on_error="skip", stats=stats)) == [["good line.", "fine."]]
     assert stats.bad_lines == 1 and "byte offset 15" in stats.problems[0]
-    (tmp_path / "x.jsonl").write_text('{"text": "ok."}\n{"title": "no text"}\n')
-    with pytest.raises(ValueError, match=r'x.jsonl:2: not a JSON object with a "text" string'):
+    (tmp_path / "x.jsonl").write_text('{"text": "ok."}\n{"title": "no text"}\n{"text": 3}\n'
+                                      '{"text": "fine."}\n')  # fmt: skip
+    with pytest.raises(ValueError, match=r"x.jsonl:2: no column 'text'"):
         list(read_documents([tmp_path / "x.jsonl"]))
+    stats = CorpusStats()
+    assert list(read_documents([tmp_path / "x.jsonl"], on_error="skip", stats=stats)) == [
+        ["ok."], ["fine."]]  # fmt: skip
+    assert (
+        stats.bad_lines == 2 and "x.jsonl:3: column 'text' is int, not a text" in stats.problems[1]
+    )
     (tmp_path / "w").write_text('<doc id="1" url="u" title="T">\nT\ntext.\n')
     with pytest.raises(ValueError, match="has no closing </doc>"):
         list(read_documents([tmp_path / "w"]))
@@ -58,8 +65,8 @@ def test_bad_corpus_input_is_reported_with_file_line_and_offset(tmp_path):
 def test_corpora_as_published_make_the_shards_plain_json_lines_make(tmp_path):
     """The same documents as JSON Lines compressed with gzip, zstd, bz2 and xz (C4, Dolma, the
     Pile), as Parquet with its text in a column named otherwise (found: the only string
-    column), and as a datasets folder: `prepare` makes the very shard bytes plain JSON Lines
-    make, and `vocab` reads them too."""
+    column), as a datasets folder, and as CSV and gzipped TSV (the one reader of rows):
+    `prepare` makes the very shard bytes plain JSON Lines make, and `vocab` reads them too."""
     import bz2
     import gzip
     import lzma
@@ -93,6 +100,17 @@ def test_corpora_as_published_make_the_shards_plain_json_lines_make(tmp_path):
                    corpus / "c.parquet", row_group_size=16)  # fmt: skip
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(corpus / "folder"))
+    import csv
+    import io
+
+    for name, delimiter in (("c.csv", ","), ("c.tsv", "\t")):
+        table = io.StringIO()
+        writer = csv.writer(table, delimiter=delimiter, lineterminator="\n")
+        writer.writerows([["id", "text"]] + [[i, t] for i, t in enumerate(texts)])
+        data = table.getvalue().encode()
+        if name == "c.tsv":
+            name, data = "c.tsv.gz", gzip.compress(data)
+        (corpus / name).write_bytes(data)
     tokenizer = synthetic_tokenizer()
 
     def shard_bytes(source):
@@ -103,7 +121,8 @@ def test_corpora_as_published_make_the_shards_plain_json_lines_make(tmp_path):
 
     expected = shard_bytes(corpus / "c.jsonl")
     assert len(expected) >= 3
-    for name in ("c.json.gz", "c.jsonl.bz2", "c.jsonl.xz", "c.jsonl.zst", "c.parquet", "folder"):
+    for name in ("c.json.gz", "c.jsonl.bz2", "c.jsonl.xz", "c.jsonl.zst", "c.parquet", "folder",
+                 "c.csv", "c.tsv.gz"):  # fmt: skip
         assert shard_bytes(corpus / name) == expected, name
     assert cli.main(["vocab", str(corpus / "c.parquet"), "--size", "120", "--out",
                      str(tmp_path / "vocab")]) == 0  # fmt: skip

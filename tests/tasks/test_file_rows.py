@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
+from bertkit.rows import FileConfig
 from bertkit.tasks import get_task
-from bertkit.tasks.files import FileConfig
 from bertkit.tasks.swag import read_swag
 
 from helpers import FIXTURES

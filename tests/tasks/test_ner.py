@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from bertkit.rows import FileConfig
 from bertkit.tasks import DataError, get_task
-from bertkit.tasks.files import FileConfig
 
 from helpers import FIXTURES, data_path
 

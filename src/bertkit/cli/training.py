@@ -54,12 +54,12 @@ def _add_corpus(parser, help: str) -> None:
     parser.add_argument("corpus", nargs="*", help=help)
     parser.add_argument(
         "--format", default="auto", choices=FORMATS,
-        help="corpus layout (default: detected; JSON Lines and text may be gzip, zstd, bz2 or "
-        "xz compressed)",
+        help="corpus layout (default: detected; text, JSON Lines, CSV and TSV may be gzip, zstd, "
+        "bz2 or xz compressed)",
     )  # fmt: skip
     parser.add_argument(
-        "--text-column", help="Parquet, datasets folders, JSON Lines: the column holding the "
-        "text (default: text, else a table's only string column)",
+        "--text-column", help="tables (JSON Lines, CSV, TSV, Parquet, datasets folders): the "
+        "column holding the text (default: text, else a Parquet table's only string column)",
     )  # fmt: skip
     parser.add_argument("--dataset", help="a dataset by name (NAME[:CONFIG]), from the local cache")
     parser.add_argument("--split", default="train", help="with --dataset: the split")

@@ -74,8 +74,8 @@ def _job_config(args: argparse.Namespace, cls: type):
     """A corpus job's settings from predict's flags: the job's own and predict's (its reading
     of --input where a flag sets it, batch, device, precision), a text column of "text" unless
     one is named."""
+    from bertkit.rows import FileConfig
     from bertkit.settings import field_names, from_values
-    from bertkit.tasks.files import FileConfig
 
     reading, names = field_names(FileConfig), field_names(cls)
     given = {k: v for k, v in vars(args).items()
@@ -224,7 +224,7 @@ def add_serve(commands) -> None:
 # --------------------------------------------------------------------------- insight
 def _fill_mask(args: argparse.Namespace) -> None:
     from bertkit.inference.fill_mask import FillMask, FillMaskConfig
-    from bertkit.tasks.files import read_jsonl
+    from bertkit.rows import read_jsonl
 
     items = read_jsonl(args.input) if args.input else list(args.text)
     if not items:

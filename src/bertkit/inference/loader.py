@@ -42,8 +42,8 @@ from bertkit.precision import (
     inference_compile,
     resolve_precision,
 )
+from bertkit.rows import FileConfig
 from bertkit.tasks.base import Task, task_of_checkpoint
-from bertkit.tasks.files import FileConfig
 from bertkit.tasks.own import OwnTask
 
 ONNX_FILE = "model.onnx"

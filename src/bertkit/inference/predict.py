@@ -37,6 +37,7 @@ import torch
 
 from bertkit._io import atomic_path
 from bertkit.inference.loader import OnnxModel, load
+from bertkit.rows import FileConfig, file_format, read_jsonl, read_rows
 from bertkit.settings import (
     Settings,
     backend_setting,
@@ -49,7 +50,6 @@ from bertkit.settings import (
     setting,
 )
 from bertkit.tasks.base import DataError, Task, run_outputs
-from bertkit.tasks.files import FileConfig, file_format, json_lines, read_jsonl, read_rows
 from bertkit.tasks.labels import softmax
 from bertkit.tasks.saved import HeadConfig, SavedClassifier
 from bertkit.tasks.tagging import WordTagger
@@ -365,11 +365,8 @@ def _input_rows(source, options: FileConfig, task: Task) -> Iterator[tuple[int, 
     if kind == "conll":
         raise DataError(path, None, f"CoNLL columns hold words to tag; {task.name} reads "
                         "texts: give a CSV, TSV, JSON Lines or Parquet file, or --format")  # fmt: skip
-    if kind == "jsonl":  # a line may be a bare text or a list of words, as `predict --input`
-        for number, value in json_lines(path, options.encoding):
-            yield number, value if isinstance(value, dict) else {"input": value}
-        return
-    for row in read_rows(path, (), options, every_column=True, format=kind):
+    # a JSON line may be a bare text or a list of words, as `predict --input` takes them
+    for row in read_rows(path, (), options, every_column=True, format=kind, bare="input"):
         yield row.line, row.values
 
 
@@ -379,7 +376,7 @@ def _item(values: dict[str, Any], text_column: str | None, pair_column: str | No
         return values["input"]
     for column in (text_column, pair_column):
         if column is not None and column not in values:
-            from bertkit.tasks.files import missing_column
+            from bertkit.rows import missing_column
 
             raise ValueError(missing_column(column, list(values), "row's columns are"))
     if text_column is not None:

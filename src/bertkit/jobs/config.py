@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bertkit.jobs.inputs import Columns, Source
+from bertkit.rows import FileConfig
 from bertkit.settings import (
     Settings,
     device_setting,
@@ -18,7 +19,6 @@ from bertkit.settings import (
     precision_setting,
     setting,
 )
-from bertkit.tasks.files import FileConfig
 from bertkit.tasks.saved import HeadConfig
 
 DTYPES = ("float32", "float16")

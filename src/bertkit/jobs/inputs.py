@@ -12,29 +12,28 @@ with its issue, never dropped.
 
 `Position` is where a row starts (the file, the row's index in it, its line and, in JSON Lines,
 its byte offset): `corpus_rows(..., start=position)` reads from there without reading what
-comes before in JSON Lines and Parquet (other formats are read up to it), so a worker handed a
-shard opens the corpus where its shard begins.
+comes before in JSON Lines and Parquet (other formats are read up to it: `bertkit.rows`, the
+one reader of rows), so a worker handed a shard opens the corpus where its shard begins.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from bertkit.tasks.base import DataError
-from bertkit.tasks.files import (
+from bertkit.errors import DataError
+from bertkit.rows import (
     FileConfig,
-    decode_error,
+    Row,
+    Start,
     expand_paths,
     file_format,
-    json_line,
-    missing_column,
     read_rows,
+    row_starts,
 )
 
 READABLE = ("csv", "tsv", "jsonl", "json", "parquet", "arrow")
@@ -142,8 +141,8 @@ def corpus_rows(
         if number < start.source:
             continue
         at = start if number == start.source else Position(number)
-        for index, line, values in _source_rows(source, columns, reading, at):
-            yield _row(source, number, index, line, values, columns)
+        for row in _source_rows(source, columns, reading, at):
+            yield _row(source, number, row.line, row.values, columns)
 
 
 def positions(
@@ -153,9 +152,10 @@ def positions(
     streaming pass that keeps nothing but the count."""
     count = 0
     for number, source in enumerate(sources):
-        for index, line, offset in _source_starts(source, columns, reading):
+        needed = columns.texts[:1] if source.format not in ("json", "jsonl") else ()
+        for start in row_starts(source.path, needed, reading, format=source.format):
             if count % every == 0:
-                yield Position(number, index, line, offset)
+                yield Position(number, start.row_index, start.line, start.offset)
             count += 1
 
 
@@ -176,8 +176,8 @@ def estimated_rows(sources: Sequence[Source], records: Sequence[dict[str, Any]])
 
 
 # --------------------------------------------------------------------------- one source
-def _row(source: Source, number: int, index: int, line: int, values: dict[str, Any],
-         columns: Columns) -> CorpusRow:  # fmt: skip
+def _row(source: Source, number: int, line: int, values: dict[str, Any], columns: Columns
+         ) -> CorpusRow:  # fmt: skip
     text = _text_of(values, columns.texts)
     issue = None
     if text is None:
@@ -216,107 +216,15 @@ def _needed(columns: Columns) -> tuple[str, ...]:
 
 
 def _source_rows(source: Source, columns: Columns, reading: FileConfig, at: Position
-                 ) -> Iterator[tuple[int, int, dict[str, Any]]]:  # fmt: skip
-    """(index, line, values) of a source's rows from `at`."""
-    if source.format == "jsonl":
-        yield from _jsonl(source, reading, at)
-        return
-    if source.format == "parquet":
-        yield from _parquet(source, columns, at)
-        return
-    # CSV, TSV, JSON, arrow: the table's columns checked on its header; read up to `at`
-    needed = columns.texts[:1] if source.format != "json" else ()
+                 ) -> Iterator[Row]:  # fmt: skip
+    """A source's rows from `at`. A table's columns are checked on its header or schema; a
+    record (JSON, JSON Lines) without the text is a row whose issue says so, and a JSON line
+    that is a bare value is that value as the text."""
+    needed = columns.texts[:1] if source.format not in ("json", "jsonl") else ()
     optional = tuple(c for c in _needed(columns) if c not in needed)
-    rows = read_rows(source.path, needed, reading, optional=optional, format=source.format)
-    for index, row in enumerate(itertools.islice(rows, at.index, None), start=at.index):
-        yield index, row.line, row.values
-
-
-def _source_starts(source: Source, columns: Columns, reading: FileConfig
-                   ) -> Iterator[tuple[int, int, int | None]]:  # fmt: skip
-    if source.format == "jsonl":
-        for index, offset, line, _ in _jsonl_lines(source, reading, Position()):
-            yield index, line, offset
-        return
-    for index, line, _ in _source_rows(source, columns, reading, Position()):
-        yield index, line, None
-
-
-def _jsonl_lines(source: Source, reading: FileConfig, at: Position
-                 ) -> Iterator[tuple[int, int, int, bytes]]:  # fmt: skip
-    """(index, byte offset, line, raw bytes) of each non-blank line from `at`: read in binary,
-    so a position is a byte offset to seek to."""
-    encoding = reading.encoding or "utf-8"
-    if encoding.replace("_", "-").lower() not in ("utf-8", "utf8", "ascii", "latin-1", "cp1252"):
-        raise DataError(source.path, None, f"JSON Lines in {encoding}: a corpus job reads "
-                        "UTF-8, latin-1 or cp1252 JSON Lines (re-encode it as UTF-8)")  # fmt: skip
-    with open(source.path, "rb") as handle:
-        offset, line, index = 0, 1, 0
-        if at.offset is not None:
-            handle.seek(at.offset)
-            offset, line, index = at.offset, at.line, at.index
-        elif at.index:  # no offset known: read up to it
-            for index_, offset_, line_, _ in _jsonl_lines(source, reading, Position()):
-                if index_ == at.index:
-                    offset, line, index = offset_, line_, index_
-                    break
-            else:
-                return
-            handle.seek(offset)
-        for raw in handle:
-            if offset == 0 and raw.startswith(b"\xef\xbb\xbf"):
-                raw, offset = raw[3:], 3
-            if raw.strip():
-                yield index, offset, line, raw
-                index += 1
-            offset += len(raw)
-            line += 1
-
-
-def _jsonl(source: Source, reading: FileConfig, at: Position
-           ) -> Iterator[tuple[int, int, dict[str, Any]]]:  # fmt: skip
-    encoding = reading.encoding or "utf-8"
-    for index, _, line, raw in _jsonl_lines(source, reading, at):
-        try:
-            text = raw.decode("utf-8" if encoding.lower() in ("utf-8", "utf8") else encoding)
-        except UnicodeDecodeError:
-            raise decode_error(Path(source.path), encoding) from None
-        value = json_line(source.path, line, text)
-        if not isinstance(value, dict):
-            value = {"text": value} if isinstance(value, str) else {}
-        yield index, line, value
-
-
-def _parquet(source: Source, columns: Columns, at: Position
-             ) -> Iterator[tuple[int, int, dict[str, Any]]]:  # fmt: skip
-    """A Parquet file's rows from row `at.index`, skipping whole row groups before it."""
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ImportError("reading Parquet needs pyarrow: pip install 'bertkit[parquet]'") from None
-    try:
-        file = pq.ParquetFile(source.path)
-    except pa.ArrowInvalid as err:
-        raise DataError(source.path, None, f"not a Parquet file ({err})") from None
-    found = list(file.schema_arrow.names)
-    for name in columns.texts[:1]:
-        if name not in found:
-            raise DataError(source.path, None, missing_column(name, found))
-    wanted = [c for c in dict.fromkeys(_needed(columns)) if c in found]
-    first, groups = 0, list[int]()
-    for group in range(file.metadata.num_row_groups):
-        rows = file.metadata.row_group(group).num_rows
-        if first + rows > at.index or groups:
-            groups.append(group)
-        else:
-            first += rows
-    index = first
-    for batch in file.iter_batches(65536, row_groups=groups, columns=wanted):
-        for values in batch.to_pylist():
-            if index >= at.index:
-                yield index, index + 1, values
-            index += 1
+    start = Start(at.line, at.index, at.offset)
+    yield from read_rows(source.path, needed, reading, optional=optional, format=source.format,
+                         start=start, bare=columns.texts[0])  # fmt: skip
 
 
 def manifest_inputs(sources: Sequence[Source]) -> list[dict[str, Any]]:

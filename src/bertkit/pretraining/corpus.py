@@ -13,12 +13,17 @@ Formats (`format=`; "auto" picks by extension and first line):
   (`text_column`, else "text", else its only string column) read as a JSON line's "text".
 - "arrow": a `datasets` folder (`save_to_disk`, or a cached split: `--dataset NAME[:CONFIG]`),
   read as Parquet is.
+- "csv", "tsv": a table with a header line, a row a document, its text column (`text_column`,
+  else "text").
 
-JSON Lines and text compressed with gzip, zstd (the `zstandard` package), bz2 or xz are read as
-they stream (C4 and Dolma's `.json.gz`, the Pile's `.jsonl.zst`), known by their first bytes;
-a file is a JSON Lines one by its name without the compression's suffix. The same documents
-make the same shards, byte for byte, whichever of these formats holds them. A file that is not
-what its name or `--format` says is refused with what it is and the flag to pass.
+The tables (JSON Lines, CSV, TSV, Parquet, datasets folders) are read by `bertkit.rows`, the
+reader of every command's rows.
+
+JSON Lines, CSV, TSV and text compressed with gzip, zstd (the `zstandard` package), bz2 or xz are
+read as they stream (C4 and Dolma's `.json.gz`, the Pile's `.jsonl.zst`), known by their first
+bytes; a file is a JSON Lines one by its name without the compression's suffix. The same documents
+make the same shards, byte for byte, whichever of these formats holds them. A file that is not what
+its name or `--format` says is refused with what it is and the flag to pass.
 
 Paragraphs are split into sentences with `sentencex` (measured against pysbd, syntok and blingfire
 on Wikipedia: 47 MB/s against 0.14, 0.7 and 8.7 MB/s, and right on abbreviations such as
@@ -38,14 +43,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bertkit.errors import DataError
+from bertkit.rows import (
+    FileConfig,
+    arrow_tables,
+    compression_of,
+    file_format,
+    open_binary,
+    read_rows,
+)
+
 logger = logging.getLogger("bertkit")
 
-FORMATS = ("auto", "google", "wiki", "text", "text-file", "jsonl", "parquet", "arrow")
-# the first bytes of each compression bertkit reads, and its file suffix
-COMPRESSIONS = {b"\x1f\x8b": ("gzip", ".gz"), b"\x28\xb5\x2f\xfd": ("zstd", ".zst"),
-                b"BZh": ("bz2", ".bz2"), b"\xfd7zXZ\x00": ("xz", ".xz")}  # fmt: skip
-_SUFFIXES = {".gz", ".gzip", ".zst", ".zstd", ".bz2", ".xz"}
-_JSON_SUFFIXES = {".jsonl", ".json", ".ndjson"}
+# formats read as tables, a row a document (`bertkit.rows`, the one reader of rows)
+TABLES = ("jsonl", "csv", "tsv", "parquet", "arrow")
+FORMATS = ("auto", "google", "wiki", "text", "text-file", *TABLES)
 _DOC_OPEN = re.compile(r'^<doc\b[^>]*\btitle="([^"]*)"[^>]*>\s*$')
 
 
@@ -77,65 +89,15 @@ def split_sentences(paragraph: str, language: str = "en") -> list[str]:
     return [s.strip() for s in segment(language, paragraph) if s.strip()]
 
 
-def compression_of(path: Path) -> str | None:
-    """gzip, zstd, bz2 or xz by the file's first bytes; None: not compressed (as bertkit knows)."""
-    if path.is_dir():
-        return None
-    with open(path, "rb") as handle:
-        head = handle.read(6)
-    return next((name for magic, (name, _) in COMPRESSIONS.items() if head.startswith(magic)),
-                None)  # fmt: skip
-
-
-def open_binary(path: Path) -> Any:
-    """The file's bytes, decompressed as they are read where it is compressed."""
-    kind = compression_of(path)
-    if kind == "gzip":
-        import gzip
-
-        return gzip.open(path, "rb")
-    if kind == "bz2":
-        import bz2
-
-        return bz2.open(path, "rb")
-    if kind == "xz":
-        import lzma
-
-        return lzma.open(path, "rb")
-    if kind == "zstd":
-        try:
-            import zstandard
-        except ImportError:
-            raise ImportError(f"{path}: zstd-compressed; reading it needs the zstandard "
-                              "package: pip install 'bertkit[corpora]'") from None  # fmt: skip
-        import io
-
-        raw = open(path, "rb")
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
-    return open(path, "rb")
-
-
-def _plain_suffix(path: Path) -> str:
-    """The suffix under a compression's: corpus.json.gz -> .json"""
-    if path.suffix.lower() in _SUFFIXES:
-        return Path(path.stem).suffix.lower()
-    return path.suffix.lower()
-
-
 def detect_corpus_format(path: Path) -> str:
-    if path.is_dir():
-        return "arrow"
-    with open(path, "rb") as handle:
-        head = handle.read(8)
-    if head.startswith(b"PAR1"):
-        return "parquet"
-    if head.startswith(b"ARROW1") or head.startswith(b"\xff\xff\xff\xff"):
-        return "arrow"
-    if path.suffix.lower() in (".parquet", ".arrow"):
-        raise ValueError(f"{path}: named {path.suffix} but not {path.suffix[1:]} (its first "
-                         f"bytes are {head[:4]!r}): pass --format for what it is")  # fmt: skip
-    if _plain_suffix(path) in _JSON_SUFFIXES:
+    """The corpus format of a file: what `bertkit.rows.file_format` finds (a table by its first
+    bytes or its name under a compression's suffix; a corpus's .json is JSON Lines, as C4's
+    .json.gz is), else WikiExtractor output or plain text by its first line."""
+    kind = file_format(path, default="")
+    if kind == "json":
         return "jsonl"
+    if kind in TABLES:
+        return kind
     with open_binary(path) as handle:
         head = handle.read(4096)
     _check_text(path, head)
@@ -233,11 +195,8 @@ def raw_documents(
             "wiki": _wiki,
             "text": _text,
             "text-file": functools.partial(_text, one_document=True),
-            "jsonl": functools.partial(_jsonl, key=text_column or "text"),
-            "parquet": functools.partial(_table, text_column=text_column),
-            "arrow": functools.partial(_table, text_column=text_column),
         }
-        reader = readers[kind]
+        reader = readers.get(kind) or functools.partial(_table, kind=kind, text_column=text_column)
         for units in reader(path, stats, on_error):
             if units:
                 stats.documents += 1
@@ -247,9 +206,9 @@ def raw_documents(
 
 
 def expand_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """A corpus's files (`tasks.files.expand_paths`: paths, globs, folders' files, datasets
+    """A corpus's files (`bertkit.rows.expand_paths`: paths, globs, folders' files, datasets
     folders), in order; none at all is an error."""
-    from bertkit.tasks.files import expand_paths as expand
+    from bertkit.rows import expand_paths as expand
 
     files = expand(paths, "corpus file")
     if not files:
@@ -299,58 +258,33 @@ def _wiki(path: Path, stats: CorpusStats, on_error: str) -> Iterator[list[str]]:
         yield document
 
 
-def _jsonl(path: Path, stats: CorpusStats, on_error: str, key: str = "text"
-           ) -> Iterator[list[str]]:  # fmt: skip
-    for number, line in _lines(path, stats, on_error):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            text = record[key]
-            if not isinstance(text, str):
-                raise TypeError(f'"{key}" is {type(text).__name__}, not a string')
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            what = f'no "{key}" field' if isinstance(err, KeyError) else str(err)
-            message = f'{path}:{number}: not a JSON object with a "{key}" string ({what})'
-            if on_error == "fail":
-                raise ValueError(message) from None
-            stats.note(message)
-            continue
-        yield _paragraphs(text)
-
-
 def _paragraphs(text: str) -> list[str]:
     """A document's text as its paragraphs: its non-blank lines."""
     return [paragraph.strip() for paragraph in text.splitlines() if paragraph.strip()]
 
 
-def _table(path: Path, stats: CorpusStats, on_error: str, text_column: str | None = None
-           ) -> Iterator[list[str]]:  # fmt: skip
-    """A Parquet file's or a datasets folder's rows, a row a document: its text column's
-    paragraphs, as a JSON line's "text". A row whose text is missing (null) is an empty
-    document (skipped and counted)."""
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ImportError(f"{path}: reading Parquet and datasets folders needs pyarrow: pip "
-                          "install 'bertkit[corpora]'") from None  # fmt: skip
-    if path.is_dir() or detect_corpus_format(path) != "parquet":
-        from bertkit.tasks.files import arrow_tables
-
-        tables = arrow_tables(path, "arrow")
-    else:
-        try:
-            parquet = pq.ParquetFile(path)
-        except pa.ArrowInvalid as err:
-            raise ValueError(f"{path}: not a Parquet file ({err}): pass --format") from None
-        tables = iter([(parquet.schema_arrow,
-                        lambda columns: parquet.iter_batches(4096, columns=columns))])  # fmt: skip
-    for schema, batches in tables:
+def _table(path: Path, stats: CorpusStats, on_error: str, kind: str,
+           text_column: str | None = None) -> Iterator[list[str]]:  # fmt: skip
+    """A table's rows (JSON Lines, CSV, TSV, Parquet, a datasets folder), a row a document:
+    its text column's paragraphs (its lines). A row whose text is missing (null) is an empty
+    document (skipped and counted); a record without the column, or whose text is not a
+    string, is an error (`on_error="skip"`: noted and skipped)."""
+    if kind in ("parquet", "arrow"):
+        schema = next(iter(arrow_tables(path, kind)))[0]
         column = _text_column(path, schema, text_column)
-        for batch in batches([column]):
-            for text in batch.column(0).to_pylist():
-                yield _paragraphs(text) if isinstance(text, str) else []
+    else:
+        column = text_column or "text"
+    skip = None if on_error == "fail" else (lambda err: stats.note(str(err)))
+    for row in read_rows(path, (column,), FileConfig(), format=kind, skip=skip):
+        text = row.values[column]
+        if text is not None and not isinstance(text, str):
+            error = DataError(path, row.line, f"column {column!r} is "
+                              f"{type(text).__name__}, not a text")  # fmt: skip
+            if skip is None:
+                raise error
+            skip(error)
+            continue
+        yield _paragraphs(text) if text else []
 
 
 def _text_column(path: Path, schema: Any, given: str | None) -> str:

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from bertkit.tasks.base import DataError
-from bertkit.tasks.files import json_lines
+from bertkit.errors import DataError
+from bertkit.rows import json_lines
 
 CUTOFFS = (1, 10, 100)
 

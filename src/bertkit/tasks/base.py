@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from bertkit._io import TASK_FILE
+from bertkit.errors import DataError
 
 Feature = dict[str, Any]  # model inputs as lists of ints, plus bookkeeping (example index, ...)
 # Table 5's feature-style heads: the encoder's states through a BiLSTM (token-level heads only)
@@ -68,15 +69,6 @@ def check_data(name: str, data: Any, *, own: bool | None = None, required: bool 
     if required and data is None:
         raise ValueError(f"{name} needs --data DIR (the folder of its official files)")
     return data
-
-
-class DataError(ValueError):
-    """Malformed input, reported as `file:line: what is wrong (what was expected)`."""
-
-    def __init__(self, path: str | os.PathLike, line: int | None, message: str) -> None:
-        where = f"{path}:{line}" if line is not None else str(path)
-        super().__init__(f"{where}: {message}")
-        self.path, self.line = str(path), line
 
 
 def read_text(path: str | os.PathLike) -> str:

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from bertkit.core.losses import PAD_LOGIT, sequence_loss
+from bertkit.rows import read_rows
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, head_logits
-from bertkit.tasks.files import read_rows
 from bertkit.tasks.labels import kind_of, per_class, softmax
 from bertkit.tasks.own import OwnTask, text_cell, write_jsonl
 

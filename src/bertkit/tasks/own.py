@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bertkit.rows import FileConfig
 from bertkit.settings import Settings, flat, flat_names, nested, setting
 from bertkit.tasks.base import DataError, Task, check_data
-from bertkit.tasks.files import FileConfig
 from bertkit.tasks.labels import PROBLEMS
 
 TAG_SCHEMES = ("auto", "iob1", "iob2", "iobes", "plain")

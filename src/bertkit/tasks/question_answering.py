@@ -13,8 +13,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from bertkit.rows import file_format, read_rows
 from bertkit.tasks.base import DataError
-from bertkit.tasks.files import file_format, read_rows
 from bertkit.tasks.own import OwnTask, text_cell, write_jsonl
 from bertkit.tasks.squad import SquadExample, SquadTask, read_squad, squad_layout
 

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bertkit.rows import read_rows
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature
-from bertkit.tasks.files import read_rows
 from bertkit.tasks.own import OwnTask, text_cell, write_jsonl
 
 SCALE = 20.0  # in-batch negatives: the cosines' scale before the softmax (sentence-transformers')
@@ -305,7 +305,7 @@ class SentenceEmbeddingTask(OwnTask):
     def example_of(self, item: Any, n: int) -> PairExample:
         if isinstance(item, dict):
             if self.data.text_column not in item:
-                from bertkit.tasks.files import missing_column
+                from bertkit.rows import missing_column
 
                 raise ValueError(f"item {n}: " + missing_column(self.data.text_column,
                                                                  list(item), "item's keys are"))  # fmt: skip

@@ -34,9 +34,9 @@ import torch
 
 from bertkit._io import atomic_path
 from bertkit.core.losses import PAD_LOGIT, span_loss
+from bertkit.rows import json_records
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, read_text, require_file, run_model
-from bertkit.tasks.files import json_records
 
 logger = logging.getLogger("bertkit")
 

@@ -24,9 +24,9 @@ import torch
 from tokenizers.pre_tokenizers import BertPreTokenizer
 
 from bertkit.core.losses import IGNORE_INDEX, token_loss
+from bertkit.rows import ColumnSentence, FileConfig, read_conll_columns
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, Task, head_logits
-from bertkit.tasks.files import ColumnSentence, FileConfig, read_conll_columns
 from bertkit.tasks.labels import softmax
 
 _BASIC_SPLIT = BertPreTokenizer()  # whitespace, then punctuation: BERT's basic split
@@ -361,7 +361,7 @@ class WordTagger(Task):
         if isinstance(item, dict):
             key = next((k for k in self.item_keys() if k in item), None)
             if key is None:
-                from bertkit.tasks.files import missing_column
+                from bertkit.rows import missing_column
 
                 raise ValueError(f"item {n}: " + missing_column(self.item_keys()[0], list(item),
                                                                  "item's keys are"))  # fmt: skip

@@ -1,5 +1,5 @@
 """`text-classification`: your own labelled texts (or text pairs), single-label, multi-label or
-regression, from any file `bertkit.tasks.files` reads.
+regression, from any file `bertkit.rows` reads.
 
 Features are `[CLS] text [SEP] (pair [SEP])`, cut as transformers cuts them (the longer segment
 first) — or, with `stride`, over-long inputs read whole as overlapping windows of the longer
@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from bertkit.core.losses import sequence_loss
+from bertkit.rows import missing_column, read_rows
 from bertkit.tasks import metrics
 from bertkit.tasks.base import DataError, Feature, head_logits
-from bertkit.tasks.files import missing_column, read_rows
 from bertkit.tasks.labels import (
     LabelError,
     LabelSet,

@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from bertkit.tasks.base import DataError
-from bertkit.tasks.files import (
+from bertkit.rows import (
     ColumnSentence,
     FileConfig,
     file_format,
     read_conll_columns,
     read_rows,
 )
+from bertkit.tasks.base import DataError
 from bertkit.tasks.labels import per_class, sorted_names
 from bertkit.tasks.own import OwnTask, write_jsonl
 from bertkit.tasks.tagging import (

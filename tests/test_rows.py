@@ -1,4 +1,4 @@
-"""Reading users' files (bertkit.tasks.files): every format, CSV as people write it, and each
+"""Reading users' files (bertkit.rows): every format, CSV as people write it, and each
 bad input as an error naming the file, the line and the column."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from bertkit.rows import FileConfig, file_format, read_conll_columns, read_rows
 from bertkit.tasks.base import DataError
-from bertkit.tasks.files import FileConfig, file_format, read_conll_columns, read_rows
 
 RECORDS = [
     {"text": 'He said "hi", then left.\nNew line here.', "label": "greeting", "n": 1},
@@ -237,7 +237,7 @@ def test_one_expander_of_inputs(tmp_path):
     files left out), a datasets folder (its state.json) as one source, each file once; a
     pattern that names nothing is named."""
     from bertkit.jobs.inputs import expand
-    from bertkit.tasks.files import expand_paths
+    from bertkit.rows import expand_paths
 
     (tmp_path / "docs" / "sub").mkdir(parents=True)
     for name in ("docs/b.jsonl", "docs/a.jsonl", "docs/sub/c.jsonl", "docs/.hidden", "x.csv"):
@@ -252,3 +252,139 @@ def test_one_expander_of_inputs(tmp_path):
         "jsonl", "jsonl", "jsonl", "arrow"]  # fmt: skip
     with pytest.raises(FileNotFoundError, match=r"nope/\*.jsonl: no such file \(the glob"):
         expand_paths([str(tmp_path / "nope/*.jsonl")])
+
+
+# --------------------------------------------------------------------------- one reader
+TABLE = [{"text": f"row {i}" + (",\n with a comma" if i == 3 else ""), "label": f"l{i % 3}"}
+         for i in range(9)]  # fmt: skip
+
+
+def every_format(tmp_path):
+    """The same nine rows as CSV, TSV, JSON Lines, JSON, Parquet (row groups of 2), a datasets
+    folder, and compressed CSV, TSV and JSON Lines."""
+    import bz2
+    import gzip
+    import lzma
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    write = {"csv": ",", "tsv": "\t"}
+    files = {}
+    for kind, delimiter in write.items():
+        path = tmp_path / f"t.{kind}"
+        with open(path, "w", newline="") as handle:
+            writer = csv.writer(handle, delimiter=delimiter, lineterminator="\n")
+            writer.writerow(["text", "label"])
+            writer.writerows([r["text"], r["label"]] for r in TABLE)
+        files[kind] = path
+    lines = "".join(json.dumps(r) + "\n" + ("\n" if i == 4 else "") for i, r in enumerate(TABLE))
+    files["jsonl"] = tmp_path / "t.jsonl"
+    files["jsonl"].write_text(lines)
+    files["json"] = tmp_path / "t.json"
+    files["json"].write_text(json.dumps(TABLE, indent=1))
+    files["parquet"] = tmp_path / "t.parquet"
+    pq.write_table(pa.Table.from_pylist(TABLE), files["parquet"], row_group_size=2)
+    for name, compress, source in (("csv.gz", gzip.compress, "csv"), ("tsv.bz2", bz2.compress,
+                                   "tsv"), ("jsonl.xz", lzma.compress, "jsonl")):  # fmt: skip
+        files[name] = tmp_path / f"t.{name}"
+        files[name].write_bytes(compress(files[source].read_bytes()))
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_list(TABLE).save_to_disk(str(tmp_path / "folder"))
+    files["arrow"] = tmp_path / "folder"
+    return files
+
+
+def test_every_format_reads_the_same_rows_and_starts_again_at_any_of_them(tmp_path):
+    """One reader: each format (compressed ones too) gives the same rows, each knows where it
+    starts, and reading from any row gives exactly the rows a whole read gives from there;
+    `row_starts` says the same starts without reading the rows' cells."""
+    from bertkit.rows import Start, row_starts
+
+    for name, path in every_format(tmp_path).items():
+        whole = list(read_rows(path, ("text",), optional=("label",)))
+        assert [r.values for r in whole] == TABLE, name
+        assert [r.row_index for r in whole] == list(range(len(TABLE))), name
+        if name.startswith(("csv", "tsv")):
+            assert [r.line for r in whole][2:6] == [4, 5, 7, 8], name  # row 3 spans two lines
+        if name.startswith("jsonl"):
+            assert [r.line for r in whole][4:6] == [5, 7], name  # a blank line is no row
+            assert all(r.offset is not None for r in whole), name
+        starts = list(row_starts(path, ("text",)))
+        assert starts == [Start(r.line, r.row_index, r.offset) for r in whole], name
+        for start in starts:
+            tail = list(read_rows(path, ("text",), optional=("label",), start=start))
+            assert tail == whole[start.row_index :], (name, start)
+
+
+def test_json_lines_start_at_their_offset_and_parquet_past_its_row_groups(tmp_path, monkeypatch):
+    """Starting at a row does not read what comes before it: a JSON Lines file seeks to the
+    row's byte offset (lines before it broken on purpose are never parsed), a Parquet file
+    leaves out its row groups wholly before the row."""
+    import pyarrow.parquet as pq
+
+    files = every_format(tmp_path)
+    path = files["jsonl"]
+    start = list(read_rows(path, ("text",)))[6]
+    raw = path.read_bytes()
+    path.write_bytes(b"x" * (start.offset - 1) + raw[start.offset - 1 :])  # not JSON any more
+    with pytest.raises(DataError, match=r"t.jsonl:1: not JSON"):
+        list(read_rows(path, ("text",)))
+    assert [r.values["text"] for r in read_rows(path, ("text",), start=start)] == [
+        r["text"] for r in TABLE[6:]]  # fmt: skip
+    asked = []
+    real = pq.ParquetFile.iter_batches
+
+    def spy(self, *args, **kwargs):
+        asked.append(kwargs.get("row_groups"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    from bertkit.rows import Start
+
+    tail = list(read_rows(files["parquet"], ("text",), start=Start(row_index=5)))
+    assert [r.values["text"] for r in tail] == [r["text"] for r in TABLE[5:]]
+    assert [r.line for r in tail] == [6, 7, 8, 9]
+    assert asked == [[2, 3, 4]]  # groups 0 and 1 (rows 0-3) never read
+
+
+def test_rows_that_cannot_be_read_are_skipped_where_asked(tmp_path):
+    """With `skip`, a line that is not JSON, a record without a needed column and a ragged CSV
+    row are each handed over (naming the file and line) and left out; without it, the first
+    one is raised."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "a"}\n{"text": \n{"other": 1}\n{"text": "d"}\n"bare"\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: not JSON"):
+        list(read_rows(path, ("text",)))
+    errors = []
+    kept = list(read_rows(path, ("text",), skip=errors.append))
+    assert [(r.line, r.values["text"]) for r in kept] == [(1, "a"), (4, "d")]
+    assert [str(e).split(": ", 1)[0][-11:] for e in errors] == [
+        "bad.jsonl:2", "bad.jsonl:3", "bad.jsonl:5"]  # fmt: skip
+    assert [r.values for r in read_rows(path, (), optional=("text",), bare="text",
+                                         skip=errors.append)][-1] == {"text": "bare"}  # fmt: skip
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("text,label\na,1\nb,2,3\nc,3\n")
+    errors.clear()
+    assert [r.values["text"] for r in read_rows(ragged, ("text",), skip=errors.append)] == [
+        "a", "c"]  # fmt: skip
+    assert "ragged.csv:3: 3 fields, the header has 2" in str(errors[0])
+
+
+def test_one_format_detector(tmp_path):
+    """The flag; else a Parquet or arrow file by its first bytes whatever its name; else the
+    name under a compression's suffix; a .parquet that is not one is refused naming --format."""
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["a"]}), tmp_path / "export.dat")
+    assert file_format(tmp_path / "export.dat") == "parquet"
+    assert [r.values for r in read_rows(tmp_path / "export.dat", ("text",))] == [{"text": "a"}]
+    assert file_format(tmp_path / "news.TSV.gz") == "tsv"
+    assert file_format(tmp_path / "c4.json.zst") == "json"
+    assert file_format(tmp_path / "export.dat", "csv") == "csv"
+    (tmp_path / "fake.parquet").write_bytes(gzip.compress(b'{"text": "a"}\n'))
+    with pytest.raises(DataError, match=r"fake.parquet: named .parquet but not parquet .*--format"):
+        file_format(tmp_path / "fake.parquet")

@@ -1,12 +1,20 @@
-"""The user's own files, read as rows of named cells: CSV, TSV, JSON Lines, JSON (a list of
+"""The one reader of rows: the user's own files, the corpus jobs' inputs and `prepare`'s
+tables are all read here, as rows of named cells: CSV, TSV, JSON Lines, JSON (a list of
 records, or `{"data": [...]}`), Parquet, a folder written by `datasets.Dataset.save_to_disk`,
-and CoNLL-style column files for tagging. Rows stream (a 1M-row CSV never sits in memory
+and CoNLL-style column files for tagging; CSV, TSV and JSON Lines also compressed with gzip,
+zstd, bz2 or xz (known by their first bytes). Rows stream (a 1M-row CSV never sits in memory
 whole) and each carries the line it starts on, so every error names the file, the line and the
 column: a missing column (with the columns found), a ragged row, bytes that are not in the
 file's encoding (with the `--encoding` to pass), a cell too large to be text (an unclosed quote).
 
     for row in read_rows("train.csv", ("text", "label")):
         row.line, row.values["text"]
+
+A row also carries where it starts (`row.row_index`, and in JSON Lines the byte offset of its
+line), and `read_rows(..., start=row)` reads from there: JSON Lines by seeking to the offset,
+Parquet by skipping the row groups before it, the other formats by reading up to it. One
+format detector (`file_format`: the flag, else the first bytes, else the name under a
+compression's suffix) and one glob expander (`expand_paths`) serve every command.
 
 CSV is read as users write it: quoted fields holding commas, quotes (`""`) and newlines, a
 byte-order mark, CRLF line ends, backslashes kept as they are (`escape_char="\\\\"` for files
@@ -25,13 +33,13 @@ import io
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from bertkit.errors import DataError
 from bertkit.settings import Settings, setting
-from bertkit.tasks.base import DataError
 
 FORMATS = ("auto", "csv", "tsv", "jsonl", "json", "parquet", "arrow", "conll")
 MAX_CELL_CHARS = 1_000_000  # a text cell larger than this is an unclosed quote, not a text
@@ -55,6 +63,10 @@ _EXTENSIONS = {
 
 
 QUOTINGS = ("minimal", "none")
+# the first bytes of each compression bertkit reads, and its file suffix
+COMPRESSIONS = {b"\x1f\x8b": ("gzip", ".gz"), b"\x28\xb5\x2f\xfd": ("zstd", ".zst"),
+                b"BZh": ("bz2", ".bz2"), b"\xfd7zXZ\x00": ("xz", ".xz")}  # fmt: skip
+_COMPRESSED_SUFFIXES = {".gz", ".gzip", ".zst", ".zstd", ".bz2", ".xz"}
 
 
 @dataclass
@@ -116,17 +128,91 @@ _EVERY = _Every()
 class Row(NamedTuple):
     line: int  # where the row starts (Parquet, arrow: the row number), 1-based
     values: dict[str, Any]
+    row_index: int = 0  # among the file's rows, 0-based
+    offset: int | None = None  # JSON Lines: the byte offset of its line (where to seek)
+
+
+class Start(NamedTuple):
+    """Where reading starts: a row's index, its line and (JSON Lines) its byte offset; a `Row`
+    serves as one."""
+
+    line: int = 1
+    row_index: int = 0
+    offset: int | None = None
+
+
+def compression_of(path: str | os.PathLike) -> str | None:
+    """gzip, zstd, bz2 or xz by the file's first bytes; None: not compressed (as bertkit knows)."""
+    path = Path(path)
+    if path.is_dir():
+        return None
+    with open(path, "rb") as handle:
+        head = handle.read(6)
+    return next((name for magic, (name, _) in COMPRESSIONS.items() if head.startswith(magic)),
+                None)  # fmt: skip
+
+
+def open_binary(path: str | os.PathLike) -> Any:
+    """The file's bytes, decompressed as they are read where it is compressed."""
+    path = Path(path)
+    kind = compression_of(path)
+    if kind == "gzip":
+        import gzip
+
+        return gzip.open(path, "rb")
+    if kind == "bz2":
+        import bz2
+
+        return bz2.open(path, "rb")
+    if kind == "xz":
+        import lzma
+
+        return lzma.open(path, "rb")
+    if kind == "zstd":
+        try:
+            import zstandard
+        except ImportError:
+            raise ImportError(f"{path}: zstd-compressed; reading it needs the zstandard "
+                              "package: pip install 'bertkit[corpora]'") from None  # fmt: skip
+        raw = open(path, "rb")
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+    return open(path, "rb")
+
+
+def plain_suffix(path: str | os.PathLike) -> str:
+    """The suffix under a compression's: plain_suffix("corpus.json.gz") -> ".json" """
+    path = Path(path)
+    if path.suffix.lower() in _COMPRESSED_SUFFIXES:
+        return Path(path.stem).suffix.lower()
+    return path.suffix.lower()
 
 
 def file_format(path: str | os.PathLike, format: str = "auto", default: str = "csv") -> str:
-    """The format of `path`: the one given, else by extension (a folder: a `datasets` folder),
-    else `default`: file_format("news.tsv") -> "tsv"."""
+    """The format of `path`, the one detector of every command: the one given; else a folder
+    is a `datasets` folder, a file starting as Parquet or arrow is one; else by the name under a
+    compression's suffix (news.tsv.gz: tsv); else `default`. A file named .parquet or .arrow
+    that is not one is refused, naming --format.
+
+    >>> file_format("news.tsv.gz"), file_format("notes.txt", default="jsonl")
+    ('tsv', 'jsonl')
+    """
     if format != "auto":
         return format
     path = Path(path)
     if path.is_dir():
         return "arrow"
-    return _EXTENSIONS.get(path.suffix.lower(), default)
+    by_name = _EXTENSIONS.get(plain_suffix(path))
+    if path.is_file():
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+        if head.startswith(b"PAR1"):
+            return "parquet"
+        if head.startswith(b"ARROW1") or head.startswith(b"\xff\xff\xff\xff"):
+            return "arrow"
+        if by_name in ("parquet", "arrow"):
+            raise DataError(path, None, f"named {path.suffix} but not {by_name} (its first bytes "
+                            f"are {head[:4]!r}): pass --format for what it is")  # fmt: skip
+    return by_name or default
 
 
 def expand_paths(patterns: Iterable[str | os.PathLike], what: str = "file") -> list[Path]:
@@ -169,10 +255,16 @@ def read_rows(
     optional: Sequence[str] = (),
     format: str | None = None,
     every_column: bool = False,
+    start: Row | Start | None = None,
+    skip: Callable[[DataError], None] | None = None,
+    bare: str | None = None,
 ) -> Iterator[Row]:
     """The rows of a table-like file with the `needed` columns (a missing one is a DataError
     listing the columns found) and the `optional` ones where the file has them; with
-    `every_column`, all the file's columns."""
+    `every_column`, all the file's columns. From `start` (a row read before, or a `Start`)
+    where given. With `skip`, a row that cannot be read (a line that is not JSON, a record
+    without a needed column, a ragged row) is handed to it and left out instead of raised. With
+    `bare`, a JSON line holding a value that is not an object is the row {bare: value}."""
     path = Path(path)
     options = options or FileConfig()
     kind = format or file_format(path, options.format)
@@ -180,16 +272,58 @@ def read_rows(
         raise FileNotFoundError(f"{path}: no such file")
     if every_column:
         optional = _EVERY
+    at = Start(start.line, start.row_index, start.offset) if start is not None else Start()
+    reading = _Reading(path, tuple(needed), optional, options, skip, bare)
     if kind in ("csv", "tsv"):
-        yield from _delimited_rows(path, needed, optional, options, kind)
+        rows = _delimited_rows(reading, kind)
     elif kind == "jsonl":
-        yield from _jsonl_rows(path, needed, optional, options)
+        rows = _jsonl_rows(reading, at)
     elif kind == "json":
-        yield from _json_rows(path, needed, optional, options)
+        rows = _json_rows(reading)
     elif kind in ("parquet", "arrow"):
-        yield from _arrow_rows(path, needed, optional, options, kind)
+        rows = _arrow_rows(reading, kind, at.row_index)
     else:
         raise ValueError(f"{path}: a {kind} file holds no table of rows")
+    yield from (row for row in rows if row.row_index >= at.row_index)
+
+
+def row_starts(
+    path: str | os.PathLike,
+    needed: Sequence[str],
+    options: FileConfig | None = None,
+    *,
+    optional: Sequence[str] = (),
+    format: str | None = None,
+) -> Iterator[Start]:
+    """Where each row of the file starts, as `read_rows(start=...)` takes it; a JSON Lines file
+    is not parsed (its non-blank lines are its rows), the other formats are read."""
+    path = Path(path)
+    options = options or FileConfig()
+    kind = format or file_format(path, options.format)
+    if kind == "jsonl" and _line_encoding(options.encoding):
+        for index, (number, offset, _) in enumerate(_binary_lines(path)):
+            yield Start(number, index, offset)
+        return
+    for row in read_rows(path, needed, options, optional=optional, format=kind):
+        yield Start(row.line, row.row_index, row.offset)
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """What one `read_rows` call asks of a file."""
+
+    path: Path
+    needed: tuple[str, ...]
+    optional: Sequence[str]
+    options: FileConfig
+    skip: Callable[[DataError], None] | None
+    bare: str | None
+
+    def failed(self, error: DataError) -> None:
+        """Raise `error`, or hand it to `skip` (the row is then left out)."""
+        if self.skip is None:
+            raise error
+        self.skip(error)
 
 
 # --------------------------------------------------------------------------- checks
@@ -219,16 +353,17 @@ def _check_cell(path: Path, line: int, name: str, value: Any, limit: int) -> Non
 
 # --------------------------------------------------------------------------- CSV and TSV
 def open_text(path: Path, encoding: str) -> io.TextIOWrapper:
-    """A text handle for reading; UTF-8 drops a byte-order mark, newlines are kept for csv."""
+    """A text handle for reading (decompressed as it is read); UTF-8 drops a byte-order mark,
+    newlines are kept for csv."""
     name = "utf-8-sig" if codecs.lookup(encoding).name == "utf-8" else encoding
-    return open(path, encoding=name, newline="")
+    return io.TextIOWrapper(open_binary(path), encoding=name, newline="")
 
 
 def decode_error(path: Path, encoding: str) -> DataError:
     """Where `path` stops being `encoding`, and which `--encoding` would read it."""
     decoder = codecs.getincrementaldecoder(encoding)()
     offset, bad = 0, None
-    with open(path, "rb") as handle:
+    with open_binary(path) as handle:
         while chunk := handle.read(1 << 20):
             pending = len(decoder.getstate()[0])
             try:
@@ -239,14 +374,21 @@ def decode_error(path: Path, encoding: str) -> DataError:
             offset += len(chunk)
     if bad is None:  # (the error came from the csv layer after all)
         return DataError(path, None, f"cannot be read as {encoding}")
-    with open(path, "rb") as handle:
-        wide = handle.read(2) in (b"\xff\xfe", b"\xfe\xff")  # UTF-16's byte-order marks
-        handle.seek(0)
+    with open_binary(path) as handle:
         head = handle.read(bad + 1)
-        line = head.count(b"\n") + 1
-        line_start = head.rfind(b"\n") + 1
-        rest = head[line_start:] + handle.read(200)
+        rest = handle.read(200)
+    wide = (head + rest)[:2] in (b"\xff\xfe", b"\xfe\xff")  # UTF-16's byte-order marks
+    line = head.count(b"\n") + 1
+    line_start = head.rfind(b"\n") + 1
+    rest = head[line_start:] + rest
     text = rest.split(b"\n", 1)[0]
+    return _not_encoded(path, line, text, bad - line_start, encoding, wide)
+
+
+def _not_encoded(
+    path: Path, line: int, text: bytes, at: int, encoding: str, wide: bool = False
+) -> DataError:
+    """The line's byte `at` is not `encoding`: which `--encoding` would read it."""
     if wide:
         advice = "--encoding utf-16"
     else:
@@ -255,16 +397,21 @@ def decode_error(path: Path, encoding: str) -> DataError:
             advice = "--encoding cp1252 (Excel and older Windows tools), or latin-1"
         except UnicodeDecodeError:
             advice = "--encoding latin-1 (or the encoding the file was saved in)"
-    column = bad - line_start + 1
     return DataError(
         path,
         line,
-        f"not {encoding} (byte 0x{head[bad]:02X} at column {column} of {text[:80]!r}); "
+        f"not {encoding} (byte 0x{text[at]:02X} at column {at + 1} of {text[:80]!r}); "
         f"pass {advice}",
     )
 
 
-def _delimited_rows(path, needed, optional, options: FileConfig, kind: str) -> Iterator[Row]:
+def _delimited_rows(reading: _Reading, kind: str) -> Iterator[Row]:
+    path, needed, optional, options = (
+        reading.path,
+        reading.needed,
+        reading.optional,
+        reading.options,
+    )
     delimiter = options.delimiter or ("\t" if kind == "tsv" else ",")
     # csv's own cap (process-wide) only guards memory against a quote never closed in a huge
     # file; the check below, well under it, names the column
@@ -280,7 +427,7 @@ def _delimited_rows(path, needed, optional, options: FileConfig, kind: str) -> I
             quoting=csv.QUOTE_NONE if options.quoting == "none" else csv.QUOTE_MINIMAL,
             strict=False,
         )
-        start = 1
+        start, index = 1, 0
         try:
             if options.column_names is not None:
                 header = list(options.column_names)
@@ -299,14 +446,19 @@ def _delimited_rows(path, needed, optional, options: FileConfig, kind: str) -> I
                 line, start = start, reader.line_num + 1
                 if not fields or not any(f.strip() for f in fields):
                     continue  # a blank line
-                if len(fields) != len(header):
-                    raise _ragged(path, line, fields, header, delimiter, reader.line_num > line,
-                                  options.quoting != "none")  # fmt: skip
-                values = {}
-                for name, index in wanted:
-                    _check_cell(path, line, name, fields[index], options.max_cell_chars)
-                    values[name] = fields[index]
-                yield Row(line, values)
+                try:
+                    if len(fields) != len(header):
+                        raise _ragged(path, line, fields, header, delimiter,
+                                      reader.line_num > line, options.quoting != "none")  # fmt: skip
+                    values = {}
+                    for name, position in wanted:
+                        _check_cell(path, line, name, fields[position], options.max_cell_chars)
+                        values[name] = fields[position]
+                except DataError as err:
+                    reading.failed(err)
+                    continue
+                yield Row(line, values, index)
+                index += 1
         except UnicodeDecodeError:
             raise decode_error(path, options.encoding) from None
         except csv.Error as err:
@@ -362,28 +514,78 @@ def _fields(count: int) -> str:
 
 
 # --------------------------------------------------------------------------- JSON
-def _record(path, line, item, needed, optional, limit) -> Row:
+def _record(reading: _Reading, line: int, item: Any, index: int) -> Row:
+    path, needed, optional = reading.path, reading.needed, reading.optional
     if not isinstance(item, dict):
-        raise DataError(
-            path, line, f"a JSON {type(item).__name__}, expected an object (a record of columns)"
-        )
+        if reading.bare is None:
+            raise DataError(path, line, f"a JSON {type(item).__name__}, expected an object (a "
+                            "record of columns)")  # fmt: skip
+        item = {reading.bare: item}
     values = {}
+    limit = reading.options.max_cell_chars
     for name in needed:
         if name not in item:
             raise _missing(path, line, name, list(item), "record's keys are")
         values[name] = item[name]
         _check_cell(path, line, name, item[name], limit)
     if isinstance(optional, _Every):
-        return Row(line, {**item, **values})
+        return Row(line, {**item, **values}, index)
     for name in optional:
         if name in item:
             values[name] = item[name]
-    return Row(line, values)
+    return Row(line, values, index)
 
 
-def _jsonl_rows(path, needed, optional, options: FileConfig) -> Iterator[Row]:
-    for number, item in json_lines(path, options.encoding):
-        yield _record(path, number, item, needed, optional, options.max_cell_chars)
+def _line_encoding(encoding: str) -> bool:
+    """Whether a file in `encoding` can be split into lines as bytes (UTF-8, latin-1, cp1252,
+    ...; not UTF-16 or UTF-32)."""
+    return "\n".encode(encoding) == b"\n"
+
+
+def _binary_lines(path: Path, at: Start | None = None) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, byte offset, bytes) of each non-blank line of a (possibly compressed)
+    file from `at`: an offset is sought to where the file is not compressed, else read up to."""
+    with open_binary(path) as handle:
+        offset, number = 0, 1
+        if at is not None and at.offset is not None and at.offset > 0:
+            if compression_of(path) is None:
+                handle.seek(at.offset)
+            else:
+                remaining = at.offset
+                while remaining:
+                    remaining -= len(handle.read(min(remaining, 1 << 20)))
+            offset, number = at.offset, at.line
+        for raw in handle:
+            if offset == 0 and raw.startswith(b"\xef\xbb\xbf"):
+                raw, offset = raw[3:], 3
+            if raw.strip():
+                yield number, offset, raw
+            offset += len(raw)
+            number += 1
+
+
+def _jsonl_rows(reading: _Reading, at: Start) -> Iterator[Row]:
+    path, encoding = reading.path, reading.options.encoding
+    if not _line_encoding(encoding):  # UTF-16 and the like: decoded as a whole, no offsets
+        for index, (number, item) in enumerate(json_lines(path, encoding)):
+            try:
+                yield _record(reading, number, item, index)
+            except DataError as err:
+                reading.failed(err)
+        return
+    index = at.row_index if at.offset is not None else 0
+    for number, offset, raw in _binary_lines(path, at):
+        try:
+            try:
+                text = raw.decode(encoding)
+            except UnicodeDecodeError as err:
+                raise _not_encoded(path, number, raw.rstrip(b"\r\n"), err.start, encoding) from None
+            yield _record(reading, number, json_line(path, number, text), index)._replace(
+                offset=offset
+            )
+        except DataError as err:
+            reading.failed(err)
+        index += 1
 
 
 def json_line(path: str | os.PathLike, number: int, text: str) -> Any:
@@ -467,10 +669,12 @@ def json_records(path: Path, encoding: str = "utf-8") -> Iterator[tuple[int, Any
     raise DataError(path, 1, 'expected a list of records (or an object with a "data" list)')
 
 
-def _json_rows(path, needed, optional, options: FileConfig) -> Iterator[Row]:
-    for index, (line, item) in enumerate(json_records(path, options.encoding), start=1):
-        yield _record(path, line if line is not None else index, item, needed, optional,
-                      options.max_cell_chars)  # fmt: skip
+def _json_rows(reading: _Reading) -> Iterator[Row]:
+    for index, (line, item) in enumerate(json_records(reading.path, reading.options.encoding)):
+        try:
+            yield _record(reading, line if line is not None else index + 1, item, index)
+        except DataError as err:
+            reading.failed(err)
 
 
 def _skip_space(text: str, at: int) -> int:
@@ -520,6 +724,9 @@ def _arrow_files(path: Path) -> list[Path]:
 
 
 def arrow_tables(path: Path, kind: str):
+    """(schema, batches) of each table of a Parquet file or datasets folder, where
+    `batches(columns, skip)` is (rows left out, the record batches of `columns` after them):
+    a Parquet file leaves out its row groups wholly within the first `skip` rows."""
     pa = _pyarrow(kind)
     if kind == "parquet":
         import pyarrow.parquet as pq
@@ -528,7 +735,18 @@ def arrow_tables(path: Path, kind: str):
             source = pq.ParquetFile(path)
         except pa.ArrowInvalid as err:
             raise DataError(path, None, f"not a Parquet file ({err})") from None
-        yield source.schema_arrow, lambda columns: source.iter_batches(65536, columns=columns)
+
+        def groups(columns, skip: int = 0):
+            first, chosen = 0, list[int]()
+            for group in range(source.metadata.num_row_groups):
+                rows = source.metadata.row_group(group).num_rows
+                if first + rows > skip or chosen:
+                    chosen.append(group)
+                else:
+                    first += rows
+            return first, source.iter_batches(65536, row_groups=chosen, columns=columns)
+
+        yield source.schema_arrow, groups
         return
     for file in _arrow_files(path):
         try:
@@ -539,7 +757,10 @@ def arrow_tables(path: Path, kind: str):
             except pa.ArrowInvalid as err:
                 raise DataError(file, None, f"not an arrow file ({err})") from None
         table = reader.read_all()
-        yield table.schema, lambda columns, t=table: t.select(columns).to_batches(65536)
+        yield (
+            table.schema,
+            lambda columns, skip=0, t=table: (0, t.select(columns).to_batches(65536)),
+        )
 
 
 def _class_labels(schema) -> dict[str, list[str]]:
@@ -556,7 +777,10 @@ def _class_labels(schema) -> dict[str, list[str]]:
     return names
 
 
-def _arrow_rows(path, needed, optional, options: FileConfig, kind: str) -> Iterator[Row]:
+def _arrow_rows(reading: _Reading, kind: str, first: int = 0) -> Iterator[Row]:
+    """A Parquet file's or datasets folder's rows; a Parquet file's row groups wholly before
+    row `first` are not read."""
+    path, needed, optional = reading.path, reading.needed, reading.optional
     number = 0
     for schema, batches in arrow_tables(path, kind):
         found = list(schema.names)
@@ -566,15 +790,21 @@ def _arrow_rows(path, needed, optional, options: FileConfig, kind: str) -> Itera
         extra = found if isinstance(optional, _Every) else optional
         columns = list(needed) + [n for n in extra if n in found and n not in needed]
         labels = _class_labels(schema)
-        for batch in batches(columns):
+        skipped, stream = batches(columns, first - number)
+        number += skipped
+        for batch in stream:
             for item in batch.to_pylist():
                 number += 1
                 for name, names in labels.items():
                     if name in item:
                         item[name] = _named(item[name], names)
-                for name in needed:
-                    _check_cell(path, number, name, item[name], options.max_cell_chars)
-                yield Row(number, item)
+                try:
+                    for name in needed:
+                        _check_cell(path, number, name, item[name], reading.options.max_cell_chars)
+                except DataError as err:
+                    reading.failed(err)
+                    continue
+                yield Row(number, item, number - 1)
 
 
 def _named(value: Any, names: list[str]) -> Any:
