@@ -12,7 +12,8 @@ the model's task.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -32,7 +33,42 @@ from bertkit.serve.clients import (
 from bertkit.serve.config import ServeConfig
 
 if TYPE_CHECKING:
-    from bertkit.serve.engine import ServedModel
+    from bertkit.core.tokenizer import BertTokenizer
+    from bertkit.inference.embedder import Embedder
+    from bertkit.inference.fill_mask import FillMask as FillMasker
+    from bertkit.inference.predict import Predictor
+
+
+class RouteModel(Protocol):
+    """What a route asks of the model it serves (`serve.engine.ServedModel` is the one):
+    what it is, what it runs, and the checks and forwards the routes share."""
+
+    name: str
+    source: Path
+    backend: str
+    pooling: str
+    max_seq_length: int
+    tokenizer: BertTokenizer
+    predictor: Predictor | None
+    fill: FillMasker | None
+    embedder: Embedder | None
+
+    @property
+    def endpoints(self) -> dict[str, bool]: ...
+    @property
+    def rerank_label(self) -> str | None: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def late_interaction(self) -> bool: ...
+    def fits(self, texts: list[Any], truncate: bool, field: str,
+             prompt_name: str | None = None) -> None: ...  # fmt: skip
+    def task_input(self, text: str) -> Any: ...
+    def embed(self, items: list[Text]) -> tuple[list[np.ndarray], list[int]]: ...
+    def embed_all(self, items: list[Text]) -> list[np.ndarray]: ...
+    def maxsim(self, pairs: list[tuple[str, str]]) -> list[float]: ...
+    def embed_sparse(self, items: list[Text]) -> list[Any]: ...
+
 
 Words = str | tuple[str, str]  # a text, or a pair of texts
 
@@ -110,25 +146,25 @@ class Route:
         API's documentation): {"inputs": one input or a list of them}."""
         return {"inputs": _INPUTS}, ["inputs"]
 
-    def answers(self, model: ServedModel) -> bool:
+    def answers(self, model: RouteModel) -> bool:
         return model.embedder is not None
 
-    def missing(self, model: ServedModel) -> str:
+    def missing(self, model: RouteModel) -> str:
         return (
             f"the ONNX export of {model.source} has no hidden states: serve it with --backend torch"
         )
 
-    def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
+    def parse(self, model: RouteModel, body: dict, limits: ServeConfig) -> list[Any]:
         raise NotImplementedError
 
-    def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
+    def run(self, model: RouteModel, items: list[Any]) -> list[Any]:
         raise NotImplementedError
 
-    def shape(self, model: ServedModel, items: list[Any], results: list[Any],
+    def shape(self, model: RouteModel, items: list[Any], results: list[Any],
               style: HfStyle | None) -> Any:  # fmt: skip
         return results
 
-    def warm_inputs(self, model: ServedModel, short: str, long: str) -> tuple[Any, Any] | None:
+    def warm_inputs(self, model: RouteModel, short: str, long: str) -> tuple[Any, Any] | None:
         return None
 
 
@@ -138,15 +174,15 @@ class Predict(Route):
     name = "predict"
     summary = "the fine-tuned task's answer per input (label and score, entities, span, choice)"
 
-    def answers(self, model: ServedModel) -> bool:
+    def answers(self, model: RouteModel) -> bool:
         return model.predictor is not None
 
-    def missing(self, model: ServedModel) -> str:
+    def missing(self, model: RouteModel) -> str:
         served = ", ".join(f"/{name}" for name, ok in model.endpoints.items() if ok)
         return (f"{model.source} is not a fine-tuned model (no {TASK_FILE}, and its config.json "
                 f"names no classifier, tagger or reader): it answers {served}")  # fmt: skip
 
-    def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
+    def parse(self, model: RouteModel, body: dict, limits: ServeConfig) -> list[Any]:
         assert model.predictor is not None
         inputs = _inputs(body, self.name, limits, set())
         for n, item in enumerate(inputs):
@@ -157,11 +193,11 @@ class Predict(Route):
                 raise InputError(f"inputs[{n}]: {message}") from None
         return inputs
 
-    def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
+    def run(self, model: RouteModel, items: list[Any]) -> list[Any]:
         assert model.predictor is not None
         return model.predictor(items)
 
-    def shape(self, model: ServedModel, items: list[Any], results: list[Any],
+    def shape(self, model: RouteModel, items: list[Any], results: list[Any],
               style: HfStyle | None) -> Any:  # fmt: skip
         if style is None:
             return results
@@ -171,7 +207,7 @@ class Predict(Route):
         own = any(key in r for r in results for key in ("words", "entities", "no_answer"))
         return answers[0] if style.single and own else answers
 
-    def warm_inputs(self, model: ServedModel, short: str, long: str) -> tuple[Any, Any]:
+    def warm_inputs(self, model: RouteModel, short: str, long: str) -> tuple[Any, Any]:
         return model.task_input(short), model.task_input(long)
 
 
@@ -187,7 +223,7 @@ class Embed(Route):
                 "normalize": {"type": "boolean", "default": True}, "truncate": _TRUNCATE,
                 "prompt_name": _PROMPT_NAME, "dimensions": _DIMENSIONS}, ["inputs"]  # fmt: skip
 
-    def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
+    def parse(self, model: RouteModel, body: dict, limits: ServeConfig) -> list[Any]:
         inputs = _inputs(body, self.name, limits,
                          {"pooling", "normalize", "truncate", "prompt_name", "dimensions"})  # fmt: skip
         texts = [_text_or_pair(item, n) for n, item in enumerate(inputs)]
@@ -201,10 +237,10 @@ class Embed(Route):
         model.fits(texts, _flag(body, "truncate"), "inputs", prompt)
         return [Text(text, pooling, normalize, dims, prompt_name=prompt) for text in texts]
 
-    def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
+    def run(self, model: RouteModel, items: list[Any]) -> list[Any]:
         return model.embed(items)[0]
 
-    def warm_inputs(self, model: ServedModel, short: str, long: str) -> tuple[Any, Any]:
+    def warm_inputs(self, model: RouteModel, short: str, long: str) -> tuple[Any, Any]:
         return Text(short, "mean"), Text(long, "mean")
 
 
@@ -228,7 +264,7 @@ class OpenAIEmbeddings(Route):
 
     fields = {"input", "model", "dimensions", "encoding_format", "user", "truncate", "prompt_name"}
 
-    def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
+    def parse(self, model: RouteModel, body: dict, limits: ServeConfig) -> list[Any]:
         _known(body, self.fields, "/" + self.name)
         texts = _openai_input(body.get("input"), model.tokenizer.vocab_size)
         encoding = body.get("encoding_format", "float")
@@ -240,12 +276,12 @@ class OpenAIEmbeddings(Route):
         return [Text(text, model.pooling, True, dims, encoding == "base64", prompt)
                 for text in texts]  # fmt: skip
 
-    def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
+    def run(self, model: RouteModel, items: list[Any]) -> list[Any]:
         """(vector, its pieces: the usage) for each input."""
         vectors, pieces = model.embed(items)
         return list(zip(vectors, pieces, strict=True))
 
-    def shape(self, model: ServedModel, items: list[Any], results: list[Any],
+    def shape(self, model: RouteModel, items: list[Any], results: list[Any],
               style: HfStyle | None) -> Any:  # fmt: skip
         data = [{"object": "embedding", "index": i,
                  "embedding": base64_floats(vector) if item.base64 else vector}
@@ -269,7 +305,7 @@ class EmbedAll(Route):
                 "prompt_name": _PROMPT_NAME,
                 "task": {"enum": ["query", "document"], "default": "document"}}, ["inputs"]  # fmt: skip
 
-    def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
+    def parse(self, model: RouteModel, body: dict, limits: ServeConfig) -> list[Any]:
         inputs = _inputs(body, self.name, limits, {"truncate", "prompt_name", "task"})
         for n, item in enumerate(inputs):
             if not isinstance(item, str):
@@ -282,14 +318,14 @@ class EmbedAll(Route):
             model.fits(inputs, _flag(body, "truncate"), "inputs", prompt)
         return [Text(text, model.pooling, prompt_name=prompt, role=task) for text in inputs]
 
-    def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
+    def run(self, model: RouteModel, items: list[Any]) -> list[Any]:
         return model.embed_all(items)
 
-    def shape(self, model: ServedModel, items: list[Any], results: list[Any],
+    def shape(self, model: RouteModel, items: list[Any], results: list[Any],
               style: HfStyle | None) -> Any:  # fmt: skip
         return [vectors.tolist() for vectors in results]
 
-    def warm_inputs(self, model: ServedModel, short: str, long: str) -> tuple[Any, Any]:
+    def warm_inputs(self, model: RouteModel, short: str, long: str) -> tuple[Any, Any]:
         return Text(short, "mean", role="query"), Text(long, "mean")
 
 
@@ -304,14 +340,14 @@ class EmbedSparse(Route):
         return {"inputs": {"anyOf": [{"type": "string"}, _TEXTS]}, "truncate": _TRUNCATE,
                 "prompt_name": _PROMPT_NAME}, ["inputs"]  # fmt: skip
 
-    def answers(self, model: ServedModel) -> bool:
+    def answers(self, model: RouteModel) -> bool:
         return model.embedder is not None and model.embedder.mlm is not None
 
-    def missing(self, model: ServedModel) -> str:
+    def missing(self, model: RouteModel) -> str:
         return (f"{model.source} has no masked-LM head (sparse vectors are SPLADE's: a "
                 "SparseEncoder folder, or a BERT saved with its MLM head, on --backend torch)")  # fmt: skip
 
-    def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
+    def parse(self, model: RouteModel, body: dict, limits: ServeConfig) -> list[Any]:
         inputs = _inputs(body, self.name, limits, {"truncate", "prompt_name"})
         for n, item in enumerate(inputs):
             if not isinstance(item, str):
@@ -320,15 +356,15 @@ class EmbedSparse(Route):
         model.fits(inputs, _flag(body, "truncate"), "inputs", prompt)
         return [Text(text, model.pooling, prompt_name=prompt) for text in inputs]
 
-    def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
+    def run(self, model: RouteModel, items: list[Any]) -> list[Any]:
         return model.embed_sparse(items)
 
-    def shape(self, model: ServedModel, items: list[Any], results: list[Any],
+    def shape(self, model: RouteModel, items: list[Any], results: list[Any],
               style: HfStyle | None) -> Any:  # fmt: skip
         return [[{"index": int(i), "value": float(v)} for i, v in zip(*vector, strict=True)]
                 for vector in results]  # fmt: skip
 
-    def warm_inputs(self, model: ServedModel, short: str, long: str) -> tuple[Any, Any]:
+    def warm_inputs(self, model: RouteModel, short: str, long: str) -> tuple[Any, Any]:
         return Text(short, "mean"), Text(long, "mean")
 
 
@@ -345,7 +381,7 @@ class Similarity(Route):
                                                  "sentences": _TEXTS}}  # fmt: skip
         return {"inputs": pair, "truncate": _TRUNCATE}, ["inputs"]
 
-    def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
+    def parse(self, model: RouteModel, body: dict, limits: ServeConfig) -> list[Any]:
         hf_parameters(body, ())
         fields = '["inputs", "parameters", "truncate"]'
         _known(body, {"inputs", "parameters", "truncate"}, "/" + self.name, fields)
@@ -362,10 +398,10 @@ class Similarity(Route):
         model.fits(texts, _flag(body, "truncate"), "sentences")
         return [Text(text, model.pooling) for text in texts]
 
-    def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
+    def run(self, model: RouteModel, items: list[Any]) -> list[Any]:
         return model.embed(items)[0]
 
-    def shape(self, model: ServedModel, items: list[Any], results: list[Any],
+    def shape(self, model: RouteModel, items: list[Any], results: list[Any],
               style: HfStyle | None) -> Any:  # fmt: skip
         source = results[0].astype(np.float64)  # unit vectors: the cosine is the dot product
         return [float(source @ v.astype(np.float64)) for v in results[1:]]
@@ -390,22 +426,22 @@ class Rerank(Route):
 
     fields = {"query", "texts", "return_text", "truncate", "raw_scores"}
 
-    def answers(self, model: ServedModel) -> bool:
+    def answers(self, model: RouteModel) -> bool:
         return model.rerank_label is not None or model.late_interaction
 
-    def missing(self, model: ServedModel) -> str:
+    def missing(self, model: RouteModel) -> str:
         return (
             f"{model.source} is not a cross-encoder: /rerank takes a model fine-tuned on text "
             "pairs (a pair classifier or regressor) or a multi-vector (ColBERT) model"
         )
 
-    def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
+    def parse(self, model: RouteModel, body: dict, limits: ServeConfig) -> list[Any]:
         _known(body, self.fields, "/" + self.name)
         query, texts = _query_and_texts(model, body, body.get("texts"), limits, "texts")
         keep, raw = _flag(body, "return_text"), _flag(body, "raw_scores")
         return [Pair(query, text, keep, raw=raw) for text in texts]
 
-    def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
+    def run(self, model: RouteModel, items: list[Any]) -> list[Any]:
         if model.predictor is None:  # a multi-vector model: MaxSim
             return model.maxsim([(item.query, item.text) for item in items])
         scores: list[Any] = [None] * len(items)
@@ -419,7 +455,7 @@ class Rerank(Route):
                     scores[i] = score
         return scores
 
-    def shape(self, model: ServedModel, items: list[Any], results: list[Any],
+    def shape(self, model: RouteModel, items: list[Any], results: list[Any],
               style: HfStyle | None) -> Any:  # fmt: skip
         from bertkit.inference.predict import ranked
 
@@ -447,7 +483,7 @@ class CohereRerank(Rerank):
                 "return_documents": {"type": "boolean", "default": False},
                 "truncate": _TRUNCATE}, ["query", "documents"]  # fmt: skip
 
-    def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
+    def parse(self, model: RouteModel, body: dict, limits: ServeConfig) -> list[Any]:
         _known(body, set(RERANK_FIELDS), "/" + self.name, str(list(RERANK_FIELDS)))
         documents = body.get("documents")
         if isinstance(documents, list):  # texts, or objects with a "text"
@@ -460,7 +496,7 @@ class CohereRerank(Rerank):
         keep = _flag(body, "return_documents")
         return [Pair(query, text, keep, top_n) for text in texts]
 
-    def shape(self, model: ServedModel, items: list[Any], results: list[Any],
+    def shape(self, model: RouteModel, items: list[Any], results: list[Any],
               style: HfStyle | None) -> Any:  # fmt: skip
         from bertkit.inference.predict import ranked
 
@@ -481,15 +517,15 @@ class FillMask(Route):
                 "top": {"type": "integer", "minimum": 1, "maximum": 100, "default": 5}}, [
             "inputs"]  # fmt: skip
 
-    def answers(self, model: ServedModel) -> bool:
+    def answers(self, model: RouteModel) -> bool:
         return model.fill is not None
 
-    def missing(self, model: ServedModel) -> str:
+    def missing(self, model: RouteModel) -> str:
         if model.backend == "onnx":
             return "fill-mask runs on the torch backend only"
         return f"{model.source} has no masked-LM head (a pre-trained BERT saved with it has)"
 
-    def parse(self, model: ServedModel, body: dict, limits: ServeConfig) -> list[Any]:
+    def parse(self, model: RouteModel, body: dict, limits: ServeConfig) -> list[Any]:
         mask = model.tokenizer.mask_token  # [MASK], RoBERTa's <mask>
         inputs = _inputs(body, self.name, limits, {"top"})
         texts = [_text_or_pair(item, n) for n, item in enumerate(inputs)]
@@ -501,7 +537,7 @@ class FillMask(Route):
                 raise InputError(f"inputs[{n}]: no {mask} to fill")
         return [Masked(text, top) for text in texts]
 
-    def run(self, model: ServedModel, items: list[Any]) -> list[Any]:
+    def run(self, model: RouteModel, items: list[Any]) -> list[Any]:
         assert model.fill is not None
         filled = model.fill([item.text for item in items], top=max(i.top for i in items))
         return [
@@ -510,7 +546,7 @@ class FillMask(Route):
             for masks, item in zip(filled, items, strict=True)
         ]  # fmt: skip
 
-    def shape(self, model: ServedModel, items: list[Any], results: list[Any],
+    def shape(self, model: RouteModel, items: list[Any], results: list[Any],
               style: HfStyle | None) -> Any:  # fmt: skip
         if style is None:
             return results
@@ -518,7 +554,7 @@ class FillMask(Route):
         answers = [hf_fill_mask(item.text, r, mask) for item, r in zip(items, results, strict=True)]
         return answers[0] if style.single else answers
 
-    def warm_inputs(self, model: ServedModel, short: str, long: str) -> tuple[Any, Any]:
+    def warm_inputs(self, model: RouteModel, short: str, long: str) -> tuple[Any, Any]:
         mask = model.tokenizer.mask_token
         filler = " ".join(long.split()[: model.max_seq_length - 3])
         return Masked(f"Warm {mask}.", 1), Masked(f"{mask} {filler}", 1)
@@ -566,7 +602,7 @@ def _inputs(body: dict, route: str, limits: ServeConfig, extra: set[str]) -> lis
     return inputs
 
 
-def _query_and_texts(model: ServedModel, body: dict, texts: Any, limits: ServeConfig,
+def _query_and_texts(model: RouteModel, body: dict, texts: Any, limits: ServeConfig,
                      field: str) -> tuple[str, list[str]]:  # fmt: skip
     """The body's query and `texts` (its `field`), checked, and each pair within the model's
     length unless truncated."""
@@ -672,7 +708,7 @@ def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _prompt_and_dimensions(model: ServedModel, body: dict) -> tuple[str | None, int | None]:
+def _prompt_and_dimensions(model: RouteModel, body: dict) -> tuple[str | None, int | None]:
     """A request's "prompt_name" (one the folder declares; None: its default) and
     "dimensions" (1 to the model's; None: all)."""
     assert model.embedder is not None
