@@ -411,6 +411,16 @@ def write_rows(path, rows):
 # log.jsonl append with half the line written (KILL_WHEN=log); it writes the names of the files
 # a whole run put in place to WRITES, and, where TRAINED is set, a line to that file for each
 # training batch this process takes (a resumed run takes only the batches after its checkpoint).
+def two_at_a_time(check, items) -> list:
+    """`check(item)` for every item, two at once in threads (a kill sweep's points: each a
+    killed process then its resume, mostly waiting on subprocesses, which a 2-core machine runs
+    side by side); the results in order, the first failure raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(check, items))
+
+
 KILLER = """
 import os, signal, sys
 from pathlib import Path

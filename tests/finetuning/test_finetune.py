@@ -622,7 +622,7 @@ def test_a_finetuning_run_killed_at_any_write_resumes_to_the_same_bytes(words_mo
     import subprocess
     import sys
 
-    from helpers import topic_files
+    from helpers import topic_files, two_at_a_time
 
     data = topic_files(tmp_path)
     driver = tmp_path / "killer.py"
@@ -633,8 +633,8 @@ def test_a_finetuning_run_killed_at_any_write_resumes_to_the_same_bytes(words_mo
                 data.train, "--validation", data.validation, "--text-column", "headline",
                 "--label-column", "topic", "--epochs", "2", "--batch-size", "16",
                 "--max-seq-length", "32", "--out", str(out), *extra]  # fmt: skip
-        env = {**os.environ, "KILL_AT": str(kill_at), "KILL_WHEN": when,
-               "WRITES": str(tmp_path / "writes"), "TRAINED": str(out) + ".trained"}  # fmt: skip
+        env = {**os.environ, "KILL_AT": str(kill_at), "KILL_WHEN": when, "OMP_NUM_THREADS": "1",
+               "WRITES": str(out) + ".writes", "TRAINED": str(out) + ".trained"}  # fmt: skip
         Path(env["TRAINED"]).unlink(missing_ok=True)
         done = subprocess.run([sys.executable, str(driver), *argv], env=env,
                               capture_output=True, text=True)  # fmt: skip
@@ -644,8 +644,8 @@ def test_a_finetuning_run_killed_at_any_write_resumes_to_the_same_bytes(words_mo
 
     whole = run(tmp_path / "whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
-    writes = (tmp_path / "writes").read_text().splitlines()
-    appends = int((tmp_path / "writes.log").read_text())
+    writes = (tmp_path / "whole.writes").read_text().splitlines()
+    appends = int((tmp_path / "whole.writes.log").read_text())
     firsts = {name: writes.index(name) + 1 for name in writes}
     assert {"model.safetensors", "trainer_state.pt", "results.json"} <= set(firsts), writes
     assert whole.batches >= 8 and appends >= 4, (whole.batches, appends)
@@ -663,7 +663,9 @@ def test_a_finetuning_run_killed_at_any_write_resumes_to_the_same_bytes(words_mo
     checkpointed = firsts["trainer_state.pt"]  # from this write on, a resume skips the trained
     kills = [(n, "before") for n in points] + [(len(writes), "after")]
     kills += [(1, "log"), (appends, "log")]  # inside log.jsonl's first and last appends
-    for at, when in kills:
+
+    def check(kill):
+        at, when = kill
         out = tmp_path / f"killed_{at}_{when}"
         killed = run(out, at, when)
         assert killed.returncode == -9, (at, when, killed.stderr[-2000:])
@@ -679,6 +681,8 @@ def test_a_finetuning_run_killed_at_any_write_resumes_to_the_same_bytes(words_mo
         elif (when == "log" and at == appends) or (when == "before" and at > checkpointed):
             assert 0 <= resumed.batches < whole.batches, (at, when, resumed.batches)
         assert killed.batches + resumed.batches >= whole.batches, (at, when)
+
+    two_at_a_time(check, kills)
 
 
 @pytest.mark.slow  # three fine-tuning runs

@@ -25,7 +25,7 @@ from bertkit.jobs.embed import embed
 from bertkit.jobs.inputs import Columns, corpus_rows, expand, positions
 from bertkit.rows import FileConfig
 
-from helpers import KILLER, WORDS, write_rows
+from helpers import KILLER, WORDS, two_at_a_time, write_rows
 
 
 def texts(count: int, seed: int = 0) -> list[str]:
@@ -192,7 +192,7 @@ def test_a_job_killed_at_any_write_or_moment_resumes_to_the_same_bytes(words_mod
                 str(source), "--out", str(out), "--pooling", "mean", "--rows-per-shard", "100",
                 "--threads", "1", "--quiet", *extra]  # fmt: skip
         env = {**os.environ, "KILL_AT": str(kill_at), "KILL_WHEN": when,
-               "WRITES": str(tmp_path / "writes")}  # fmt: skip
+               "WRITES": str(out) + ".writes"}  # fmt: skip
         if not wait:
             return subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
         return subprocess.run(argv, env=env, capture_output=True, text=True)
@@ -204,15 +204,28 @@ def test_a_job_killed_at_any_write_or_moment_resumes_to_the_same_bytes(words_mod
     assert whole.returncode == 0, whole.stderr[-3000:]
     expected = files(tmp_path / "whole")
     assert len([n for n in expected if n.endswith(".parquet")]) == 4
-    writes = (tmp_path / "writes").read_text().splitlines()
+    writes = (tmp_path / "whole.writes").read_text().splitlines()
     assert writes[0] == "manifest.json" and writes[-1] == "manifest.json" and len(writes) == 7
     # the first file (the manifest of a new job), a shard cut short mid-job, the closing
     # manifest cut short, and after the last file: where a resume starts from nothing, from
     # some shards, and from every shard
     points = [(1, "before"), (3, "before"), (len(writes), "before"), (len(writes), "after")]
     shards_of = {n for n in expected if n.endswith(".parquet")}
-    for at, when in points:
+
+    def check(point):
+        at, when = point
         out = tmp_path / f"killed_{at}_{when}"
+        if when == "moment":  # a kill at a random moment
+            process = run(out, wait=False)
+            try:
+                process.wait(timeout=random.Random(0).uniform(2.5, 5.0))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            resumed = run(out, 0, "before", "--resume")
+            assert resumed.returncode == 0, resumed.stderr[-3000:]
+            assert files(out) == expected, point
+            return
         killed = run(out, at, when)
         assert killed.returncode == -9, (at, when, killed.stderr[-2000:])
         done = {p.name for p in out.iterdir()} & shards_of
@@ -220,20 +233,10 @@ def test_a_job_killed_at_any_write_or_moment_resumes_to_the_same_bytes(words_mod
         assert resumed.returncode == 0, (at, when, resumed.stderr[-3000:])
         assert files(out) == expected, (at, when)
         # the resume computed only what the kill left undone: no finished shard again
-        rewritten = set((tmp_path / "writes").read_text().splitlines()) & shards_of
+        rewritten = set(Path(str(out) + ".writes").read_text().splitlines()) & shards_of
         assert rewritten == shards_of - done, (at, when, sorted(done), sorted(rewritten))
-    rng = random.Random(0)
-    for attempt in range(1):
-        out = tmp_path / f"timed_{attempt}"
-        process = run(out, wait=False)
-        try:
-            process.wait(timeout=rng.uniform(2.5, 5.0))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        resumed = run(out, 0, "before", "--resume")
-        assert resumed.returncode == 0, resumed.stderr[-3000:]
-        assert files(out) == expected, attempt
+
+    two_at_a_time(check, [*points, (0, "moment")])
 
 
 def test_predict_with_a_sentence_transformers_model_embeds(minilm_dir, tmp_path, capsys):
