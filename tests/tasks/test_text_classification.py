@@ -106,6 +106,8 @@ def test_label_names_survive_the_onnx_export(words_model, tmp_path, ort):
 
 
 def test_every_format_reads_the_same_examples(tmp_path):
+    """CSV, TSV, JSON Lines, JSON, Parquet, a datasets folder, and compressed CSV and JSON
+    Lines: the same training examples."""
     datasets = pytest.importorskip("datasets")
     rows = topic_rows(20)
     rows[0]["headline"] = 'with "quotes", commas\nand a newline'
@@ -125,6 +127,13 @@ def test_every_format_reads_the_same_examples(tmp_path):
     table.to_parquet(str(tmp_path / "a.parquet"))
     table.save_to_disk(str(tmp_path / "folder"))
     paths["parquet"], paths["arrow"] = tmp_path / "a.parquet", tmp_path / "folder"
+    import gzip
+    import lzma
+
+    for kind, compress, suffix in (("csv", gzip.compress, "gz"), ("jsonl", lzma.compress, "xz")):
+        packed = tmp_path / f"a.{kind}.{suffix}"  # compressed: known by their first bytes
+        packed.write_bytes(compress(paths[kind].read_bytes()))
+        paths[f"{kind}.{suffix}"] = packed
     seen = {}
     for kind, path in paths.items():
         task = get_task("text-classification", DataConfig(train=str(path), text_column="headline",
