@@ -497,7 +497,8 @@ def test_a_kill_at_any_point_of_any_save_resumes_to_the_uninterrupted_run(
         assert torch.load(folder / "trainer_state.pt", weights_only=True)["step"] == 4, what
         assert not list(folder.glob(".*.tmp")), what
     assert len(points.copies) >= 40 and len(seen) >= 30, (len(points.copies), len(seen))
-    print("\n| file | where the kill fell | kill points | resumed to the uninterrupted run |")
+    print(f"\n{len(points.copies)} kill points, {len(seen)} distinct folders resumed")
+    print("| file | where the kill fell | kill points | resumed to the uninterrupted run |")
     print("|---|---|---|---|")
     for (name, stage), count in sorted(tried.items()):
         print(f"| {name} | {stage} | {count} | yes: losses and model bytes equal, no .tmp left |")
