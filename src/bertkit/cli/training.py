@@ -155,8 +155,8 @@ def _prepare(args: argparse.Namespace) -> None:
 def add_prepare(commands) -> None:
 
     prepare = commands.add_parser("prepare", help="tokenise a corpus into pre-training shards")
-    _add_corpus(prepare, "corpus files or directories: text, WikiExtractor output, JSON Lines "
-                "(compressed or not), Parquet, datasets folders")  # fmt: skip
+    _add_corpus(prepare, "corpus files or directories: text, WikiExtractor output, JSON Lines, "
+                "CSV, TSV (compressed or not), Parquet, datasets folders")  # fmt: skip
     prepare.add_argument("--vocab", help="directory with vocab.txt (or the file)")
     prepare.add_argument("--out", required=True, help="output shards directory")
     prepare.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
