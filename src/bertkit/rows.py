@@ -287,25 +287,19 @@ def read_rows(
     yield from (row for row in rows if row.row_index >= at.row_index)
 
 
-def row_starts(
-    path: str | os.PathLike,
-    needed: Sequence[str],
-    options: FileConfig | None = None,
-    *,
-    optional: Sequence[str] = (),
-    format: str | None = None,
-) -> Iterator[Start]:
-    """Where each row of the file starts, as `read_rows(start=...)` takes it; a JSON Lines file
-    is not parsed (its non-blank lines are its rows), the other formats are read."""
-    path = Path(path)
+def row_starts(path: str | os.PathLike, needed: Sequence[str], options: FileConfig | None = None,
+               format: str | None = None) -> Iterator[Start]:  # fmt: skip
+    """Where each row of the file starts, as `read_rows(start=...)` takes it: a JSON Lines
+    file's non-blank lines, not parsed; the other formats' rows as `read_rows` reads them with
+    the `needed` columns."""
     options = options or FileConfig()
     kind = format or file_format(path, options.format)
     if kind == "jsonl" and _line_encoding(options.encoding):
-        for index, (number, offset, _) in enumerate(_binary_lines(path)):
+        for index, (number, offset, _) in enumerate(_binary_lines(Path(path))):
             yield Start(number, index, offset)
         return
-    for row in read_rows(path, needed, options, optional=optional, format=kind):
-        yield Start(row.line, row.row_index, row.offset)
+    yield from (Start(row.line, row.row_index, row.offset)
+                for row in read_rows(path, needed, options, format=kind))  # fmt: skip
 
 
 @dataclass(frozen=True)
