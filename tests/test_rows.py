@@ -150,6 +150,15 @@ def test_a_huge_cell_is_refused_by_line_and_column(tmp_path):
         handle.write('text,label\nshort,a\n"' + ("y" * 100 + "\n") * 50_000)
     with pytest.raises(DataError, match=r"big.csv:3: .*unclosed quote"):
         rows(path, max_cell_chars=100_000)
+    # no quote can swallow lines in JSON Lines or Parquet: a long text there is a long text
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    long = {"text": "z" * 2_000_000, "label": "a"}
+    (tmp_path / "long.jsonl").write_text(json.dumps(long) + "\n")
+    pq.write_table(pa.Table.from_pylist([long]), tmp_path / "long.parquet")
+    for name in ("long.jsonl", "long.parquet"):
+        assert rows(tmp_path / name)[0].values == long, name
 
 
 def test_bytes_that_are_not_utf8_name_the_line_and_the_encoding_to_pass(tmp_path):

@@ -5,7 +5,8 @@ and CoNLL-style column files for tagging; CSV, TSV and JSON Lines also compresse
 zstd, bz2 or xz (known by their first bytes). Rows stream (a 1M-row CSV never sits in memory
 whole) and each carries the line it starts on, so every error names the file, the line and the
 column: a missing column (with the columns found), a ragged row, bytes that are not in the
-file's encoding (with the `--encoding` to pass), a cell too large to be text (an unclosed quote).
+file's encoding (with the `--encoding` to pass), a CSV cell too large to be text (an unclosed
+quote).
 
     for row in read_rows("train.csv", ("text", "label")):
         row.line, row.values["text"]
@@ -88,7 +89,9 @@ class FileConfig(Settings):
         choices=QUOTINGS,
     )
     max_cell_chars: int = setting(
-        MAX_CELL_CHARS, "longest cell read (longer: an unclosed quote)", check="positive"
+        MAX_CELL_CHARS,
+        "CSV, TSV, CoNLL: longest cell read (longer: an unclosed quote)",
+        check="positive",
     )
 
     def __post_init__(self) -> None:
@@ -516,12 +519,10 @@ def _record(reading: _Reading, line: int, item: Any, index: int) -> Row:
                             "record of columns)")  # fmt: skip
         item = {reading.bare: item}
     values = {}
-    limit = reading.options.max_cell_chars
     for name in needed:
         if name not in item:
             raise _missing(path, line, name, list(item), "record's keys are")
         values[name] = item[name]
-        _check_cell(path, line, name, item[name], limit)
     if isinstance(optional, _Every):
         return Row(line, {**item, **values}, index)
     for name in optional:
@@ -792,12 +793,6 @@ def _arrow_rows(reading: _Reading, kind: str, first: int = 0) -> Iterator[Row]:
                 for name, names in labels.items():
                     if name in item:
                         item[name] = _named(item[name], names)
-                try:
-                    for name in needed:
-                        _check_cell(path, number, name, item[name], reading.options.max_cell_chars)
-                except DataError as err:
-                    reading.failed(err)
-                    continue
                 yield Row(number, item, number - 1)
 
 

@@ -150,3 +150,8 @@ def test_a_file_that_is_not_what_it_claims_is_named_with_the_flag(tmp_path):
     with pytest.raises(ValueError, match=r"which column holds the text\? .*--text-column"):
         list(raw_documents([tmp_path / "two.parquet"]))
     assert list(raw_documents([tmp_path / "two.parquet"], text_column="b")) == [(["y"], True)]
+    book = "A line of a long book.\n" * 60_000  # 1.4M characters: a document, not a bad cell
+    (tmp_path / "books.jsonl").write_text(json.dumps({"text": book}) + "\n")
+    (tmp_path / "books.csv").write_text('text\n"' + book + '"\n')
+    for name in ("books.jsonl", "books.csv"):
+        assert [len(u) for u, _ in raw_documents([tmp_path / name])] == [60_000], name

@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -275,7 +276,9 @@ def _table(path: Path, stats: CorpusStats, on_error: str, kind: str,
     else:
         column = text_column or "text"
     skip = None if on_error == "fail" else (lambda err: stats.note(str(err)))
-    for row in read_rows(path, (column,), FileConfig(), format=kind, skip=skip):
+    # a document may be a whole book: no cell limit (CSV's guard against an unclosed quote)
+    whole = FileConfig(max_cell_chars=sys.maxsize // 4)
+    for row in read_rows(path, (column,), whole, format=kind, skip=skip):
         text = row.values[column]
         if text is not None and not isinstance(text, str):
             error = DataError(path, row.line, f"column {column!r} is "
