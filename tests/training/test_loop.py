@@ -21,14 +21,12 @@ from helpers import cli_command, losses, tiny_cli_args, tiny_settings
 def test_killed_run_resumes_with_identical_losses(setup, tmp_path):
     common = tiny_cli_args(setup, steps=60, warmup_steps=5, save_every=10)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(
+    whole = subprocess.Popen(  # beside the run to kill (one thread each, two cores)
         cli_command("pretrain", "--out", tmp_path / "whole", *common),
-        check=True,
         env=env,
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
-    expected = losses(tmp_path / "whole")
-    assert len(expected) == 60
     killed = subprocess.Popen(
         cli_command("pretrain", "--out", tmp_path / "killed", *common),
         env=env,
@@ -43,6 +41,10 @@ def test_killed_run_resumes_with_identical_losses(setup, tmp_path):
         time.sleep(0.02)
     killed.send_signal(signal.SIGKILL)
     killed.wait()
+    _, err = whole.communicate(timeout=300)
+    assert whole.returncode == 0, err[-3000:]
+    expected = losses(tmp_path / "whole")
+    assert len(expected) == 60
     before = losses(tmp_path / "killed")
     assert 25 <= max(before) < 60, "the run was not killed mid-run"
     subprocess.run(
