@@ -183,6 +183,23 @@ def test_the_measures_by_hand():
     assert (scores["recall@1"], scores["recall@10"], scores["recall@100"]) == (0.0, 0.5, 1.0)
 
 
+def test_queries_are_read_as_rows(tmp_path):
+    """BEIR's queries.jsonl through the one reader of rows: the judged queries kept; a line
+    without its text named with the keys it has; judged queries absent, counted."""
+    from bertkit.errors import DataError
+    from bertkit.retrieval.beir import read_queries
+
+    path = tmp_path / "queries.jsonl"
+    path.write_text('{"_id": 1, "text": "one"}\n\n{"_id": "2", "text": "two"}\n')
+    assert read_queries(path, {"1", "2"}) == {"1": "one", "2": "two"}
+    assert read_queries(path, {"2"}) == {"2": "two"}
+    with pytest.raises(DataError, match=r"queries.jsonl: 1 judged queries are not here"):
+        read_queries(path, {"1", "3"})
+    path.write_text('{"_id": "1", "text": "one"}\n{"_id": "2", "query": "two"}\n')
+    with pytest.raises(DataError, match=r"queries.jsonl:2: no column 'text'.*'_id', 'query'"):
+        read_queries(path, {"1"})
+
+
 def test_an_unfinished_job_is_refused_by_the_index_and_the_scorer_alike(words_model, tmp_path):
     """One check of a finished embedding job (`shards.finished_vectors`) behind `index` and
     retrieval scoring: an unfinished job is refused by both, naming --resume."""

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from bertkit.errors import DataError
-from bertkit.rows import json_lines
+from bertkit.rows import read_rows
 
 CUTOFFS = (1, 10, 100)
 
@@ -57,11 +57,9 @@ def _integer(text: str) -> bool:
 
 def read_queries(path: Path, wanted: set[str]) -> dict[str, str]:
     queries = {}
-    for line, record in json_lines(path):
-        if not isinstance(record, dict) or "_id" not in record or "text" not in record:
-            raise DataError(path, line, 'expected {"_id": ..., "text": ...}')
-        if str(record["_id"]) in wanted:
-            queries[str(record["_id"])] = str(record["text"])
+    for row in read_rows(path, ("_id", "text"), format="jsonl"):  # (a missing key: named)
+        if str(row.values["_id"]) in wanted:
+            queries[str(row.values["_id"])] = str(row.values["text"])
     missing = sorted(wanted - set(queries))
     if missing:
         raise DataError(path, None, f"{len(missing)} judged queries are not here "
