@@ -559,27 +559,42 @@ def _binary_lines(path: Path, at: Start | None = None) -> Iterator[tuple[int, in
             number += 1
 
 
-def _jsonl_rows(reading: _Reading, at: Start) -> Iterator[Row]:
-    path, encoding = reading.path, reading.options.encoding
-    if not _line_encoding(encoding):  # UTF-16 and the like: decoded as a whole, no offsets
-        for index, (number, item) in enumerate(json_lines(path, encoding)):
+def _json_texts(path: Path, encoding: str, at: Start | None = None
+                ) -> Iterator[tuple[int, int | None, str | DataError]]:  # fmt: skip
+    """The one line reader of JSON Lines: (line number, byte offset, text) of each non-blank
+    line from `at`, or in the text's place why the line cannot be decoded (so a reader that
+    skips bad rows goes on). Split as bytes, so each line has its offset; a file in UTF-16 or
+    UTF-32 is decoded as a whole instead (no offsets, an undecodable byte ends the read)."""
+    if not _line_encoding(encoding):
+        with open_text(path, encoding) as handle:
             try:
-                yield _record(reading, number, item, index)
-            except DataError as err:
-                reading.failed(err)
+                for number, text in enumerate(handle, start=1):
+                    if text.strip():
+                        yield number, None, text
+            except UnicodeDecodeError:
+                raise decode_error(path, encoding) from None
         return
-    index = at.row_index if at.offset is not None else 0
     for number, offset, raw in _binary_lines(path, at):
         try:
-            try:
-                text = raw.decode(encoding)
-            except UnicodeDecodeError as err:
-                raise _not_encoded(path, number, raw.rstrip(b"\r\n"), err.start, encoding) from None
-            yield _record(reading, number, json_line(path, number, text), index)._replace(
-                offset=offset
-            )
+            yield number, offset, raw.decode(encoding)
+        except UnicodeDecodeError as err:
+            yield number, offset, _not_encoded(path, number, raw.rstrip(b"\r\n"), err.start,
+                                               encoding)  # fmt: skip
+
+
+def _jsonl_rows(reading: _Reading, at: Start) -> Iterator[Row]:
+    seek = at.offset is not None and _line_encoding(reading.options.encoding)
+    index = at.row_index if seek else 0
+    for number, offset, text in _json_texts(reading.path, reading.options.encoding,
+                                            at if seek else None):  # fmt: skip
+        try:
+            if isinstance(text, DataError):
+                raise text
+            row = _record(reading, number, json_line(reading.path, number, text), index)
         except DataError as err:
             reading.failed(err)
+        else:
+            yield row._replace(offset=offset)
         index += 1
 
 
@@ -591,25 +606,15 @@ def json_line(path: str | os.PathLike, number: int, text: str) -> Any:
         raise DataError(path, number, f"not JSON ({err.msg} at column {err.colno})") from None
 
 
-def json_lines(path: str | os.PathLike, encoding: str = "utf-8") -> Iterator[tuple[int, Any]]:
-    """(line number, value) of each non-blank line of a JSON-lines file: the one reader of
-    such files (training files, predict's inputs, fill-mask's); DataError names the file and
-    line of text that is not JSON, and where bytes stop being `encoding`."""
-    with open_text(Path(path), encoding) as handle:
-        try:
-            for number, text in enumerate(handle, start=1):
-                if text.strip():
-                    yield number, json_line(path, number, text)
-        except UnicodeDecodeError:
-            raise decode_error(Path(path), encoding) from None
-
-
 def read_jsonl(path: str | os.PathLike) -> list:
     """The inputs of a JSON-lines file as `predict --input` and `fill-mask --input` take them:
     `{"text": a, "text_pair": b}` becomes the pair `(a, b)`, `{"text": a}` the string `a`,
     anything else is kept as read."""
     items: list = []
-    for _, item in json_lines(path):
+    for number, _, text in _json_texts(Path(path), "utf-8"):
+        if isinstance(text, DataError):
+            raise text
+        item = json_line(path, number, text)
         if isinstance(item, dict) and "text" in item:
             item = (item["text"], item["text_pair"]) if "text_pair" in item else item["text"]
         items.append(item)
