@@ -22,7 +22,14 @@ from bertkit import cli
 from bertkit.jobs import shards
 from bertkit.jobs.config import EmbedConfig
 from bertkit.jobs.embed import embed
-from bertkit.jobs.inputs import Columns, corpus_rows, expand, positions
+from bertkit.jobs.inputs import (
+    Columns,
+    corpus_rows,
+    estimated_rows,
+    expand,
+    manifest_inputs,
+    positions,
+)
 from bertkit.rows import FileConfig
 
 from helpers import KILLER, WORDS, two_at_a_time, write_rows
@@ -120,6 +127,11 @@ def test_rows_of_many_files_in_order_each_from_its_own_position(tmp_path):
     everything = list(corpus_rows(sources, Columns()))
     assert len(everything) == 3 + 24 + 30 + 2 + 7 and everything[-1].text == "bare"
     assert Path(everything[-2].key).name == "e.jsonl.gz:6" and everything[-2].text == "gz 5"
+    # the progress bar's total: what the files can say cheaply (a gzipped file's newlines are
+    # not its rows)
+    plain_and_gzipped = [sources[1], sources[4]]
+    assert estimated_rows(plain_and_gzipped, manifest_inputs(plain_and_gzipped)) is None
+    assert estimated_rows(sources[1:3], manifest_inputs(sources[1:3])) == 26 + 30
     assert [(Path(r.key).name, r.text, r.issue) for r in everything[:7]] == [
         ("a.csv:2", "one", None), ("a.csv:3", "two\nlines", None), ("a.csv:5", "three", None),
         ("b.jsonl:1", "four", None), ("b.jsonl:2", None, "missing"),

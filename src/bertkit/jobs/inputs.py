@@ -30,6 +30,7 @@ from bertkit.rows import (
     FileConfig,
     Row,
     Start,
+    compression_of,
     expand_paths,
     file_format,
     read_rows,
@@ -161,14 +162,15 @@ def positions(
 
 def estimated_rows(sources: Sequence[Source], records: Sequence[dict[str, Any]]) -> int | None:
     """The corpus's row count where it is cheap to know: Parquet's metadata, a text file's
-    newlines (`Source.record`'s: an upper bound); None where a file cannot say."""
+    newlines (`Source.record`'s: an upper bound); None where a file cannot say (a compressed
+    one's newlines are not its rows')."""
     total = 0
     for source, record in zip(sources, records, strict=True):
         if source.format == "parquet":
             import pyarrow.parquet as pq
 
             total += pq.ParquetFile(source.path).metadata.num_rows
-        elif source.format in ("jsonl", "csv", "tsv"):
+        elif source.format in ("jsonl", "csv", "tsv") and compression_of(source.path) is None:
             total += record["lines"]
         else:
             return None
