@@ -21,11 +21,11 @@ alternating rounds (the median of each is printed):
 Printed: passages/s, each side's ratio to the references, the job's model FLOP/s (real tokens
 only: 24 H² a token a layer for the dense layers plus 4 n H for attention over its own n tokens)
 against the machine's matrix-product rate at the model's shapes (each dense layer's product
-over a batch's real tokens, timed in the same run), and the largest difference of bertkit's
-vectors from sentence-transformers'. `--memory`: peak resident memory of `bertkit embed` run as a
-command at each row count, with a stand-in for the model (MiniLM's first layer, texts cut to
-32 tokens) so 100k rows take minutes; memory is the job's (reader, shards, batches), not the
-model's speed.
+over a batch's real tokens, in the job's dtype, timed in the same run), and the largest
+difference of bertkit's vectors from sentence-transformers'. `--memory`: peak resident memory
+of `bertkit embed` run as a command at each row count, with a stand-in for the model (MiniLM's
+first layer, texts cut to 32 tokens) so 100k rows take minutes; memory is the job's (reader,
+shards, batches), not the model's speed.
 """
 
 from __future__ import annotations
@@ -68,14 +68,15 @@ def passages(count: int, out: Path) -> Path:
     raise SystemExit(f"the corpus has only {written} passages")
 
 
-def products_rate(hidden: int, inner: int, layers: int, tokens: int, repeats: int = 3) -> float:
-    """GFLOP/s of fp32 matrix products at the encoder's shapes over `tokens` rows (a batch's
-    real tokens): Q, K, V and the output (H x H), the feed-forward (H x I, I x H), weighted by how
-    often a forward runs each."""
+def products_rate(hidden: int, inner: int, layers: int, tokens: int, repeats: int = 3,
+                  dtype: torch.dtype = torch.float32) -> float:  # fmt: skip
+    """GFLOP/s of matrix products in `dtype` (the job's: bf16 where `precision auto` picks it)
+    at the encoder's shapes over `tokens` rows (a batch's real tokens): Q, K, V and the output
+    (H x H), the feed-forward (H x I, I x H), weighted by how often a forward runs each."""
     flops = seconds = 0.0
     for k, n, count in ((hidden, hidden, 4 * layers), (hidden, inner, layers),
                         (inner, hidden, layers)):  # fmt: skip
-        a, b = torch.randn(tokens, k), torch.randn(k, n)
+        a, b = torch.randn(tokens, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
         torch.mm(a, b)
         best = min(_timed(lambda a=a, b=b: torch.mm(a, b)) for _ in range(repeats))
         flops, seconds = flops + count * 2 * tokens * k * n, seconds + count * best
@@ -210,8 +211,9 @@ def main() -> None:
     config = st[0].auto_model.config
     flops = model_flops(lengths, config.hidden_size, config.num_hidden_layers)
     tokens_per_batch = int(64 * statistics.mean(lengths))
+    dtype = torch.bfloat16 if native_bf16() else torch.float32  # what `precision auto` runs
     peak = products_rate(config.hidden_size, config.intermediate_size, config.num_hidden_layers,
-                         tokens_per_batch)  # fmt: skip
+                         tokens_per_batch, dtype=dtype)  # fmt: skip
     timed = "bertkit" in seconds
     achieved = flops / statistics.median(seconds["bertkit"]) / 1e9 if timed else None
     report = {
@@ -224,6 +226,7 @@ def main() -> None:
                    if a.startswith("bertkit") and b.startswith("st")},  # fmt: skip
         "model_gflops": round(achieved, 1) if achieved else None,
         "products_gflops_at_model_shapes": round(peak, 1),
+        "products_dtype": str(dtype).removeprefix("torch."),
         "fraction_of_products": round(achieved / peak, 3) if achieved else None,
         "max_abs_diff_vs_st": float(np.abs(results["bertkit"] - results["st-encode"]).max())
         if "bertkit" in results and "st-encode" in results else None,
