@@ -4,6 +4,7 @@ bad input as an error naming the file, the line and the column."""
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 
 import pytest
@@ -134,6 +135,32 @@ def test_ragged_rows_and_unclosed_quotes(tmp_path):
     unclosed.write_text('text,label\n"never closed,a\nnext,b\nlast,c\n')
     with pytest.raises(DataError, match=r"unclosed.csv:2: 1 field, .*unclosed quote"):
         rows(unclosed)
+
+
+def test_a_quote_left_open_to_the_end_of_the_file_is_named_not_read_as_one_cell(tmp_path):
+    """A quote opened in the last column and never closed: csv's lenient reading takes every
+    line after it, to the end, as that one cell, and the row still has its fields. Refused by
+    the row's line (or handed to `skip`); a last row whose quoted text rightly runs over lines,
+    and quotes read as text, still read."""
+    lines = 'text,label\nfine,a\nthen,"open\nmore,b\nend,c\n'
+    for name, text in (("open.csv", lines), ("open.tsv", lines.replace(",", "\t"))):
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(DataError, match=rf"{name}:3: a quote opened in this row is never "
+                                            r"closed: the 2 lines after it.*--quoting none"):  # fmt: skip
+            rows(path)
+        errors = []
+        kept = list(read_rows(path, ("text", "label"), skip=errors.append))
+        assert [r.values["text"] for r in kept] == ["fine"] and len(errors) == 1
+        kept = rows(path, quoting="none")
+        assert [r.values["label"] for r in kept] == ["a", '"open', "b", "c"]
+    gzipped = tmp_path / "open.csv.gz"
+    gzipped.write_bytes(gzip.compress(lines.encode()))
+    with pytest.raises(DataError, match=r"open.csv.gz:3: a quote opened"):
+        rows(gzipped)
+    closed = tmp_path / "closed.csv"
+    closed.write_text('text,label\nfine,a\n"two\nlines, and ""quoted""",b\n\n')
+    assert [r.values["text"] for r in rows(closed)] == ["fine", 'two\nlines, and "quoted"']
 
 
 def test_a_huge_cell_is_refused_by_line_and_column(tmp_path):

@@ -31,6 +31,7 @@ import csv
 import dataclasses
 import difflib
 import io
+import itertools
 import json
 import os
 import sys
@@ -439,6 +440,9 @@ def _delimited_rows(reading: _Reading, kind: str) -> Iterator[Row]:
             extra = header if isinstance(optional, _Every) else optional
             wanted += [(name, header.index(name)) for name in extra if name in header and name
                        not in needed]  # fmt: skip
+            # each row is given once the next is read: the last one, where a quote it opens
+            # would have run to the end of the file, is checked first (`_quote_runs_out`)
+            held, ends = None, 0
             for fields in reader:
                 line, start = start, reader.line_num + 1
                 if not fields or not any(f.strip() for f in fields):
@@ -454,8 +458,21 @@ def _delimited_rows(reading: _Reading, kind: str) -> Iterator[Row]:
                 except DataError as err:
                     reading.failed(err)
                     continue
-                yield Row(line, values, index)
+                if held is not None:
+                    yield held
+                held, ends = Row(line, values, index), reader.line_num
                 index += 1
+            if held is not None:
+                if ends > held.line and _quote_runs_out(path, held.line, reader.dialect, options):
+                    reading.failed(DataError(
+                        path,
+                        held.line,
+                        f"a quote opened in this row is never closed: the {ends - held.line:,} "
+                        "lines after it would be read as part of one cell. If quotes in this "
+                        "file are text (GLUE's TSV files), pass --quoting none; else close it",
+                    ))  # fmt: skip
+                else:
+                    yield held
         except UnicodeDecodeError:
             raise decode_error(path, options.encoding) from None
         except csv.Error as err:
@@ -467,6 +484,24 @@ def _delimited_rows(reading: _Reading, kind: str) -> Iterator[Row]:
                     "the row here: an unclosed quote?",
                 ) from None
             raise DataError(path, reader.line_num, f"malformed {kind.upper()}: {err}") from None
+
+
+def _quote_runs_out(path: Path, line: int, dialect: Any, options: FileConfig) -> bool:
+    """Whether the record that starts at `line` (the file's last, running over lines) is a
+    quoted field still open at the end of the file. csv's lenient reading takes such a field
+    to the end as text, silently: the rows after the quote become one cell of one row. Read
+    again from there in csv's strict mode, which names the open field."""
+    if dialect.quoting == csv.QUOTE_NONE:
+        return False
+    with open_text(path, options.encoding) as handle:
+        for _ in itertools.islice(handle, line - 1):
+            pass
+        try:
+            for _ in csv.reader(handle, dialect, strict=True):
+                pass
+        except csv.Error as err:
+            return "unexpected end of data" in str(err)
+    return False
 
 
 def _check_header(path, header: list[str], needed, options: FileConfig, delimiter: str) -> None:
