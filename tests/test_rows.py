@@ -163,6 +163,27 @@ def test_a_quote_left_open_to_the_end_of_the_file_is_named_not_read_as_one_cell(
     assert [r.values["text"] for r in rows(closed)] == ["fine", 'two\nlines, and "quoted"']
 
 
+def test_tsv_rows_joined_by_a_stray_quote_are_named(tmp_path):
+    """A TSV sentence opens a quote that a later line's quote closes: the lines between become
+    one row that still has the header's fields. Refused by line and column (or handed to
+    `skip`), where a quoted cell running over lines without tabs, and any CSV's, still read."""
+    path = tmp_path / "joined.tsv"
+    path.write_text('id\ttext\tlabel\n1\t"opens\ta\n2\tcloses" here\tb\n3\tfine\tc\n')
+    with pytest.raises(DataError, match=r"joined.tsv:2: column 'text': a quoted cell holding "
+                                        r"line breaks and tabs joins lines 2-3"):  # fmt: skip
+        rows(path)
+    errors = []
+    assert [r.values["text"] for r in read_rows(path, ("text",), skip=errors.append)] == ["fine"]
+    assert len(errors) == 1
+    assert len(rows(path, quoting="none")) == 3
+    lines = tmp_path / "lines.tsv"
+    lines.write_text('text\tlabel\n"two\nlines"\ta\nfine\tb\n')
+    assert [r.values["text"] for r in rows(lines)] == ["two\nlines", "fine"]
+    csv_file = tmp_path / "lines.csv"
+    csv_file.write_text('text,label\n"two\tcolumns\nof text",a\nfine,b\n')
+    assert [r.values["label"] for r in rows(csv_file)] == ["a", "b"]
+
+
 def test_a_huge_cell_is_refused_by_line_and_column(tmp_path):
     path = tmp_path / "big.csv"
     with open(path, "w") as handle:
@@ -239,17 +260,20 @@ def test_conll_columns(tmp_path):
 
 
 def test_quotes_as_text_read_glue_s_tsv_whole():
-    """MRPC's dev.tsv: row 365's first sentence opens a quote its second closes. Read with
-    quotes (the default) the two sentences become one field, and the error names the line and
-    `--quoting none`; with `quoting="none"` every one of the 408 rows reads, the quotes kept as
-    text. The flag reaches finetune and predict."""
+    """MRPC's dev.tsv: the second sentence of line 2 opens a quote that a quote on line 3
+    closes, which joins the two lines into one row of five fields (read without a word before:
+    the error came at line 365, whose first sentence opens a quote its second closes). Read
+    with quotes (the default) the error names line 2, the column and `--quoting none`; with
+    `quoting="none"` every one of the 408 rows reads, the quotes kept as text. The flag
+    reaches finetune and predict."""
     from bertkit.cli import build_parser
 
     from helpers import data_path
 
     path = data_path("glue", "MRPC", "dev.tsv")
     needed = ["Quality", "#1 String", "#2 String"]
-    with pytest.raises(DataError, match=r"dev.tsv:365: 4 fields.*pass --quoting none"):
+    with pytest.raises(DataError, match=r"dev.tsv:2: column '#2 String': a quoted cell holding "
+                                        r"line breaks and tabs joins lines 2-3 .*--quoting none"):  # fmt: skip
         list(read_rows(path, needed, FileConfig()))
     rows = list(read_rows(path, needed, FileConfig(quoting="none")))
     assert len(rows) == 408 and rows[363].line == 365

@@ -443,6 +443,8 @@ def _delimited_rows(reading: _Reading, kind: str) -> Iterator[Row]:
             # each row is given once the next is read: the last one, where a quote it opens
             # would have run to the end of the file, is checked first (`_quote_runs_out`)
             held, ends = None, 0
+            # a TSV row whose quoted cell runs over lines holding tabs: rows joined by a quote
+            joined = delimiter == "\t" and options.quoting != "none"
             for fields in reader:
                 line, start = start, reader.line_num + 1
                 if not fields or not any(f.strip() for f in fields):
@@ -451,6 +453,9 @@ def _delimited_rows(reading: _Reading, kind: str) -> Iterator[Row]:
                     if len(fields) != len(header):
                         raise _ragged(path, line, fields, header, delimiter,
                                       reader.line_num > line, options.quoting != "none")  # fmt: skip
+                    if joined and reader.line_num > line:
+                        _check_joined(path, line, reader.line_num, header, fields, reader.dialect,
+                                      options)  # fmt: skip
                     values = {}
                     for name, position in wanted:
                         _check_cell(path, line, name, fields[position], options.max_cell_chars)
@@ -464,13 +469,7 @@ def _delimited_rows(reading: _Reading, kind: str) -> Iterator[Row]:
                 index += 1
             if held is not None:
                 if ends > held.line and _quote_runs_out(path, held.line, reader.dialect, options):
-                    reading.failed(DataError(
-                        path,
-                        held.line,
-                        f"a quote opened in this row is never closed: the {ends - held.line:,} "
-                        "lines after it would be read as part of one cell. If quotes in this "
-                        "file are text (GLUE's TSV files), pass --quoting none; else close it",
-                    ))  # fmt: skip
+                    reading.failed(_never_closed(path, held.line, ends))
                 else:
                     yield held
         except UnicodeDecodeError:
@@ -484,6 +483,35 @@ def _delimited_rows(reading: _Reading, kind: str) -> Iterator[Row]:
                     "the row here: an unclosed quote?",
                 ) from None
             raise DataError(path, reader.line_num, f"malformed {kind.upper()}: {err}") from None
+
+
+def _check_joined(path: Path, line: int, last: int, header: list[str], fields: list[str],
+                  dialect: Any, options: FileConfig) -> None:  # fmt: skip
+    """A TSV row running over lines whose cell holds both line breaks and tabs: a quote opened
+    in the text and closed lines later (by another stray quote) joined those rows into one
+    that still has the header's fields, so csv reads it without a word. A tab in a quoted
+    text that also runs over lines is almost never meant; the rows are refused by line."""
+    for name, value in zip(header, fields, strict=True):
+        if "\n" in value and "\t" in value:
+            if _quote_runs_out(path, line, dialect, options):  # (the file's last row)
+                raise _never_closed(path, line, last)
+            raise DataError(
+                path,
+                line,
+                f"column {name!r}: a quoted cell holding line breaks and tabs joins lines "
+                f"{line}-{last} into one row (a quote the text opens, closed by a later one). "
+                "If quotes in this file are text (GLUE's TSV files), pass --quoting none",
+            )
+
+
+def _never_closed(path: Path, line: int, last: int) -> DataError:
+    return DataError(
+        path,
+        line,
+        f"a quote opened in this row is never closed: the {last - line:,} lines after it would "
+        "be read as part of one cell. If quotes in this file are text (GLUE's TSV files), pass "
+        "--quoting none; else close it",
+    )
 
 
 def _quote_runs_out(path: Path, line: int, dialect: Any, options: FileConfig) -> bool:
