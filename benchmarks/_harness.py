@@ -41,10 +41,30 @@ def start(args: argparse.Namespace) -> str:
 def gemm_peak(size: int = 2048, repeats: int = 5) -> float:
     """GFLOP/s of this machine's fastest fp32 matrix product at torch's threads: the best of
     `repeats` products of two (size x size) matrices (what a step's FLOP rate is held against)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)  # warm-up
-    best = min(_timed(lambda: torch.mm(a, b)) for _ in range(repeats))
-    return 2 * size**3 / best / 1e9
+    return products_rate([(size, size, size, 1)], torch.float32, repeats)
+
+
+def products_rate(
+    shapes: list[tuple[int, int, int, int]],
+    dtype: torch.dtype,
+    repeats: int = 3,
+    backward: bool = False,
+) -> float:
+    """GFLOP/s of this machine's matrix products at a model's own shapes, in `dtype`: each
+    (m, k, n, count) an (m x k) @ (k x n) product a forward runs `count` times, timed by itself
+    (best of `repeats`, after a warm-up) and weighted by its count. `backward`: each with the
+    two products of its backward too (the input's and the weight's gradient)."""
+    flops = seconds = 0.0
+    for m, k, n, count in shapes:
+        pairs = [((m, k), (k, n))]
+        if backward:
+            pairs += [((m, n), (n, k)), ((k, m), (m, n))]
+        for a_shape, b_shape in pairs:
+            a, b = torch.randn(a_shape, dtype=dtype), torch.randn(b_shape, dtype=dtype)
+            torch.mm(a, b)  # warm-up
+            best = min(_timed(lambda a=a, b=b: torch.mm(a, b)) for _ in range(repeats))
+            flops, seconds = flops + count * 2 * m * k * n, seconds + count * best
+    return flops / seconds / 1e9
 
 
 def _timed(run: Callable[[], Any]) -> float:

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _harness import emit
+from _harness import emit, products_rate
 from machine import line as machine_line
 
 
@@ -68,25 +68,14 @@ def passages(count: int, out: Path) -> Path:
     raise SystemExit(f"the corpus has only {written} passages")
 
 
-def products_rate(hidden: int, inner: int, layers: int, tokens: int, repeats: int = 3,
-                  dtype: torch.dtype = torch.float32) -> float:  # fmt: skip
+def encoder_products_rate(hidden: int, inner: int, layers: int, tokens: int, repeats: int = 3,
+                          dtype: torch.dtype = torch.float32) -> float:  # fmt: skip
     """GFLOP/s of matrix products in `dtype` (the job's: bf16 where `precision auto` picks it)
     at the encoder's shapes over `tokens` rows (a batch's real tokens): Q, K, V and the output
     (H x H), the feed-forward (H x I, I x H), weighted by how often a forward runs each."""
-    flops = seconds = 0.0
-    for k, n, count in ((hidden, hidden, 4 * layers), (hidden, inner, layers),
-                        (inner, hidden, layers)):  # fmt: skip
-        a, b = torch.randn(tokens, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-        torch.mm(a, b)
-        best = min(_timed(lambda a=a, b=b: torch.mm(a, b)) for _ in range(repeats))
-        flops, seconds = flops + count * 2 * tokens * k * n, seconds + count * best
-    return flops / seconds / 1e9
-
-
-def _timed(run) -> float:
-    started = time.perf_counter()
-    run()
-    return time.perf_counter() - started
+    shapes = [(tokens, hidden, hidden, 4 * layers), (tokens, hidden, inner, layers),
+              (tokens, inner, hidden, layers)]  # fmt: skip
+    return products_rate(shapes, dtype, repeats)
 
 
 def model_flops(lengths: list[int], hidden: int, layers: int) -> float:
@@ -212,8 +201,8 @@ def main() -> None:
     flops = model_flops(lengths, config.hidden_size, config.num_hidden_layers)
     tokens_per_batch = int(64 * statistics.mean(lengths))
     dtype = torch.bfloat16 if native_bf16() else torch.float32  # what `precision auto` runs
-    peak = products_rate(config.hidden_size, config.intermediate_size, config.num_hidden_layers,
-                         tokens_per_batch, dtype=dtype)  # fmt: skip
+    peak = encoder_products_rate(config.hidden_size, config.intermediate_size,
+                                 config.num_hidden_layers, tokens_per_batch, dtype=dtype)  # fmt: skip
     timed = "bertkit" in seconds
     achieved = flops / statistics.median(seconds["bertkit"]) / 1e9 if timed else None
     report = {

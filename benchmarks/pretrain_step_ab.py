@@ -43,6 +43,7 @@ from _harness import (
     alternate,
     gemm_peak,
     medians,
+    products_rate,
     start,
     transformers_copy,
 )
@@ -135,7 +136,7 @@ def step_flops(config, batches) -> tuple[float, float]:
     return flops / len(batches), tokens / len(batches)
 
 
-def products_rate(config, batches, dtype: torch.dtype, repeats: int = 3) -> float:
+def step_products_rate(config, batches, dtype: torch.dtype, repeats: int = 3) -> float:
     """GFLOP/s of this machine's matrix products at the step's own shapes and `dtype`: each
     dense layer's product over a batch's real tokens (query, key, value and output H x H, the
     feed-forward H x I and I x H, the MLM transform H x H and decoder H x V over the masked
@@ -148,20 +149,7 @@ def products_rate(config, batches, dtype: torch.dtype, repeats: int = 3) -> floa
     shapes = [(tokens, hidden, hidden, 4 * layers), (tokens, hidden, inner, layers),
               (tokens, inner, hidden, layers), (masked, hidden, hidden, 1),
               (masked, hidden, vocab, 1)]  # fmt: skip
-    flops = seconds = 0.0
-    for m, k, n, count in shapes:
-        for a_shape, b_shape in (((m, k), (k, n)), ((m, n), (n, k)), ((k, m), (m, n))):
-            a, b = torch.randn(a_shape, dtype=dtype), torch.randn(b_shape, dtype=dtype)
-            torch.mm(a, b)  # warm-up
-            best = min(_timed(lambda a=a, b=b: torch.mm(a, b)) for _ in range(repeats))
-            flops, seconds = flops + count * 2 * m * k * n, seconds + count * best
-    return flops / seconds / 1e9
-
-
-def _timed(run) -> float:
-    started = time.perf_counter()
-    run()
-    return time.perf_counter() - started
+    return products_rate(shapes, dtype, repeats, backward=True)
 
 
 def main() -> None:
@@ -229,7 +217,7 @@ def main() -> None:
         )
         torch.backends.mkldnn.enabled = True  # (bf16 products run on oneDNN)
         products = {
-            kind: products_rate(first.config, first.batches, dtype)
+            kind: step_products_rate(first.config, first.batches, dtype)
             for kind, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
         }
         print(
