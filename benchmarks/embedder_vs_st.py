@@ -7,7 +7,8 @@ training file, batches of 32, the torch threads as set (default: all cores). Sid
 alternating rounds (this machine's speed swings; the median of each side is printed):
 `Embedder` at its default precision (`auto`: bf16 autocast where the CPU runs bf16 natively)
 and in fp32; `SentenceTransformer.encode` in fp32 and, where the CPU runs bf16 natively, under
-bf16 autocast. Printed: sentences per second, each side's ratio to sentence-transformers at the
+bf16 autocast; there also `Embedder` in bf16 with SDPA's kernel on every grid (the encoder's
+`GRID_PRODUCTS_UNTIL` set to 0: attention on narrow grids as it was before it took products). Printed: sentences per second, each side's ratio to sentence-transformers at the
 precision `auto` chooses (bf16 autocast where native, else fp32: emulated bf16 is no one's
 choice), and the largest difference of a vector from sentence-transformers' fp32 vector
 (cosine distance).
@@ -47,6 +48,7 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     from bertkit import Embedder
+    from bertkit.core import model as model_module
 
     path = str(get_model_path())
     texts = sentences(args.sentences)
@@ -61,6 +63,14 @@ def main() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return st.encode(texts, batch_size=args.batch_size, normalize_embeddings=True)
 
+    def sdpa_on_the_grid() -> np.ndarray:  # bf16 before attention by products (see the doc)
+        widest = model_module.GRID_PRODUCTS_UNTIL
+        model_module.GRID_PRODUCTS_UNTIL = 0
+        try:
+            return ours(texts)
+        finally:
+            model_module.GRID_PRODUCTS_UNTIL = widest
+
     native_bf16 = ours.precision.name == "bf16"
     sides = {
         f"bertkit Embedder ({ours.precision.name})": lambda: ours(texts),
@@ -68,6 +78,7 @@ def main() -> None:
         "sentence-transformers (fp32)": st_fp32,
     }
     if native_bf16:  # where bf16 is emulated (no AVX512-BF16/AMX) it is no one's choice
+        sides["bertkit Embedder (bf16, SDPA on narrow grids)"] = sdpa_on_the_grid
         sides["sentence-transformers (bf16 autocast)"] = st_bf16
     baseline_name = "sentence-transformers (" + ("bf16 autocast" if native_bf16 else "fp32") + ")"
     reference = st_fp32()

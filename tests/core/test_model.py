@@ -370,6 +370,84 @@ def test_inference_attends_sequence_by_sequence_on_the_cpu(tiny_config, precisio
     close(ours.pooler_output.float(), theirs.pooler_output.float(), **tolerance)
 
 
+def test_attention_by_products_is_sdpa_s_in_fp32_within_bf16_rounding():
+    """`_attention_by_products` on bf16 queries, keys and values: SDPA's output on the same
+    values in fp32, to bf16's rounding of the result, for a padding mask, a left-to-right one,
+    an additive bias (MPNet's) and none; a query grid narrower than the keys' too."""
+    torch.manual_seed(0)
+    batch, heads, width, size = 4, 4, 20, 8
+    q, k, v = (torch.randn(batch, heads, width, size).mul(2).bfloat16() for _ in range(3))
+    keys = (torch.arange(width)[None] < torch.tensor([20, 17, 5, 1])[:, None])[:, None, None, :]
+    masks = {"padding": keys, "left to right": torch.ones(width, width).bool().tril() & keys,
+             "bias": torch.randn(1, heads, width, width), "none": None}  # fmt: skip
+    for name, mask in masks.items():
+        ours = model_module._attention_by_products(q, k, v, mask, size**-0.5).float()
+        fp32 = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                              scale=size**-0.5)  # fmt: skip
+        torch.testing.assert_close(ours, fp32, rtol=1e-2, atol=2e-2, msg=name)
+    asked = model_module._attention_by_products(q[:, :, :3], k, v, keys, size**-0.5).float()
+    fp32 = F.scaled_dot_product_attention(q[:, :, :3].float(), k.float(), v.float(),
+                                          attn_mask=keys, scale=size**-0.5)  # fmt: skip
+    torch.testing.assert_close(asked, fp32, rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_narrow_grids_attend_by_products_under_bf16(tiny_config, monkeypatch, causal):
+    """CPU inference under bf16 autocast on a grid up to GRID_PRODUCTS_UNTIL wide attends by
+    batched products with fp32 scores instead of SDPA's kernel: each layer's attention (its
+    output projection's input), and every output, [CLS] alone read too, are SDPA's within
+    bf16's rounding. With a gradient, in fp32, on a wider grid or a CPU with AMX, SDPA runs."""
+    torch.manual_seed(0)
+    model = BertModel(dataclasses.replace(tiny_config, max_position_embeddings=128)).eval()
+    with torch.no_grad():  # scores of a few units, not the initial weights' near-zero ones
+        for layer in model.encoder.layer:
+            layer.attention.self.query.weight.mul_(20)
+            layer.attention.self.key.weight.mul_(20)
+    batch = _wide_batch([40, 37, 12, 1], 40)
+    real = batch["attention_mask"].bool()
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(model_module.F, "scaled_dot_product_attention", counted)
+    monkeypatch.setattr(model_module, "_has_amx", lambda: False)  # (as on this test's CPUs)
+    contexts: list[torch.Tensor] = []
+    for layer in model.encoder.layer:
+        layer.attention.output.dense.register_forward_hook(
+            lambda module, args, output: contexts.append(args[0].float())
+        )
+    outputs, attended = {}, {}
+    widest = model_module.GRID_PRODUCTS_UNTIL
+    for until in (widest, 39):  # 39: below this grid's width
+        monkeypatch.setattr(model_module, "GRID_PRODUCTS_UNTIL", until)
+        calls.clear()
+        contexts.clear()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            outputs[until] = [model(**batch, unpad=True, causal=causal),
+                              model(**batch, unpad=True, causal=causal, read_cls_only=True)]  # fmt: skip
+        assert len(calls) == (0 if until >= 40 else 2 * tiny_config.num_hidden_layers)
+        attended[until] = list(contexts)
+    products, grid = outputs[widest], outputs[39]
+    for ours, theirs in zip(attended[widest], attended[39], strict=True):
+        assert ours.abs().max() > 0.2  # (attention that differs from a plain average)
+        close(ours, theirs, atol=1e-2)
+    close(products[0].last_hidden_state[real].float(), grid[0].last_hidden_state[real].float(),
+          atol=5e-2)  # fmt: skip
+    assert torch.all(products[0].last_hidden_state[~real] == 0)
+    for ours, theirs in zip(products, grid, strict=True):
+        close(ours.pooler_output.float(), theirs.pooler_output.float(), atol=5e-2)
+    monkeypatch.setattr(model_module, "GRID_PRODUCTS_UNTIL", 96)
+    for grad, autocast, amx in ((True, True, False), (False, False, False), (False, True, True)):
+        monkeypatch.setattr(model_module, "_has_amx", lambda amx=amx: amx)
+        calls.clear()
+        with torch.set_grad_enabled(grad), torch.autocast("cpu", torch.bfloat16, autocast):
+            model(**batch, unpad=True, causal=causal)
+        assert len(calls) == tiny_config.num_hidden_layers, (grad, autocast, amx)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_last_layer_asks_only_where_read_when_attending_by_sequence(tiny_config, precision):
     """By sequence, the last layer computes queries and attention only at the rows read after
