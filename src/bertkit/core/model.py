@@ -426,9 +426,9 @@ def relative_buckets(seq_len: int, buckets: int, device: torch.device | str,
     return bucket + torch.where(n < exact, n, scaled.clamp(max=half - 1))
 
 
-# CPU inference under bf16: attention on grids up to this wide by explicit products
-# (`_attention_by_products`) instead of SDPA's kernel; wider grids attend sequence by sequence
-# where they can (`unpad.by_sequence_from`, 96 under autocast) and take SDPA where they cannot
+# CPU inference under bf16: attention on a grid up to this wide by batched products
+# (`_attention_by_products`) instead of SDPA's kernel. Padded grids from `unpad.by_sequence_from`
+# (48) on attend sequence by sequence instead, so past 48 this takes the grids without padding
 GRID_PRODUCTS_UNTIL = 96
 
 

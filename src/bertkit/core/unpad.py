@@ -402,18 +402,20 @@ SDPA_FROM = 1024
 
 def by_sequence_from(device: torch.device) -> int | None:
     """The narrowest (B, S) grid, in S, from which inference attends sequence by sequence on the
-    rows (`TokenLayout.attend`) instead of with SDPA on the grid; None: never (not the CPU). The
-    loop over the rows costs some 40 us a sequence, which narrow grids do not win back. By
+    rows (`TokenLayout.attend`) instead of on the grid (SDPA's kernel, or under bf16 batched
+    products: `model._attention_by_products`); None: never (not the CPU). The loop over the
+    rows costs some 40 us a sequence, which narrow grids do not win back. By
     benchmarks/attention_by_sequence.py (32 sequences of S/2 to S tokens, 12 heads of 32, AMD
-    EPYC Zen 5, 2 threads, five runs): in bf16 (autocast) it won in every run from S = 96 on,
-    either way at 48 to 80; in fp32 from 48 on, either way at 32. With lengths of 0.9 S to S
-    (length-sorted prediction batches) it still won, 1.11-1.51x from 48 to 384.
+    EPYC Zen 5, 2 threads, five runs), against SDPA: in fp32 it won from 48 on, either way at
+    32; in bf16 from 96 on, either way at 48 to 80. With lengths of 0.9 S to S (length-sorted
+    prediction batches) it still won, 1.11-1.51x from 48 to 384. Under bf16 the grids below it
+    now take the batched products, and against them 48 beat 96 end to end (`Embedder`,
+    all-MiniLM-L6-v2, 1,024 texts of two to four SST-2 sentences, alternated, medians of 6-10
+    rounds: 1.08-1.17x in five runs of six, 0.99x in one; 32 and 64 gained less): one width.
 
     Training keeps the grid. With the backward (`--training`) the rows' loop won only on wide,
     much padded grids (fp32 from 160, bf16 from 256), and in the fine-tuning loop, whose batches
     are sorted by length in buckets, SQuAD under bf16 autocast trained slower by sequence
     (123-131 s against 101-110 s for the same steps, 6.5 GB resident against 4.5;
     docs/results/embeddings)."""
-    if device.type != "cpu":
-        return None
-    return 96 if torch.is_autocast_enabled("cpu") else 48
+    return 48 if device.type == "cpu" else None
