@@ -104,3 +104,116 @@ def test_usable_cpus_follow_the_affinity_and_the_cgroup_quota(tmp_path):
     (v1 / "cpu.cfs_quota_us").write_text("-1\n")  # unlimited
     assert usable_cpus(str(tmp_path / "v1")).count == affinity
     assert usable_cpus(str(tmp_path / "none")).count == affinity
+
+
+def _packed_pair(dtype, bias=True, size_in=64, size_out=96):
+    """A PackedLinear and a plain copy of it."""
+    import torch
+
+    from bertkit.precision import PackedLinear
+
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(size_in, size_out, bias=bias).to(dtype)
+    packed = torch.nn.Linear(size_in, size_out, bias=bias).to(dtype)
+    packed.load_state_dict(plain.state_dict())
+    return PackedLinear.pack(packed), plain
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_packed_bf16_layer_computes_f_linear_s_products_to_the_bit(bias):
+    import torch
+
+    packed, plain = _packed_pair(torch.bfloat16, bias)
+    assert list(packed.state_dict()) == list(plain.state_dict())  # a Linear's state, no more
+    for rows in (1, 7, 300):
+        x = torch.randn(rows, 64)
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.equal(packed(x), plain(x))  # autocast's input cast, then the product
+            assert torch.equal(packed(x.bfloat16()), plain(x.bfloat16()))
+    x = torch.randn(3, 5, 64)  # (B, S, H): the rows' shape back; within a rounding of F.linear
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out, theirs = packed(x), plain(x)
+    assert out.shape == (3, 5, 96) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), theirs.float(), rtol=2**-7, atol=2**-7)
+
+
+def test_a_packed_layer_serves_inference_alone_and_a_plain_linear_everywhere_else():
+    """The packed copy answers only where nothing differentiates or traces and the weight is
+    the one it was packed from: a zeroed packed copy shows which ran."""
+    import torch
+
+    packed, plain = _packed_pair(torch.float32)
+    packed.packed = torch.ops.mkldnn._reorder_linear_weight(torch.zeros_like(packed.weight), None)
+    x = torch.randn(4, 64)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), packed.bias.expand(4, -1))  # the packed copy ran
+    with torch.no_grad():
+        torch.testing.assert_close(packed(x), packed.bias.expand(4, -1))
+    torch.testing.assert_close(packed(x), plain(x))  # a gradient wanted: the weight
+    traced = torch.jit.trace(packed, x, check_trace=False)  # what an ONNX export runs
+    with torch.inference_mode():
+        torch.testing.assert_close(traced(x), plain(x))
+        with torch.no_grad():
+            packed.weight.mul_(2)  # changed after packing: the packed copy is stale
+        torch.testing.assert_close(packed(x), x @ (2 * plain.weight).T + plain.bias)
+        assert packed.activated(x, "gelu") is None  # and the caller applies its own
+
+
+@pytest.mark.parametrize("name", sorted(__import__("bertkit.precision").precision
+                                        .ONEDNN_ACTIVATIONS))  # fmt: skip
+def test_an_activation_inside_the_product_is_the_one_named(name):
+    """Each name's post-op is the activation `core.model.activation` gives: in fp32 within
+    2e-6 (the erf GELU and the tanh one differ by up to 5e-4, so each is told from the other),
+    in bf16 within a rounding."""
+    import torch
+
+    from bertkit.core.model import activation
+    from bertkit.precision import activated
+
+    act = activation(name)
+    for dtype, tolerance in ((torch.float32, 2e-6), (torch.bfloat16, 2**-7)):
+        packed, plain = _packed_pair(dtype)
+        x = torch.randn(2, 9, 64) * 2
+        with torch.inference_mode():
+            fused = packed.activated(x.to(dtype), name)
+            assert fused is not None and fused.shape == (2, 9, 96)
+            exact = act(x.to(dtype).double() @ plain.weight.double().T + plain.bias.double())
+            torch.testing.assert_close(fused.double(), exact, rtol=tolerance, atol=tolerance)
+            torch.testing.assert_close(
+                activated(plain, x.to(dtype), name, act), act(plain(x.to(dtype)))
+            )
+    tanh_gelu = activation("gelu_new")(torch.linspace(-4, 4, 801, dtype=torch.float64))
+    assert (tanh_gelu - activation("gelu")(torch.linspace(-4, 4, 801, dtype=torch.float64))
+            ).abs().max() > 1e-4  # fmt: skip
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_loaded_model_runs_packed_layers_and_keeps_its_state(mlm_dir, precision):
+    """`load` packs every linear layer of an encoder opened on the CPU (not a tied decoder):
+    its state dict as the folder's, its masked-LM logits as the same model unpacked gives."""
+    import torch
+
+    from bertkit.inference.loader import load
+    from bertkit.precision import PackedLinear
+
+    loaded = load(mlm_dir, device="cpu", precision=precision)
+    net = loaded.model
+    linears = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    packed = [m for m in linears if isinstance(m, PackedLinear)]
+    tied = [m for m in linears if m.weight is net.bert.embeddings.word_embeddings.weight]
+    assert tied and len(packed) == len(linears) - len(tied) > 6
+    assert not any(isinstance(m, PackedLinear) for m in tied)
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    assert {m.weight.dtype for m in packed} == {dtype} == {m.packed.dtype for m in packed}
+    plain = type(net).from_pretrained(mlm_dir).eval()
+    words = plain.bert.embeddings.word_embeddings.weight
+    for m in plain.modules():
+        if isinstance(m, torch.nn.Linear) and m.weight is not words:
+            m.to(dtype)
+    assert set(net.state_dict()) == set(plain.state_dict())
+    ids = torch.randint(5, 100, (3, 11))
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16,
+                                                enabled=dtype == torch.bfloat16):  # fmt: skip
+        ours, theirs = (m(input_ids=ids).mlm_logits for m in (net, plain))
+    tolerance = 1e-4 if precision == "fp32" else 0.1  # bf16: the GELU's rounding moves
+    torch.testing.assert_close(ours.float(), theirs.float(), rtol=0, atol=tolerance)

@@ -11,6 +11,7 @@ from torch import nn
 
 from bertkit.core.config import BertConfig
 from bertkit.core.model import activation
+from bertkit.precision import activated
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -24,11 +25,12 @@ class BertPredictionHeadTransform(nn.Module):
         width = width or config.hidden_size
         bias = bool(config.extra.get("classifier_bias", True))  # (only ModernBERT's says)
         self.dense = nn.Linear(config.hidden_size, width, bias=bias)
-        self.act = activation(str(config.extra.get("classifier_activation", config.hidden_act)))
+        self.act_name = str(config.extra.get("classifier_activation", config.hidden_act))
+        self.act = activation(self.act_name)
         self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps, bias=config.norm_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.act(self.dense(x)))
+        return self.LayerNorm(activated(self.dense, x, self.act_name, self.act))
 
 
 class BertLMPredictionHead(nn.Module):

@@ -27,7 +27,7 @@ from bertkit.core.dropout import dropout as fast_dropout
 from bertkit.core.family import family_of
 from bertkit.core.rotary import local_attention, rotary_tables, rotated
 from bertkit.core.unpad import Layouts, TokenLayout, by_sequence_from, row_multiple
-from bertkit.precision import cpu_flags
+from bertkit.precision import activated, cpu_flags
 
 
 class BertEmbeddings(nn.Module):
@@ -142,7 +142,7 @@ class BertLayer(nn.Module):
         # ModernBERT's: this layer's kind ("full_attention" or "sliding_attention"), whose mask
         # and rotary base the encoder passes
         self.kind = config.layer_types[index] if config.layer_types else "full_attention"
-        self.act = activation(config.hidden_act)
+        self.act_name, self.act = config.hidden_act, activation(config.hidden_act)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         # (DistilBERT's layers draw no dropout after the attention's output projection)
         self.attention_output_dropout = family.attention_output_dropout
@@ -285,11 +285,10 @@ class BertLayer(nn.Module):
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, H) -> (N, I)
         """The intermediate activation: act(x W + b), or act(x W + b) * (x V + c) with GLU."""
-        h = self.intermediate.dense(x)
-        if self.glu:
-            gate, linear = h.chunk(2, dim=-1)
-            return self.act(gate) * linear
-        return self.act(h)
+        if not self.glu:
+            return activated(self.intermediate.dense, x, self.act_name, self.act)
+        gate, linear = self.intermediate.dense(x).chunk(2, dim=-1)
+        return self.act(gate) * linear
 
 
 class BertEncoder(nn.Module):
