@@ -206,17 +206,17 @@ class PackedLinear(torch.nn.Linear):
         return self._product(x, *ONEDNN_ACTIVATIONS[name])
 
     def _runs(self, x: torch.Tensor) -> bool:
-        dtype = self.weight.dtype
-        return (
-            x.device.type == "cpu"
-            and not torch.is_grad_enabled()
-            and (x.dtype == dtype or (torch.is_autocast_enabled("cpu")
-                                      and torch.get_autocast_dtype("cpu") == dtype))
-            and self.weight._version == self.packed_version
-            and self.packed.dtype == dtype
-            and not torch.compiler.is_compiling()
-            and not torch.jit.is_tracing()
-        )  # fmt: skip
+        # (asked on every call: the cheapest questions first)
+        if torch.is_grad_enabled() or x.device.type != "cpu":
+            return False
+        weight = self.weight
+        if weight._version != self.packed_version or weight.dtype != self.packed.dtype:
+            return False  # changed since it was packed
+        if x.dtype != weight.dtype and not (
+            torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == weight.dtype
+        ):
+            return False  # fmt: skip
+        return not torch.jit.is_tracing() and not torch.compiler.is_compiling()
 
     def _product(self, x: torch.Tensor, attr: str, algorithm: str) -> torch.Tensor:
         rows = x.to(self.weight.dtype).reshape(-1, x.shape[-1])
