@@ -215,7 +215,7 @@ class PackedLinear(torch.nn.Linear):
         if x.dtype != weight.dtype and not (
             torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == weight.dtype
         ):
-            return False  # fmt: skip
+            return False
         return not torch.jit.is_tracing() and not torch.compiler.is_compiling()
 
     def _product(self, x: torch.Tensor, attr: str, algorithm: str) -> torch.Tensor:
