@@ -154,15 +154,10 @@ def _can_pack() -> bool:
 # the activations `core.model.activation` names that oneDNN applies inside its product (a
 # post-op on the fp32 sums, before they are rounded): its attribute and algorithm for each
 ONEDNN_ACTIVATIONS = {
-    "gelu": ("gelu", "none"),
-    "gelu_new": ("gelu", "tanh"),
-    "gelu_pytorch_tanh": ("gelu", "tanh"),
-    "gelu_fast": ("gelu", "tanh"),
-    "relu": ("relu", ""),
-    "silu": ("swish", ""),
-    "swish": ("swish", ""),
-    "tanh": ("tanh", ""),
-}
+    "gelu": ("gelu", "none"), **dict.fromkeys(("gelu_new", "gelu_pytorch_tanh", "gelu_fast"),
+                                              ("gelu", "tanh")),
+    "relu": ("relu", ""), "silu": ("swish", ""), "swish": ("swish", ""), "tanh": ("tanh", ""),
+}  # fmt: skip
 
 
 class PackedLinear(torch.nn.Linear):
