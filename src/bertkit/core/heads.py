@@ -8,6 +8,7 @@ Hugging Face and Google weights load by name. Labels use -100 for "no label" (ig
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 from torch import nn
@@ -31,6 +32,11 @@ from bertkit.core.losses import (
 )
 from bertkit.core.model import BertModel, BertPreTrainedModel, activation
 from bertkit.core.unpad import Layouts
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+Tensor = torch.Tensor
 
 
 # What the heads return: logits, the loss when labels are given, and the encoder's hidden states
@@ -67,6 +73,16 @@ class BertQuestionAnsweringOutput:
     attentions: tuple[torch.Tensor, ...] | None = None
 
 
+class EncodeOptions(TypedDict, total=False):
+    """What every head's `forward` takes by keyword besides its inputs and labels (transformers'
+    names): the encoder's hidden states and attentions returned, and `layouts` (what
+    `host_layouts` gave for the same batch)."""
+
+    output_hidden_states: bool
+    output_attentions: bool
+    layouts: Layouts | None
+
+
 class _Head(BertPreTrainedModel):
     """A task head on `self.bert`. What the head reads of the encoder's output decides what the
     encoder computes: every position (`per_position`: tagging, QA), [CLS] alone
@@ -82,9 +98,9 @@ class _Head(BertPreTrainedModel):
         token_type_ids: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
         *,
-        output_hidden_states: bool,
-        output_attentions: bool,
         read_positions: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
         layouts: Layouts | None = None,
     ):
         """Run the encoder, on real tokens only (`unpad=True`) whenever no padded position's
@@ -147,21 +163,11 @@ class _PerTokenHead(_Head):
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
-        *,
-        output_hidden_states: bool,
-        output_attentions: bool,
-        layouts: Layouts | None = None,
+        **options: Unpack[EncodeOptions],
     ):
         """The encoder's output and every token's final vector (B, S, H), through the BiLSTM
         when the head has one."""
-        out = self._encode(
-            input_ids,
-            token_type_ids,
-            attention_mask,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            layouts=layouts,
-        )
+        out = self._encode(input_ids, token_type_ids, attention_mask, **options)
         hidden = out.last_hidden_state
         if self.bilstm is not None:
             hidden = self.bilstm(hidden, attention_mask)
@@ -228,31 +234,17 @@ class BertForPreTraining(_MaskedLMMixin, _Head):
         self.cls = BertPreTrainingHeads(config)
         self.init_weights()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        masked_positions: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        next_sentence_label: torch.Tensor | None = None,  # (B,): 0 IsNext, 1 NotNext
-        *,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-        fused_mlm: bool = False,
-        layouts: Layouts | None = None,
-    ) -> BertForPreTrainingOutput:
-        """With `fused_mlm` (training; needs `masked_positions` and `labels`) the MLM loss is
-        computed without materialising the logits: `mlm_logits` is None, `mlm_loss_sum` and
-        `mlm_correct` are set (see `fused_vocab_cross_entropy`)."""
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, masked_positions: Tensor | None = None,
+                labels: Tensor | None = None, next_sentence_label: Tensor | None = None,
+                *, fused_mlm: bool = False, **options: Unpack[EncodeOptions]
+                ) -> BertForPreTrainingOutput:  # fmt: skip
+        """`next_sentence_label` (B,): 0 IsNext, 1 NotNext. With `fused_mlm` (training; needs
+        `masked_positions` and `labels`) the MLM loss is computed without materialising the
+        logits: `mlm_logits` is None, `mlm_loss_sum` and `mlm_correct` are set (see
+        `fused_vocab_cross_entropy`)."""
         out = self._encode(
-            input_ids,
-            token_type_ids,
-            attention_mask,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            read_positions=masked_positions,
-            layouts=layouts,
+            input_ids, token_type_ids, attention_mask, read_positions=masked_positions, **options
         )
         assert out.pooler_output is not None
         nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
@@ -289,28 +281,13 @@ class BertForMaskedLM(_MaskedLMMixin, _Head):
         self.cls = BertOnlyMLMHead(config)
         self.init_weights()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        masked_positions: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        *,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-        fused_mlm: bool = False,
-        layouts: Layouts | None = None,
-    ) -> BertHeadOutput:
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, masked_positions: Tensor | None = None,
+                labels: Tensor | None = None, *, fused_mlm: bool = False,
+                **options: Unpack[EncodeOptions]) -> BertHeadOutput:  # fmt: skip
         """`fused_mlm`: as in `BertForPreTraining.forward`."""
         out = self._encode(
-            input_ids,
-            token_type_ids,
-            attention_mask,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            read_positions=masked_positions,
-            layouts=layouts,
+            input_ids, token_type_ids, attention_mask, read_positions=masked_positions, **options
         )
         logits, loss, total, correct = self._mlm(
             out.last_hidden_state, masked_positions, labels, fused_mlm
@@ -380,25 +357,11 @@ class BertForSequenceClassification(_PooledClassifier):
         self._add_classifier(config, family_of(config.model_type).classifier, self.num_labels)
         self.init_weights()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,  # (B,) class ids, (B,) floats, or (B, C) multi-label
-        *,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-        layouts: Layouts | None = None,
-    ) -> BertHeadOutput:
-        out = self._encode(
-            input_ids,
-            token_type_ids,
-            attention_mask,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            layouts=layouts,
-        )
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, labels: Tensor | None = None,
+                **options: Unpack[EncodeOptions]) -> BertHeadOutput:  # fmt: skip
+        """`labels`: (B,) class ids, (B,) floats, or (B, C) multi-label."""
+        out = self._encode(input_ids, token_type_ids, attention_mask, **options)
         logits = self._logits(out, attention_mask)
         loss = None
         if labels is not None:
@@ -479,25 +442,11 @@ class BertForTokenClassification(_PerTokenHead):
         self.classifier = nn.Linear(config.hidden_size, self.num_labels)
         self.init_weights()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,  # (B, S)
-        *,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-        layouts: Layouts | None = None,
-    ) -> BertHeadOutput:
-        out, hidden = self._encode_tokens(
-            input_ids,
-            token_type_ids,
-            attention_mask,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            layouts=layouts,
-        )
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, labels: Tensor | None = None,
+                **options: Unpack[EncodeOptions]) -> BertHeadOutput:  # fmt: skip
+        """`labels`: (B, S)."""
+        out, hidden = self._encode_tokens(input_ids, token_type_ids, attention_mask, **options)
         if self.head is not None:
             hidden = self.head(hidden)
         logits = self.classifier(self.dropout(hidden))  # (B, S, C)
@@ -524,26 +473,12 @@ class BertForQuestionAnswering(_PerTokenHead):
             self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.init_weights()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        start_positions: torch.Tensor | None = None,  # (B,)
-        end_positions: torch.Tensor | None = None,  # (B,)
-        *,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-        layouts: Layouts | None = None,
-    ) -> BertQuestionAnsweringOutput:
-        out, hidden = self._encode_tokens(
-            input_ids,
-            token_type_ids,
-            attention_mask,
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            layouts=layouts,
-        )
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, start_positions: Tensor | None = None,
+                end_positions: Tensor | None = None, **options: Unpack[EncodeOptions]
+                ) -> BertQuestionAnsweringOutput:  # fmt: skip
+        """`start_positions`, `end_positions`: (B,)."""
+        out, hidden = self._encode_tokens(input_ids, token_type_ids, attention_mask, **options)
         if self.head is not None:
             logits = self.classifier(self.head(hidden))  # (B, S, 2)
         else:
@@ -608,17 +543,10 @@ class BertForMultipleChoice(_PooledClassifier):
         self._add_classifier(config, family_of(config.model_type).choice_classifier, 1)
         self.init_weights()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # (B, C, S)
-        token_type_ids: torch.Tensor | None = None,  # (B, C, S)
-        attention_mask: torch.Tensor | None = None,  # (B, C, S)
-        labels: torch.Tensor | None = None,  # (B,) index of the right choice
-        *,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-        layouts: Layouts | None = None,
-    ) -> BertHeadOutput:
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, labels: Tensor | None = None,
+                **options: Unpack[EncodeOptions]) -> BertHeadOutput:  # fmt: skip
+        """Inputs (B, C, S) for C choices; `labels` (B,): the index of the right choice."""
         if input_ids.dim() != 3:
             raise ValueError(
                 f"input_ids must be (batch, choices, seq_len), got {tuple(input_ids.shape)}"
@@ -632,9 +560,7 @@ class BertForMultipleChoice(_PooledClassifier):
             input_ids.reshape(batch * choices, seq_len),
             flat(token_type_ids),
             flat(attention_mask),
-            output_hidden_states=output_hidden_states,
-            output_attentions=output_attentions,
-            layouts=layouts,
+            **options,
         )
         logits = self._logits(out, flat(attention_mask)).view(batch, choices)
         loss = (
