@@ -121,20 +121,33 @@ def test_missing_column_lists_what_is_there(tmp_path):
         rows(jsonl)
 
 
-def test_ragged_rows_and_unclosed_quotes(tmp_path):
-    ragged = tmp_path / "ragged.csv"
-    ragged.write_text("text,label\nfine,a\nnot, quoted,b\n")
-    with pytest.raises(DataError, match=r"ragged.csv:3: 3 fields, the header has 2.*quote that"):
-        rows(ragged)
+# Malformed files, each named with the line at fault and what to do about it.
+BAD_FILES = [
+    ("ragged.csv", "text,label\nfine,a\nnot, quoted,b\n",
+     r"ragged.csv:3: 3 fields, the header has 2.*quote that"),
+    ("unclosed.csv", 'text,label\n"never closed,a\nnext,b\nlast,c\n',
+     r"unclosed.csv:2: 1 field, .*unclosed quote"),
+    ("bad.jsonl", '{"text": "a", "label": "x"}\n{"text": "b", "label": \n',
+     r"bad.jsonl:2: not JSON"),
+    ("scalar.jsonl", '"just a string"\n', r"scalar.jsonl:1: a JSON str, expected an object"),
+    ("list.json", '[\n  {"text": "a", "label": "x"},\n  {"text": "b" "label": "y"}\n]',
+     r"list.json:3: not JSON"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, text, error", BAD_FILES, ids=[name for name, *_ in BAD_FILES])
+def test_a_malformed_file_is_named_with_its_line(tmp_path, name, text, error):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(DataError, match=error):
+        rows(tmp_path / name)
+
+
+def test_escaped_quotes_need_the_escape_char(tmp_path):
     escaped = tmp_path / "escaped.csv"
     escaped.write_text('text,label\n"He said \\"hi, there\\"",a\n')
     with pytest.raises(DataError, match=r"escaped.csv:2: .*--escape-char"):
         rows(escaped)
     assert rows(escaped, escape_char="\\")[0].values["text"] == 'He said "hi, there"'
-    unclosed = tmp_path / "unclosed.csv"
-    unclosed.write_text('text,label\n"never closed,a\nnext,b\nlast,c\n')
-    with pytest.raises(DataError, match=r"unclosed.csv:2: 1 field, .*unclosed quote"):
-        rows(unclosed)
 
 
 def test_a_quote_left_open_to_the_end_of_the_file_is_named_not_read_as_one_cell(tmp_path):
@@ -223,21 +236,6 @@ def test_bytes_that_are_not_utf8_name_the_line_and_the_encoding_to_pass(tmp_path
     with pytest.raises(DataError, match="--encoding utf-16"):
         rows(utf16)
     assert rows(utf16, encoding="utf-16")[0].values == {"text": "hello", "label": "a"}
-
-
-def test_bad_json(tmp_path):
-    jsonl = tmp_path / "bad.jsonl"
-    jsonl.write_text('{"text": "a", "label": "x"}\n{"text": "b", "label": \n')
-    with pytest.raises(DataError, match=r"bad.jsonl:2: not JSON"):
-        rows(jsonl)
-    scalar = tmp_path / "scalar.jsonl"
-    scalar.write_text('"just a string"\n')
-    with pytest.raises(DataError, match=r"scalar.jsonl:1: a JSON str, expected an object"):
-        rows(scalar)
-    listed = tmp_path / "list.json"
-    listed.write_text('[\n  {"text": "a", "label": "x"},\n  {"text": "b" "label": "y"}\n]')
-    with pytest.raises(DataError, match=r"list.json:3: not JSON"):
-        rows(listed)
 
 
 def test_conll_columns(tmp_path):
