@@ -1,31 +1,31 @@
 import json
 
 import pytest
+import torch
 
-from bertkit import BertConfig
+from bertkit import BertConfig, BertForPreTraining
 from bertkit.core.config import PRESETS
 
 from helpers import tiny_bert_config
 
+# Google's released sizes as its README names them (L/H; A = H/64 throughout, intermediate 4H)
+GOOGLE_SIZES = "2/128 tiny, 4/256 mini, 4/512 small, 8/512 medium, 12/768 base, 24/1024 large"
+
 
 def test_presets_are_googles_released_sizes():
-    expected = {
-        "tiny": (2, 128, 2),
-        "mini": (4, 256, 4),
-        "small": (4, 512, 8),
-        "medium": (8, 512, 8),
-        "base": (12, 768, 12),
-        "large": (24, 1024, 16),
-    }
-    assert PRESETS == expected
-    for name, (layers, hidden, heads) in expected.items():
+    sizes = dict(reversed(size.split()) for size in GOOGLE_SIZES.split(", "))
+    assert list(PRESETS) == list(sizes)
+    for name, size in sizes.items():
         config = BertConfig.from_preset(name)
-        assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (
-            layers,
-            hidden,
-            heads,
-        )
-        assert config.intermediate_size == 4 * hidden
+        assert f"{config.num_hidden_layers}/{config.hidden_size}" == size
+        assert config.num_attention_heads == config.hidden_size // 64
+        assert config.intermediate_size == 4 * config.hidden_size
+    # the paper's sizes (Sec. 3): BERT-Base 110M parameters, BERT-Large 340M, with its two heads
+    for name, millions in (("base", 110), ("large", 340)):
+        with torch.device("meta"):
+            model = BertForPreTraining(BertConfig.from_preset(name))
+        count = sum(p.numel() for p in model.parameters()) / 1e6
+        assert count == pytest.approx(millions, rel=0.015), name
     assert BertConfig.from_preset("base") == BertConfig()  # the dataclass defaults are BERT-Base
     assert BertConfig.from_preset("mini", vocab_size=100).vocab_size == 100
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
