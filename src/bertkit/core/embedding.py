@@ -243,6 +243,10 @@ class BertForSentenceEmbedding(BertPreTrainedModel):
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, not {pooling!r}")
         self.bert = BertModel(config)
+        if self.bert.pooler is not None:
+            # Kept, so a folder keeps its pooler's weights; no pooling reads it, so frozen: a
+            # trained parameter without a gradient would stall DDP's all-reduce
+            self.bert.pooler.requires_grad_(False)
         self.pooling = pooling
         self.max_seq_length = 128  # what sentence-transformers truncates at (set by finetune)
         self.init_weights()
