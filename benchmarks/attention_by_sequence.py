@@ -13,9 +13,8 @@ under autocast.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
+from _args import arguments
 from _harness import add_timing_arguments, alternate, medians, start
 
 from bertkit.core.config import BertConfig
@@ -55,7 +54,7 @@ def timed(layer: BertLayer, lengths: torch.Tensor, dtype: torch.dtype, rounds: i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--widths", type=int, nargs="+", default=[16, 32, 48, 64, 96, 128, 256])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--training", action="store_true", help="forward and backward")

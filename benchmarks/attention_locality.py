@@ -11,9 +11,8 @@ Every chosen piece of 16 held-out sequences is replaced by [MASK] (as the held-o
 
 from __future__ import annotations
 
-import argparse
-
 import torch
+from _args import arguments
 
 from bertkit import BertForPreTraining
 from bertkit.core.tokenizer import BertTokenizer
@@ -22,7 +21,7 @@ from bertkit.pretraining.shards import Shards
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--model", required=True)
     parser.add_argument("--data", required=True, help="held-out shards of the model's vocab")
     parser.add_argument("--seq-len", type=int, default=128)

@@ -13,12 +13,12 @@ Each variant changes one thing. Prints one line per variant.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
+from _args import arguments
 from _harness import synthetic_tokenizer
 
 from bertkit.core.config import BertConfig
@@ -111,7 +111,7 @@ def run(name: str, options: dict, root: Path, shards: Path, tokenizer) -> list[f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--out", type=Path, default=Path("runs/chain"))
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     args = parser.parse_args()

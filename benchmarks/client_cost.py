@@ -13,17 +13,16 @@ its top functions by own time.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import json
-import os
 import pstats
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _args import DATA, arguments
 from machine import line as machine_line
 from serve_load import Server, free_port
 from serve_vs_infinity import CEILING, bodies, httpx_load
@@ -45,13 +44,13 @@ def ceiling(delay: float) -> Server:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--connections", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--delays", type=float, nargs="+", default=[0.0, 0.2])
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
-    sent = bodies(Path(os.environ.get("BERTKIT_DATA", "../shared/data")), 1)
+    sent = bodies(DATA, 1)
     print(machine_line(), flush=True)
     for delay in args.delays:
         server = ceiling(delay)

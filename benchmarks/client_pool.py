@@ -17,13 +17,12 @@ pool's runs per request, and how many connections were idle at each run (a histo
 
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import sys
-from pathlib import Path
 
 import httpcore._async.connection_pool as pool
+from _args import DATA, arguments
 from serve_load import Server, free_port
 from serve_vs_infinity import bodies, httpx_load
 
@@ -40,7 +39,7 @@ def counted(self):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("side", choices=["bertkit", "infinity"])
     parser.add_argument("--infinity-python", default="python")
     parser.add_argument("--seconds", type=float, default=8)
@@ -60,7 +59,7 @@ def main() -> None:
     server = Server(args.side, command, port, dict(os.environ, DO_NOT_TRACK="1"))
     try:
         server.wait_ready(route, {"input": ["warm up"], "model": name})
-        sent = bodies(Path(os.environ.get("BERTKIT_DATA", "../shared/data")), 1)
+        sent = bodies(DATA, 1)
         pool.AsyncConnectionPool._assign_requests_to_connections = counted
         httpx_load(port, 64, 2, sent, route)
         runs.clear()

@@ -16,12 +16,11 @@ dev F1 side by side. OUT/results.json, resumable; a markdown summary on stdout.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 from pathlib import Path
 
+from _args import arguments
 from machine import line as machine_line
 
 from bertkit.stats import compare_to_baseline
@@ -45,8 +44,7 @@ def conll_text(source: Path, target: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA", "../shared/data"))
+    parser = arguments(__doc__, data=True)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("runs/continued"))

@@ -16,7 +16,6 @@ Ray cluster of two nodes against one process.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _args import arguments
 from _harness import emit
 from embed_corpus import passages
 from machine import line as machine_line
@@ -136,7 +136,7 @@ def on_ray(model: str, scratch: Path, count: int, rounds: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--passages", type=int, default=10_000, help="the indexed corpus")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--ray-passages", type=int, default=2000)

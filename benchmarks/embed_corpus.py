@@ -30,7 +30,6 @@ shards, batches), not the model's speed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -43,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _args import DATA, arguments
 from _harness import emit, products_rate
 from machine import line as machine_line
 
@@ -51,7 +51,7 @@ def passages(count: int, out: Path) -> Path:
     """The first `count` 100-word passages of the Wikipedia corpus, as JSON Lines."""
     from bertkit.pretraining.corpus import raw_documents
 
-    data = Path(os.environ.get("BERTKIT_DATA", "../shared/data")) / "corpus" / "wikipedia_2015"
+    data = DATA / "corpus" / "wikipedia_2015"
     path = out / f"passages-{count}.jsonl"
     if path.exists():
         return path
@@ -124,7 +124,7 @@ def memory(model: Path, file: Path, scratch: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--passages", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(

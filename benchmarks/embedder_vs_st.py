@@ -16,29 +16,28 @@ choice), and the largest difference of a vector from sentence-transformers' fp32
 
 from __future__ import annotations
 
-import argparse
 import csv
 import itertools
 import json
-import os
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from _args import DATA, arguments
 from machine import line as machine_line
 
 
 def sentences(count: int) -> list[str]:
-    data = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
+    data = DATA
     with open(data / "glue" / "SST-2" / "train.tsv", encoding="utf-8", newline="") as f:
         rows = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         return [row["sentence"] for row in itertools.islice(rows, count)]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--sentences", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32)

@@ -16,13 +16,12 @@ OUT/results.json (resumable: finished runs are kept) and a markdown table on std
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 from pathlib import Path
 
 import numpy as np
+from _args import arguments
 from embeddings_vs_st import write_csv
 from machine import line as machine_line
 
@@ -91,8 +90,7 @@ def score(embed, heldout: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA", "../shared/data"))
+    parser = arguments(__doc__, data=True)
     parser.add_argument("--paragraphs", type=int, default=480)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("runs/emb_repeats"))

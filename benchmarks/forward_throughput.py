@@ -17,7 +17,6 @@ its first call's seconds (the compile) reported apart.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from _args import arguments
 from _harness import transformers_config
 from machine import line as machine_line
 
@@ -149,7 +149,7 @@ def run(name: str, args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--models", nargs="+", default=["minilm-l6", "base"])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=128)

@@ -9,9 +9,8 @@ with an index of every cell, which `TokenLayout.unpadded` gave before.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
+from _args import arguments
 from _harness import add_timing_arguments, alternate, medians, ratios, start
 
 import bertkit.core.model as model_module
@@ -27,7 +26,7 @@ def every_cell(attention_mask, multiple=1, parity=False):  # the layout before t
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     add_timing_arguments(parser, rounds=6, threads=2)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=384)

@@ -59,7 +59,6 @@ between steps, so this is the time the card waits per step unless it is hidden).
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
@@ -67,6 +66,7 @@ import time
 from pathlib import Path
 
 import torch
+from _args import arguments
 from _harness import TransformersHead, transformers_copy
 from machine import describe
 
@@ -389,7 +389,7 @@ def run_case(args, case: str, device: torch.device) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--data", required=True, help="shards (bertkit prepare) with their vocab")
     parser.add_argument("--case", nargs="+", required=True, help="MODEL:SEQ_LEN:BATCH ...")
     parser.add_argument("--variants", nargs="+", default=["bertkit", "transformers"])

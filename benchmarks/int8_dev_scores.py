@@ -10,10 +10,10 @@ dev features, printed as a table with the change from PyTorch in points.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
+from _args import arguments
 
 from bertkit.core.heads import MODEL_CLASSES
 from bertkit.core.tokenizer import BertTokenizer
@@ -24,7 +24,7 @@ from bertkit.tasks.base import read_task_info, run_outputs
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--model", type=Path, required=True, help="a bertkit finetune output")
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)

@@ -13,9 +13,8 @@ where needed is faster).
 
 from __future__ import annotations
 
-import argparse
-
 import torch
+from _args import arguments
 from _harness import add_timing_arguments, alternate, medians, start
 
 from bertkit import BertConfig, BertForPreTraining, BertForSequenceClassification
@@ -81,7 +80,7 @@ def measure(name: str, build, rounds: int, steps: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--steps", type=int, default=4)
     add_timing_arguments(parser, rounds=6, threads=None)
     args = parser.parse_args()

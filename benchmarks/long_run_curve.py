@@ -13,11 +13,11 @@ evaluations `--json` kept).
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import matplotlib
+from _args import arguments
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -98,7 +98,7 @@ def several_runs(runs: dict[str, Path], metric: str, out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("logs", nargs="+", help="LOG, or NAME=LOG for several runs")
     parser.add_argument("--metric", default="mlm_loss", help="several runs: the figure to plot")
     parser.add_argument("--out", type=Path, required=True)

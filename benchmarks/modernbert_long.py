@@ -28,7 +28,6 @@ attends through SDPA's kernel rather than with its scores held (`core.unpad.SDPA
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -36,6 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _args import arguments
 from _harness import emit, start
 
 CHILD = r"""
@@ -81,7 +81,7 @@ print(json.dumps({"side": name, "seconds": times, "peak_mib": peak}))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)

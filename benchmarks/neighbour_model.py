@@ -11,13 +11,13 @@ pieces), neighbours unmasked. Held-out accuracy and cross-entropy on 20,000 AB p
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _args import arguments
 from torch import nn
 
 from bertkit.pretraining.shards import Shards
@@ -40,7 +40,7 @@ class Neighbours(nn.Module):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--train", required=True)
     parser.add_argument("--held-out", required=True)
     parser.add_argument("--steps", type=int, default=1200)

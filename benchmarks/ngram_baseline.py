@@ -11,9 +11,8 @@ accuracy: what a model that ignores context scores on the all-[MASK] measure.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
+from _args import arguments
 
 from bertkit.pretraining.shards import Shards
 
@@ -55,7 +54,7 @@ def neighbour_accuracy(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--train", required=True)
     parser.add_argument("--held-out", required=True)
     parser.add_argument("--tokens", type=int, nargs="+", default=[2_000_000, 8_000_000, 0])

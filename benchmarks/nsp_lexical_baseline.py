@@ -14,11 +14,11 @@ fitted on the first half of the instances and scored on the second half.
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections import Counter
 
 import numpy as np
+from _args import arguments
 
 from bertkit import BertTokenizer
 from bertkit.pretraining.dataset import PretrainingData
@@ -26,7 +26,7 @@ from bertkit.pretraining.shards import Shards
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--data", required=True, help="a shard directory (bertkit prepare)")
     parser.add_argument("--vocab", help="default: the vocab.txt prepare wrote beside the shards")
     parser.add_argument("--batches", type=int, default=200)

@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 import torch
+from _args import DATA
 from serve_embeddings import embedding_bodies, rerank_bodies
 
-DATA = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
 RERANKER = Path.home() / ".cache/bertkit-bench/serve/mrpc-minilm-256"
 
 

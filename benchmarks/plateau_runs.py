@@ -14,9 +14,10 @@ so the same batches).
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
+
+from _args import arguments
 
 from bertkit.core.tokenizer import BertTokenizer
 from bertkit.pretraining.dataset import PretrainingData
@@ -113,7 +114,7 @@ def plot(rows: list[dict], png: Path, unigram_loss: float | None) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--runs", type=Path, required=True, help="folder holding the runs")
     parser.add_argument("--names", nargs="+", required=True)
     parser.add_argument("--data", type=Path, default=Path("runs/data/AA"), help="their shards")

@@ -14,7 +14,6 @@ every shard file equals the plain JSON Lines run's.
 
 from __future__ import annotations
 
-import argparse
 import bz2
 import gzip
 import json
@@ -27,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _args import DATA, arguments
 from _harness import emit
 from machine import line as machine_line
 
@@ -45,7 +45,7 @@ def write_formats(files: int, scratch: Path) -> tuple[dict[str, Path], int, int]
 
     from bertkit.pretraining.corpus import raw_documents
 
-    data = Path(os.environ.get("BERTKIT_DATA", "../shared/data")) / "corpus" / "wikipedia_2015"
+    data = DATA / "corpus" / "wikipedia_2015"
     texts = ["\n".join(paragraphs) for paragraphs, _ in
              raw_documents(sorted((data / "AA").glob("wiki_*"))[:files], format="wiki")]  # fmt: skip
     plain = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
@@ -75,14 +75,14 @@ def shard_bytes(folder: Path) -> dict[str, bytes]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--files", type=int, default=30)
     parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "prep_fmt")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     shutil.rmtree(args.scratch, ignore_errors=True)
     args.scratch.mkdir(parents=True)
-    vocab = Path(os.environ.get("BERTKIT_DATA", "../shared/data")) / "vocab" / "bert-base-uncased"
+    vocab = DATA / "vocab" / "bert-base-uncased"
     paths, text_bytes, documents = write_formats(args.files, args.scratch)
     cores = len(os.sched_getaffinity(0))
     print(machine_line(), f"| {cores} workers | {text_bytes / 1e6:.1f} MB of text, "

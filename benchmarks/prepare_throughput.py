@@ -10,7 +10,6 @@ epoch's NSP plan, and drawing masked batches of 32 x 128 (instances per second).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -18,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from _args import DATA, arguments
 from machine import line as machine_line
 
 
@@ -39,8 +39,8 @@ def tree_rss_mb(pid: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    data = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
+    parser = arguments(__doc__)
+    data = DATA
     parser.add_argument("--corpus", default=str(data / "corpus" / "wikipedia_2015" / "AA"))
     parser.add_argument("--vocab", default=str(data / "vocab" / "bert-base-uncased"))
     parser.add_argument("--out", default="runs/prepare_bench")

@@ -33,11 +33,11 @@ heap, `bertkit.training.host_memory`, as `Trainer.train` runs on CPUs). Variants
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 
 import torch
+from _args import arguments
 from _harness import (
     add_timing_arguments,
     alternate,
@@ -153,7 +153,7 @@ def step_products_rate(config, batches, dtype: torch.dtype, repeats: int = 3) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--data", required=True, help="shards (bertkit prepare)")
     parser.add_argument("--config", default="tiny")
     parser.add_argument("--batch-size", type=int, default=64)

@@ -16,13 +16,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
+from _args import DATA, arguments
 from _harness import transformers_copy
 
 from bertkit import BertConfig, BertForPreTraining, BertTokenizer
@@ -46,7 +45,7 @@ def shards(data_root: Path, out: Path) -> tuple[Path, Path]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--out", default="runs/pretrain_bench")
     parser.add_argument("--minutes", type=float, default=30.0, help="bertkit's training time")
     parser.add_argument("--max-steps", type=int, help="instead of calibrating from --minutes")
@@ -59,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     import transformers
 
-    data_root = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
+    data_root = DATA
     out = Path(args.out)
     train, held_out = shards(data_root, out)
     tokenizer = BertTokenizer.from_pretrained(train)

@@ -22,7 +22,6 @@ finished rows without training.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -30,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from _args import arguments
 from machine import line as machine_line
 from ngram_baseline import neighbour_accuracy, tokens_of
 from recipe_seeds import SPLITS, held_out
@@ -186,7 +186,7 @@ def count_table(paths: dict[str, Path], vocab_size: int, tokens: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA"))
     parser.add_argument("--rows", nargs="+", choices=sorted(ROWS), default=list(ROWS))

@@ -20,7 +20,6 @@ recipe lowers the peak rate above width 256), on the same shards.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -29,6 +28,7 @@ import sys
 from pathlib import Path
 
 import torch
+from _args import arguments
 from machine import line as machine_line
 
 from bertkit import BertForMaskedLM, BertForPreTraining, BertTokenizer
@@ -90,7 +90,7 @@ def held_out(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

@@ -19,7 +19,6 @@ inference (`BertModel.attention_by_sequence`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from _args import arguments
 from machine import line as machine_line
 from serve_embeddings import rerank_bodies, reranker
 
@@ -34,8 +34,7 @@ GATHERED = 4  # requests of 8 pairs in one model call: serve's default --max-bat
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=os.environ.get("BERTKIT_DATA", "../shared/data"))
+    parser = arguments(__doc__, data=True)
     parser.add_argument("--work", default=os.path.expanduser("~/.cache/bertkit-bench/serve"))
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32])

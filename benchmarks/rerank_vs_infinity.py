@@ -20,7 +20,6 @@ Bodies: {"query", "documents", "model"} of SST-2 dev sentences (a query, then 8 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _args import DATA, arguments
 from machine import line as machine_line
 from serve_load import Server, free_port, load
 
@@ -100,7 +100,7 @@ def start(name: str, model: Path, args) -> Server:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--infinity-python", required=True)
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--rounds", type=int, default=3)
@@ -110,7 +110,7 @@ def main() -> None:
     parser.add_argument("--infinity-dtype", default="auto", help="auto: float32 on a CPU")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    data = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
+    data = DATA
     work = Path(tempfile.mkdtemp(prefix="rerank-"))
     model = cross_encoder(work)
     worst = check(model, data)

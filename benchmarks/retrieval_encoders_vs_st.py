@@ -21,20 +21,19 @@ sentence-transformers' fp32 output is printed beside it.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import string
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
+from _args import DATA, arguments
 from _harness import add_timing_arguments, alternate, emit, medians, start
 
 
 def squad(count: int) -> tuple[list[str], list[str]]:
-    data = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
+    data = DATA
     articles = json.loads((data / "squad" / "dev-v1.1.json").read_text())["data"]
     paragraphs = [p for a in articles for p in a["paragraphs"]][:count]
     return [p["context"] for p in paragraphs], [p["qas"][0]["question"] for p in paragraphs]
@@ -72,7 +71,7 @@ def models(root: Path) -> tuple[Path, Path]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--documents", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")

