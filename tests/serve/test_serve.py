@@ -51,6 +51,16 @@ def heads(words_model, tmp_path_factory):
     return made
 
 
+# every route a model may answer, in /info's order
+ROUTE_NAMES = ("predict", "embed", "v1/embeddings", "embed_sparse", "embed_all", "rerank",
+               "v1/rerank", "similarity", "fill-mask")  # fmt: skip
+
+
+def _answering(*names: str) -> dict[str, bool]:
+    """`ServedModel.endpoints` of a model that answers `names` and no other route."""
+    return {name: name in names for name in ROUTE_NAMES}
+
+
 @pytest.mark.parametrize("name", list(INPUTS))
 def test_every_head_answers_a_gathered_batch_as_each_input_alone(name, heads):
     served = ServedModel(heads[name], max_batch_size=8)
@@ -63,10 +73,9 @@ def test_every_head_answers_a_gathered_batch_as_each_input_alone(name, heads):
     # pair classifiers and regressors rerank (mrpc's relevant class is "1", stsb's its score)
     rerank = {"mrpc": "1", "stsb": "score"}.get(name)
     assert served.rerank_label == rerank
-    assert served.endpoints == {"predict": True, "embed": True, "v1/embeddings": True,
-                                "embed_sparse": False, "embed_all": True,
-                                "rerank": rerank is not None, "v1/rerank": rerank is not None,
-                                "similarity": True, "fill-mask": False}  # fmt: skip
+    reranks = ("rerank", "v1/rerank") if rerank is not None else ()
+    assert served.endpoints == _answering("predict", "embed", "v1/embeddings", "embed_all",
+                                          "similarity", *reranks)  # fmt: skip
 
 
 def _close(got, expected) -> bool:
@@ -118,10 +127,7 @@ def test_bad_bodies_are_refused_with_a_status_and_a_reason(topics_model, body, s
 
 def test_embed_is_the_mean_or_cls_of_the_encoder(minilm_dir):
     served = ServedModel(minilm_dir)
-    assert served.endpoints == {"predict": False, "embed": True, "v1/embeddings": True,
-                                "embed_sparse": False, "embed_all": True,
-                                "rerank": False, "v1/rerank": False, "similarity": True,
-                                "fill-mask": False}  # fmt: skip
+    assert served.endpoints == _answering("embed", "v1/embeddings", "embed_all", "similarity")
     assert "not a fine-tuned model" in served.missing("predict")
     texts = ["A man is playing a guitar.", "Stocks fell.", ["A question?", "Its answer."]]
     body = {"inputs": texts, "normalize": False}
@@ -171,10 +177,8 @@ def test_openai_embeddings_tokenise_each_text_once_and_count_its_pieces(minilm_d
 
 def test_fill_mask_is_the_library_s(mlm_dir):
     served = ServedModel(mlm_dir)
-    assert served.endpoints == {"predict": False, "embed": True, "v1/embeddings": True,
-                                "embed_sparse": True, "embed_all": True,
-                                "rerank": False, "v1/rerank": False, "similarity": True,
-                                "fill-mask": True}  # fmt: skip
+    assert served.endpoints == _answering("embed", "v1/embeddings", "embed_sparse", "embed_all",
+                                          "similarity", "fill-mask")  # fmt: skip
     texts = ["the capital of [MASK] is [MASK] .", ["a [MASK] sat", "on the mat"]]
     answers = served.run("fill-mask", served.parse("fill-mask", {"inputs": texts, "top": 3}))
     expected = FillMask(mlm_dir)([texts[0], tuple(texts[1])], top=3)
@@ -242,6 +246,33 @@ def _batcher(run, **settings) -> DynamicBatcher:
     return DynamicBatcher(run, ThreadPoolExecutor(1), **settings)
 
 
+def _answers(run, requests, **settings) -> list:
+    """Each request's answer (or its exception), the requests submitted together to one batcher
+    of `settings`."""
+
+    async def main():
+        batcher = _batcher(run, **settings)
+        batcher.start()
+        submitted = (batcher.submit(r) for r in requests)
+        answers = await asyncio.gather(*submitted, return_exceptions=True)
+        await batcher.stop()
+        return answers
+
+    return asyncio.run(main())
+
+
+def _upper_failing_on_bad(ran: list):
+    """A model call that records its batches, upper-cases them, and fails on a batch with "bad"."""
+
+    def run(items):
+        ran.append(list(items))
+        if "bad" in items:
+            raise ValueError("bad input")
+        return [s.upper() for s in items]
+
+    return run
+
+
 def test_batches_hold_at_most_max_batch_size_a_large_request_in_parts():
     sizes = []
 
@@ -250,15 +281,8 @@ def test_batches_hold_at_most_max_batch_size_a_large_request_in_parts():
         time.sleep(0.01)
         return [x * 10 for x in items]
 
-    async def main():
-        batcher = _batcher(run, max_batch_size=5, max_wait_ms=30)
-        batcher.start()
-        requests = [list(range(n, n + 2)) for n in range(0, 20, 2)] + [list(range(100, 107))]
-        answers = await asyncio.gather(*(batcher.submit(r) for r in requests))
-        await batcher.stop()
-        return requests, answers
-
-    requests, answers = asyncio.run(main())
+    requests = [list(range(n, n + 2)) for n in range(0, 20, 2)] + [list(range(100, 107))]
+    answers = _answers(run, requests, max_batch_size=5, max_wait_ms=30)
     assert answers == [[x * 10 for x in r] for r in requests]  # each request's own, in order
     assert sum(sizes) == 27 and max(sizes) == 5 and len(sizes) < len(requests)
 
@@ -360,44 +384,17 @@ def test_a_request_gone_mid_way_leaves_its_later_parts_uncomputed():
 
 
 def test_a_faulty_request_fails_alone():
-    def run(items):
-        if "bad" in items:
-            raise ValueError("bad input")
-        return [s.upper() for s in items]
-
-    async def main():
-        batcher = _batcher(run, max_batch_size=8, max_wait_ms=30)
-        batcher.start()
-        results = await asyncio.gather(
-            batcher.submit(["a"]), batcher.submit(["bad"]), batcher.submit(["b", "c"]),
-            return_exceptions=True,
-        )  # fmt: skip
-        await batcher.stop()
-        return results
-
-    first, second, third = asyncio.run(main())
+    run = _upper_failing_on_bad([])
+    first, second, third = _answers(run, [["a"], ["bad"], ["b", "c"]], max_batch_size=8,
+                                    max_wait_ms=30)  # fmt: skip
     assert first == ["A"] and third == ["B", "C"]
     assert isinstance(second, ValueError) and "bad input" in str(second)
 
 
 def test_a_large_request_with_a_faulty_part_fails_whole_its_later_parts_unrun():
     ran: list[list[str]] = []
-
-    def run(items):
-        ran.append(list(items))
-        if "bad" in items:
-            raise ValueError("bad input")
-        return [s.upper() for s in items]
-
-    async def main():
-        batcher = _batcher(run, max_batch_size=2, max_wait_ms=0)
-        batcher.start()
-        results = await asyncio.gather(batcher.submit(["a", "bad", "c", "d", "e", "f"]),
-                                       batcher.submit(["x"]), return_exceptions=True)  # fmt: skip
-        await batcher.stop()
-        return results
-
-    faulty, fine = asyncio.run(main())
+    requests = [["a", "bad", "c", "d", "e", "f"], ["x"]]
+    faulty, fine = _answers(_upper_failing_on_bad(ran), requests, max_batch_size=2, max_wait_ms=0)
     assert isinstance(faulty, ValueError) and fine == ["X"]
     assert not any("e" in batch for batch in ran)  # its third part never ran
 
