@@ -16,29 +16,33 @@ from bertkit.pretraining.train import run_pretraining
 
 from helpers import cli_command, losses, tiny_cli_args, tiny_settings
 
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _pretraining(*args, stderr=subprocess.PIPE) -> subprocess.Popen:
+    """`bertkit pretrain ARGS` started in a process of its own, on one thread."""
+    command = cli_command("pretrain", *args)
+    return subprocess.Popen(command, env=ONE_THREAD, stdout=subprocess.DEVNULL, stderr=stderr,
+                            text=True)  # fmt: skip
+
+
+def _wait_for_steps(out, steps: int, seconds: float = 120) -> None:
+    """Until the run writing `out` has logged `steps` training steps (or `seconds` passed)."""
+    log, deadline = out / "log.jsonl", time.time() + seconds
+    while time.time() < deadline:
+        if log.exists() and log.read_text().count('"split": "train"') >= steps:
+            return
+        time.sleep(0.02)
+
 
 @pytest.mark.slow
 def test_killed_run_resumes_with_identical_losses(setup, tmp_path):
     common = tiny_cli_args(setup, steps=60, warmup_steps=5, save_every=10)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    whole = subprocess.Popen(  # beside the run to kill (one thread each, two cores)
-        cli_command("pretrain", "--out", tmp_path / "whole", *common),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    killed = subprocess.Popen(
-        cli_command("pretrain", "--out", tmp_path / "killed", *common),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    log = tmp_path / "killed" / "log.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline:  # kill it mid-run, after a checkpoint and some steps beyond it
-        if log.exists() and log.read_text().count('"split": "train"') >= 25:
-            break
-        time.sleep(0.02)
+    # beside the run to kill (one thread each, two cores)
+    whole = _pretraining("--out", tmp_path / "whole", *common)
+    killed = _pretraining("--out", tmp_path / "killed", *common, stderr=subprocess.DEVNULL)
+    # kill it mid-run, after a checkpoint and some steps beyond it
+    _wait_for_steps(tmp_path / "killed", 25)
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     _, err = whole.communicate(timeout=300)
@@ -50,7 +54,7 @@ def test_killed_run_resumes_with_identical_losses(setup, tmp_path):
     subprocess.run(
         cli_command("pretrain", "--out", tmp_path / "killed", *common, "--resume"),
         check=True,
-        env=env,
+        env=ONE_THREAD,
         capture_output=True,
     )
     after = losses(tmp_path / "killed")
@@ -158,25 +162,15 @@ def test_resume_refuses_a_stretched_schedule_and_a_warmup_as_long_as_the_run(set
 def test_sigterm_saves_a_resumable_checkpoint_and_exits_with_one_line(setup, tmp_path):
     out = tmp_path / "run"
     steps = 120  # 5 logged before the pause; a step takes some 25 ms
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.Popen(
-        cli_command("pretrain", *tiny_cli_args(setup, out, steps=steps)),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    log = out / "log.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 5):
-        time.sleep(0.02)
+    run = _pretraining(*tiny_cli_args(setup, out, steps=steps))
+    _wait_for_steps(out, 5)
     # Paused while the second process starts (that takes longer than the run's steps on a
     # fast machine, and a run that has finished its loop dies of SIGTERM like any process).
     run.send_signal(signal.SIGSTOP)
     # a second writer into the live folder is refused, and the first run goes on
     second = subprocess.run(
         cli_command("pretrain", *tiny_cli_args(setup, out, steps=steps), "--resume"),
-        env=env,
+        env=ONE_THREAD,
         capture_output=True,
         text=True,
     )
@@ -195,7 +189,7 @@ def test_sigterm_saves_a_resumable_checkpoint_and_exits_with_one_line(setup, tmp
     (out / ".trainer_state.pt.leftover.tmp").write_bytes(b"x" * 100)  # what a SIGKILL can leave
     resumed = subprocess.run(
         cli_command("pretrain", *tiny_cli_args(setup, out, steps=steps), "--resume"),
-        env=env,
+        env=ONE_THREAD,
         capture_output=True,
         text=True,
     )
@@ -379,17 +373,8 @@ def test_a_kill_during_the_final_save_resumes_to_the_same_model(setup, tmp_path,
 @pytest.mark.slow
 def test_ctrl_c_saves_and_says_one_line_instead_of_a_traceback(setup, tmp_path):
     out = tmp_path / "run"
-    run = subprocess.Popen(
-        cli_command("pretrain", *tiny_cli_args(setup, out, steps=400)),
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    log = out / "log.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 3):
-        time.sleep(0.02)
+    run = _pretraining(*tiny_cli_args(setup, out, steps=400))
+    _wait_for_steps(out, 3)
     run.send_signal(signal.SIGINT)
     _, err = run.communicate(timeout=120)
     assert run.returncode == 128 + signal.SIGINT, err
