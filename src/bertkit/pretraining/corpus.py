@@ -150,21 +150,14 @@ def _lines(path: Path, stats: CorpusStats, on_error: str) -> Iterator[tuple[int,
             offset += len(raw)
 
 
-def read_documents(
-    paths: Iterable[str | os.PathLike],
-    *,
-    format: str = "auto",
-    on_error: str = "fail",
-    stats: CorpusStats | None = None,
-    text_column: str | None = None,
-) -> Iterator[list[str]]:
+def read_documents(paths: Iterable[str | os.PathLike], **reading: Any) -> Iterator[list[str]]:
     """Yield each document as its list of sentences (empty documents are skipped and counted).
+    `reading`: how `raw_documents` reads them (`format`, `on_error`, `stats`, `text_column`).
 
     `on_error="fail"` raises ValueError naming file, line and byte offset of the first undecodable
     or malformed line; "skip" skips such lines with a warning and counts them in `stats`.
     """
-    for units, needs_split in raw_documents(paths, format=format, on_error=on_error, stats=stats,
-                                            text_column=text_column):  # fmt: skip
+    for units, needs_split in raw_documents(paths, **reading):
         yield sentences_of(units, needs_split)
 
 
