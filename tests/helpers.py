@@ -41,12 +41,15 @@ def hf_config(config: BertConfig, **extra):
     return transformers.BertConfig(**data, attn_implementation="eager")
 
 
-def pair(cls, hf_cls, config, **hf_extra):
-    """A transformers model with its own random init, and ours loaded from its state dict."""
+def pair(name, config, **hf_extra):
+    """transformers' model of the class `name` with its own random init, and ours of the same
+    name loaded from its state dict."""
+    from bertkit.core.heads import MODEL_CLASSES
+
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    hf = getattr(transformers, hf_cls)(hf_config(config, **hf_extra)).eval()
-    ours = cls(config).eval()
+    hf = getattr(transformers, name)(hf_config(config, **hf_extra)).eval()
+    ours = MODEL_CLASSES[name](config).eval()
     report = load_state_dict_into(ours, hf.state_dict(), strict=True)
     assert report == {"missing": [], "unexpected": [], "mismatched": []}
     return ours, hf

@@ -19,7 +19,7 @@ from helpers import close, pair, tiny_bert_config
 
 @torch.no_grad()
 def test_pretraining_heads_and_losses_match_hf(tiny_config, tiny_batch):
-    ours, hf = pair(BertForPreTraining, "BertForPreTraining", tiny_config)
+    ours, hf = pair("BertForPreTraining", tiny_config)
     labels = torch.full_like(tiny_batch["input_ids"], -100)
     labels[0, 2], labels[1, 5], labels[2, 1] = 7, 9, 11
     nsp = torch.tensor([0, 1, 0])
@@ -56,7 +56,7 @@ def test_masked_positions_compute_logits_only_there(tiny_config, tiny_batch):
 
 @torch.no_grad()
 def test_masked_lm_matches_hf(tiny_config, tiny_batch):
-    ours, hf = pair(BertForMaskedLM, "BertForMaskedLM", tiny_config)
+    ours, hf = pair("BertForMaskedLM", tiny_config)
     labels = torch.where(
         torch.rand(tiny_batch["input_ids"].shape) < 0.3, tiny_batch["input_ids"], -100
     )
@@ -74,7 +74,7 @@ def test_masked_lm_matches_hf(tiny_config, tiny_batch):
 def test_sequence_classification_matches_hf(tiny_config, tiny_batch, labels, problem):
     config = tiny_config.with_labels(labels)
     config.problem_type = problem
-    ours, hf = pair(BertForSequenceClassification, "BertForSequenceClassification", config)
+    ours, hf = pair("BertForSequenceClassification", config)
     if problem == "single_label_classification":
         target = torch.tensor([0, 2, 1])
     elif problem == "regression":
@@ -91,7 +91,7 @@ def test_sequence_classification_matches_hf(tiny_config, tiny_batch, labels, pro
 @torch.no_grad()
 def test_token_classification_matches_hf(tiny_config, tiny_batch):
     config = tiny_config.with_labels(9)
-    ours, hf = pair(BertForTokenClassification, "BertForTokenClassification", config)
+    ours, hf = pair("BertForTokenClassification", config)
     labels = torch.randint(0, 9, tiny_batch["input_ids"].shape)
     labels[tiny_batch["attention_mask"] == 0] = -100
     a = ours(**tiny_batch, labels=labels)
@@ -103,7 +103,7 @@ def test_token_classification_matches_hf(tiny_config, tiny_batch):
 
 @torch.no_grad()
 def test_question_answering_matches_hf(tiny_config, tiny_batch):
-    ours, hf = pair(BertForQuestionAnswering, "BertForQuestionAnswering", tiny_config)
+    ours, hf = pair("BertForQuestionAnswering", tiny_config)
     start, end = torch.tensor([1, 3, 40]), torch.tensor([2, 5, 40])  # 40: outside, ignored
     a = ours(**tiny_batch, start_positions=start, end_positions=end)
     b = hf(**tiny_batch, start_positions=start, end_positions=end)
@@ -129,7 +129,7 @@ def test_question_answering_matches_hf(tiny_config, tiny_batch):
 
 @torch.no_grad()
 def test_multiple_choice_matches_hf(tiny_config):
-    ours, hf = pair(BertForMultipleChoice, "BertForMultipleChoice", tiny_config)
+    ours, hf = pair("BertForMultipleChoice", tiny_config)
     generator = torch.Generator().manual_seed(1)
     inputs = {
         "input_ids": torch.randint(5, 99, (2, 4, 9), generator=generator),
@@ -279,7 +279,6 @@ def test_fused_vocab_cross_entropy_makes_the_bf16_weight_gradient_one_product_a_
 def test_fused_mlm_step_equals_the_logits_path():
     """A pre-training step through `fused_mlm=True` gives the loss and every gradient of the
     plain path (logits, F.cross_entropy)."""
-    from bertkit.core.heads import BertForMaskedLM, BertForPreTraining
 
     config = tiny_bert_config(
         97,

@@ -24,7 +24,7 @@ from helpers import close, hf_config, pair
 
 @torch.no_grad()
 def test_bert_model_matches_hf_with_hidden_states_and_attentions(tiny_config, tiny_batch):
-    ours, hf = pair(BertModel, "BertModel", tiny_config)
+    ours, hf = pair("BertModel", tiny_config)
     a = ours(**tiny_batch, output_hidden_states=True, output_attentions=True)
     b = hf(**tiny_batch, output_hidden_states=True, output_attentions=True)
     close(a.last_hidden_state, b.last_hidden_state)
@@ -100,7 +100,7 @@ def test_matches_reference_forward_with_and_without_causal_mask(tiny_config, tin
 @torch.no_grad()
 def test_causal_config_matches_hf_decoder_and_ignores_the_future(tiny_config, tiny_batch):
     tiny_config.is_decoder = True
-    ours, hf = pair(BertModel, "BertModel", tiny_config)
+    ours, hf = pair("BertModel", tiny_config)
     a = ours(**tiny_batch).last_hidden_state
     close(a, hf(**tiny_batch).last_hidden_state)
     changed = tiny_batch["input_ids"].clone()
