@@ -111,8 +111,7 @@ def run(name: str, options: dict, root: Path, shards: Path, tokenizer) -> list[f
 
 
 def main() -> None:
-    parser = arguments(__doc__)
-    parser.add_argument("--out", type=Path, default=Path("runs/chain"))
+    parser = arguments(__doc__, out="runs/chain")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -44,10 +44,9 @@ def conll_text(source: Path, target: Path) -> Path:
 
 
 def main() -> None:
-    parser = arguments(__doc__, data=True)
+    parser = arguments(__doc__, data=True, out="runs/continued")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("runs/continued"))
     args = parser.parse_args()
 
     from bertkit.finetuning.train import FinetuneConfig, finetune

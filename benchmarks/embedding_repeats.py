@@ -90,10 +90,9 @@ def score(embed, heldout: dict) -> dict:
 
 
 def main() -> None:
-    parser = arguments(__doc__, data=True)
+    parser = arguments(__doc__, data=True, out="runs/emb_repeats")
     parser.add_argument("--paragraphs", type=int, default=480)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("runs/emb_repeats"))
     args = parser.parse_args()
 
     from bertkit import Embedder

@@ -119,14 +119,13 @@ def run_st(model, train, dev, out: Path, seed: int, args) -> dict:
 
 
 def main() -> None:
-    parser = arguments(__doc__, data=True, model=True)
+    parser = arguments(__doc__, data=True, model=True, out="runs/emb_vs_st")
     parser.add_argument("--train-pairs", type=int, default=2000)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
-    parser.add_argument("--out", type=Path, default=Path("runs/emb_vs_st"))
     args = parser.parse_args()
     model = args.model
     if model is None:

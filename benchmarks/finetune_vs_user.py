@@ -230,11 +230,10 @@ def last_epoch(run: dict) -> dict:
 
 
 def main() -> None:
-    parser = arguments(__doc__, data=True, model=True)
+    parser = arguments(__doc__, data=True, model=True, out="runs/finetune_user")
     parser.add_argument("--tasks", nargs="+", default=["mrpc", "rte", "stsb", "cola"])
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--out", type=Path, default=Path("runs/finetune_user"))
     parser.add_argument("--epochs", type=int, help="default: the paper's (3)")
     parser.add_argument("--max-train-examples", type=int, help="the first N (quick checks)")
     parser.add_argument(

@@ -96,11 +96,10 @@ def measure(mode: str, path: Path, model: str, chunk: int) -> dict:
 
 
 def main() -> None:
-    parser = arguments(__doc__, data=True, model=True)
+    parser = arguments(__doc__, data=True, model=True, out="runs/own_data_read")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--chunk", type=int, default=20_000)
     parser.add_argument("--modes", nargs="+", default=["stream", "finetune"])
-    parser.add_argument("--out", type=Path, default=Path("runs/own_data_read"))
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # one mode, in a child process
     args = parser.parse_args()
     model = args.model

@@ -167,7 +167,7 @@ def read_conll(path: str) -> list:
 
 
 def main() -> None:
-    parser = arguments(__doc__, data=True, model=True)
+    parser = arguments(__doc__, data=True, model=True, out="runs/own_vs_user")
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument(
@@ -176,7 +176,6 @@ def main() -> None:
         help="bertkit-random: bertkit with --bucket-batches 1",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--out", type=Path, default=Path("runs/own_vs_user"))
     parser.add_argument("--train-rows", type=int, default=4_000, help="SST-2 rows in the CSV")
     parser.add_argument(
         "--train-sentences",

@@ -26,10 +26,9 @@ from bertkit.tasks.own import DataConfig
 
 
 def main() -> None:
-    parser = arguments(__doc__, model=True)
+    parser = arguments(__doc__, model=True, out="runs/tagging_mean_words")
     parser.add_argument("run", type=Path, help="an own_data_vs_transformers.py --out folder")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
-    parser.add_argument("--out", type=Path, default=Path("runs/tagging_mean_words"))
     args = parser.parse_args()
     model = args.model
     if model is None:
