@@ -110,11 +110,6 @@ def precision_setting() -> Any:
     )
 
 
-def backend_setting(help: str) -> Any:
-    """What runs a model in use: PyTorch or ONNX Runtime."""
-    return setting("torch", help, choices=BACKENDS)
-
-
 def quantize_setting(help: str) -> Any:
     """The weights of an ONNX model: as trained (None) or int8."""
     return setting(None, help, choices=QUANTIZATIONS)
@@ -154,19 +149,30 @@ def compile_setting() -> Any:
     )
 
 
-def inference_compile_setting() -> Any:
-    """Whether predict and serve compile their model (`precision.compile_for_inference`)."""
-    return setting(
+def device_setting() -> Any:
+    return setting(None, "cpu or cuda (default: cuda when available)")
+
+
+@dataclasses.dataclass
+class RuntimeConfig(Settings):
+    """How a model in use runs, the same for `bertkit predict` and `bertkit serve` (both nest
+    it: their flags and Python names are these fields', `--backend`, `Predictor(device=...)`),
+    and what `inference.loader.load` takes."""
+
+    device: str | None = device_setting()
+    backend: str = setting(
+        "torch",
+        "onnx: run MODEL/model.onnx (bertkit export --onnx) with ONNX Runtime",
+        choices=BACKENDS,
+    )
+    precision: str = precision_setting()
+    compile: str = setting(
         "off",
         "on: torch.compile the model for inference (inductor, every size symbolic, weights "
         "frozen): each call faster after the first of its kind compiles (tens of seconds on "
         "two cores; the server compiles at start-up). torch backend only",
         choices=("off", "on"),
     )
-
-
-def device_setting() -> Any:
-    return setting(None, "cpu or cuda (default: cuda when available)")
 
 
 def nested(
@@ -360,6 +366,12 @@ def flat(settings: Any) -> dict[str, tuple[Any, str]]:
             spellings = field.metadata.get("flags") or ()
             values[field.name] = (value, spellings[0] if spellings else flag(field.name))
     return values
+
+
+def values(settings: Any) -> dict[str, Any]:
+    """Every field of a settings object by name, nested settings' included: what `from_values`
+    takes back (a settings object as JSON, flat as its flags are)."""
+    return {name: value for name, (value, _) in flat(settings).items()}
 
 
 def from_values(cls: type, values: dict[str, Any]):

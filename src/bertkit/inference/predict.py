@@ -38,17 +38,7 @@ import torch
 from bertkit._io import atomic_path
 from bertkit.inference.loader import OnnxModel, load
 from bertkit.rows import FileConfig, file_format, read_jsonl, read_rows
-from bertkit.settings import (
-    Settings,
-    backend_setting,
-    device_setting,
-    flat_names,
-    inference_compile_setting,
-    nested,
-    precision_setting,
-    replaced,
-    setting,
-)
+from bertkit.settings import RuntimeConfig, Settings, flat_names, nested, replaced, setting
 from bertkit.tasks.base import DataError, Task, run_outputs
 from bertkit.tasks.labels import softmax
 from bertkit.tasks.saved import HeadConfig, SavedClassifier
@@ -96,12 +86,7 @@ class PredictConfig(Settings):
     heads: HeadConfig = nested(HeadConfig)
     progress: bool = setting(True, "a progress bar over --input's rows")
     batch_size: int = setting(32, "inputs per model call", check="positive")
-    device: str | None = device_setting()
-    backend: str = backend_setting(
-        "onnx: run MODEL/model.onnx (bertkit export --onnx) with ONNX Runtime"
-    )
-    precision: str = precision_setting()
-    compile: str = inference_compile_setting()
+    runtime: RuntimeConfig = nested(RuntimeConfig)
 
 
 class Predictor:
@@ -115,9 +100,8 @@ class Predictor:
         natively, fp32 elsewhere; an ONNX export runs as it was exported."""
         self.config = config = replaced(config or PredictConfig(), **settings)
         self.loaded = loaded = load(
-            model, fine_tuned=True, device=config.device, precision=config.precision,
-            backend=config.backend, compile=config.compile, task_options=vars(config.heads),
-        )  # fmt: skip
+            model, fine_tuned=True, task_options=vars(config.heads), **vars(config.runtime)
+        )
         assert loaded.task is not None and loaded.max_seq_length is not None
         self.task, self.max_seq_length = loaded.task, loaded.max_seq_length
         self.tokenizer = loaded.tokenizer

@@ -31,7 +31,6 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import asdict
 from typing import Any
 
 import orjson
@@ -49,7 +48,7 @@ from bertkit.serve.cores import CoreShare
 from bertkit.serve.engine import ServedModel
 from bertkit.serve.metrics import Metrics
 from bertkit.serve.routes import ENDPOINTS, ROUTES, Route
-from bertkit.settings import from_values
+from bertkit.settings import from_values, values
 
 log = logging.getLogger("bertkit.serve")
 
@@ -364,7 +363,7 @@ def _add_status_routes(app: FastAPI, service: Service) -> None:
 
     @app.get("/info", summary="the model, its task, labels and endpoints, the server's limits")
     async def info() -> dict[str, Any]:
-        settings = asdict(service.config)
+        settings = values(service.config)  # by name, as the flags are
         if settings.get("api_key"):  # never the key itself
             settings["api_key"] = "(set)"
         return service.model.info() | {"settings": settings, "threads": service.cores.info()}
@@ -507,7 +506,7 @@ def serve(model: str | os.PathLike, config: ServeConfig | None = None, *,
     from bertkit.precision import resolve_precision
 
     compute = resolve_precision(
-        config.precision, default_device(config.device), backend=config.backend
+        config.runtime.precision, default_device(config.runtime.device), backend=config.runtime.backend
     )
     if compute.name == "fp32":
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
@@ -515,7 +514,7 @@ def serve(model: str | os.PathLike, config: ServeConfig | None = None, *,
                   access_log=access_log, timeout_graceful_shutdown=60, http=GuardedHTTP,
                   ws="none")  # fmt: skip
     if config.workers > 1:  # each process loads the model itself (uvicorn's factory mode)
-        os.environ[_ENV] = json.dumps({"model": str(model), "config": asdict(config)})
+        os.environ[_ENV] = json.dumps({"model": str(model), "config": values(config)})
         print(_banner(str(model), config, None), file=sys.stderr, flush=True)
         uvicorn.run(f"{__name__}:_app_from_env", factory=True, workers=config.workers, **common)
         return
@@ -549,8 +548,8 @@ def _threads(config: ServeConfig) -> CoreShare:
     fixed: tuple[int, str] | None = None
     if threads.source != "cpus":
         fixed = (threads.count, threads.why)
-    elif config.backend != "torch":
-        fixed = (threads.cpus.count, f"the {config.backend} backend")
+    elif config.runtime.backend != "torch":
+        fixed = (threads.cpus.count, f"the {config.runtime.backend} backend")
     cores = CoreShare(threads.cpus, fixed=fixed)
     torch.set_num_threads(cores.threads())
     return cores
@@ -563,8 +562,7 @@ def _guard(config: ServeConfig) -> None:
 
 def _app_from_env():
     settings = json.loads(os.environ[_ENV])
-    values = dict(settings["config"])  # (asdict's: nested settings as their own objects)
-    config = from_values(ServeConfig, values | values.pop("heads", {}))
+    config = from_values(ServeConfig, settings["config"])
     _guard(config)
     return create_app(Service(settings["model"], config))
 
@@ -577,7 +575,7 @@ def _threads_line(threads: dict[str, Any]) -> str:
 def _banner(model: str, config: ServeConfig, service: Service | None) -> str:
     what = ", ".join(service.model.info()["endpoints"]) if service else f"{config.workers} workers"
     return (
-        f"bertkit serve: {model} ({what}; {config.backend}"
+        f"bertkit serve: {model} ({what}; {config.runtime.backend}"
         f"{' ' + config.quantize if config.quantize else ''}"
         f"{'; ' + service.model.precision.reason if service else ''}"
         f"{'; ' + _threads_line(service.cores.info()) if service else ''}) on "

@@ -5,13 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bertkit.settings import (
+    RuntimeConfig,
     Settings,
-    backend_setting,
-    device_setting,
     flat_names,
-    inference_compile_setting,
     nested,
-    precision_setting,
     quantize_setting,
     setting,
 )
@@ -23,8 +20,9 @@ from bertkit.tasks.saved import HeadConfig
 class ServeConfig(Settings):
     host: str = setting("127.0.0.1", "address to listen on (0.0.0.0: every interface)")
     port: int = setting(8080, "port to listen on", check="non-negative")
-    backend: str = backend_setting(
-        "torch, or onnx (ONNX Runtime; a checkpoint is exported at start-up)"
+    runtime: RuntimeConfig = nested(
+        RuntimeConfig,
+        helps={"backend": "onnx: ONNX Runtime (a checkpoint is exported at start-up)"},
     )
     quantize: str | None = quantize_setting("int8: dynamic int8 weights (with --backend onnx)")
     max_batch_size: int = setting(32, "most inputs in one model call", check="positive")
@@ -66,14 +64,11 @@ class ServeConfig(Settings):
         "with those other processes leave free)",
         check="positive",
     )
-    device: str | None = device_setting()
     api_key: str | None = setting(
         None,
         "require Authorization: Bearer KEY on every route but /health (default: the "
         "BERTKIT_API_KEY environment variable; unset: open, as on localhost)",
     )
-    precision: str = precision_setting()
-    compile: str = inference_compile_setting()
     heads: HeadConfig = nested(HeadConfig)
     served_model_name: str | None = setting(
         None,

@@ -81,7 +81,7 @@ class ServedModel:
         from bertkit.core.hub import model_dir
 
         self.config = config = replaced(config or ServeConfig(), **settings)
-        backend, quantize = config.backend, config.quantize
+        backend, quantize = config.runtime.backend, config.quantize
         given = str(path)
         path = model_dir(path)  # a folder, or a Hub name
         self.name = config.served_model_name or (
@@ -93,7 +93,7 @@ class ServedModel:
             raise ValueError(f"quantize must be {', '.join(QUANTIZATIONS)}, not {quantize!r}")
         if quantize and backend != "onnx":
             raise ValueError("int8 serving runs on ONNX Runtime: add --backend onnx")
-        inference_compile(config.compile, backend)  # refused before anything loads
+        inference_compile(config.runtime.compile, backend)  # refused before anything loads
         path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(f"{path}: no such model folder")
@@ -106,8 +106,8 @@ class ServedModel:
         self.path = path
         # /embed's default: what a sentence-transformers folder declares, else the mean
         self.pooling = read_pooling(self.source) or "mean"
-        self.device = default_device(config.device)
-        self.precision = resolve_precision(config.precision, self.device, backend=backend)
+        self.device = default_device(config.runtime.device)
+        self.precision = resolve_precision(config.runtime.precision, self.device, backend=backend)
         self.max_batch_size = config.max_batch_size
         self.predictor: Predictor | None = None
         self.fill: FillMask | None = None
