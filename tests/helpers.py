@@ -23,7 +23,7 @@ from bertkit import (
     BertTokenizer,
 )
 from bertkit.core.checkpoint import load_state_dict_into
-from bertkit.jobs.embed import EmbedJob
+from bertkit.jobs.work import Job
 from bertkit.pretraining.shards import (
     Shards,
     chunk_from_token_documents,
@@ -500,9 +500,9 @@ class _RecordingMapper:
 
 
 @dataclass
-class RecordingJob(EmbedJob):
-    """An embedding job whose mapper records who computes each shard (picklable: the spawned
-    workers import it from here)."""
+class RecordingJob(Job):
+    """A job whose mapper records who computes each shard (picklable: the spawned workers
+    import it from here)."""
 
     record: str = ""
 

@@ -21,7 +21,7 @@ import pytest
 from bertkit import cli
 from bertkit.jobs import shards
 from bertkit.jobs.config import EmbedConfig
-from bertkit.jobs.embed import embed
+from bertkit.jobs.embed import EmbeddingMapper, embed
 from bertkit.jobs.inputs import (
     Columns,
     corpus_rows,
@@ -179,8 +179,9 @@ def test_n_processes_write_what_one_writes(words_model, tmp_path):
     config = EmbedConfig(pooling="mean", rows_per_shard=25, threads=1, progress=False)
     one = embed(words_model, [source], tmp_path / "one", config)
     record = tmp_path / "pids"
-    two = run_job(RecordingJob(str(words_model), replace(config, workers=2), str(record)),
-                  sources([source], None, "train", "auto"), tmp_path / "two")  # fmt: skip
+    job = RecordingJob("embed", str(words_model), replace(config, workers=2), EmbeddingMapper,
+                       str(record))  # fmt: skip
+    two = run_job(job, sources([source], None, "train", "auto"), tmp_path / "two")
     assert [s["sha256"] for s in one["shards"]] == [s["sha256"] for s in two["shards"]]
     assert len(one["shards"]) == 5
     pids = [int(line.split()[0]) for line in record.read_text().splitlines()]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -185,37 +184,17 @@ def query_embedder(plan: dict[str, Any], model: str | os.PathLike | None = None,
     return mapper
 
 
-@dataclass
-class EmbedJob:
-    """The embedding job, as handed to each process that runs part of it (picklable)."""
-
-    model: str
-    config: EmbedConfig
-
-    def mapper(self) -> EmbeddingMapper:
-        return EmbeddingMapper(self.model, self.config)
-
-
-def embed(
-    model: str | os.PathLike,
-    inputs: Sequence[str | os.PathLike] | None,
-    out: str | os.PathLike,
-    config: EmbedConfig | None = None,
-    *,
-    dataset: str | None = None,
-    split: str = "train",
-    ray: str | None = None,
-    **settings: Any,
-) -> dict[str, Any]:
+def embed(model: str | os.PathLike, inputs: Sequence[str | os.PathLike] | None,
+          out: str | os.PathLike, config: EmbedConfig | None = None, *,
+          dataset: str | None = None, split: str = "train", ray: str | None = None,
+          **settings: Any) -> dict[str, Any]:  # fmt: skip
     """Embed every row of `inputs` (paths or globs) or of the cached `dataset` (NAME[:CONFIG],
     its `split`) into `out` (Parquet shards and manifest.json); `ray`: run on Ray Data ("auto"
     or a cluster address). Returns the manifest."""
-    from bertkit.jobs.run import run_job
-    from bertkit.settings import replaced
+    from bertkit.jobs.run import start_job
 
-    config = replaced(config or EmbedConfig(), **settings)
-    found = sources(inputs, dataset, split, config.reading.format)
-    return run_job(EmbedJob(str(model), config), found, Path(out), ray=ray)
+    return start_job("embed", EmbeddingMapper, model, inputs, out, config or EmbedConfig(),
+                     settings, dataset=dataset, split=split, ray=ray)  # fmt: skip
 
 
 def embed_to_file(

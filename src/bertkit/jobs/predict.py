@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from bertkit.jobs.config import PredictJobConfig
@@ -65,32 +63,14 @@ def _cell(value: Any) -> Any:
     return json.dumps(value, ensure_ascii=False) if isinstance(value, (list, dict)) else value
 
 
-@dataclass
-class PredictJob:
-    model: str
-    config: PredictJobConfig
-
-    def mapper(self) -> PredictionMapper:
-        return PredictionMapper(self.model, self.config)
-
-
-def predict_corpus(
-    model: str | os.PathLike,
-    inputs: Sequence[str | os.PathLike] | None,
-    out: str | os.PathLike,
-    config: PredictJobConfig | None = None,
-    *,
-    dataset: str | None = None,
-    split: str = "train",
-    ray: str | None = None,
-    **settings: Any,
-) -> dict[str, Any]:
+def predict_corpus(model: str | os.PathLike, inputs: Sequence[str | os.PathLike] | None,
+                   out: str | os.PathLike, config: PredictJobConfig | None = None, *,
+                   dataset: str | None = None, split: str = "train", ray: str | None = None,
+                   **settings: Any) -> dict[str, Any]:  # fmt: skip
     """Predict every row of `inputs` (or of a cached `dataset`) into the folder `out`; the
     manifest."""
-    from bertkit.jobs.config import sources
-    from bertkit.jobs.run import run_job
-    from bertkit.settings import replaced
+    from bertkit.jobs.run import start_job
 
-    config = replaced(config or PredictJobConfig(), **settings)
-    found = sources(inputs, dataset, split, config.reading.format)
-    return run_job(PredictJob(str(model), config), found, Path(out), ray=ray)
+    return start_job("predict", PredictionMapper, model, inputs, out,
+                     config or PredictJobConfig(), settings, dataset=dataset, split=split,
+                     ray=ray)  # fmt: skip

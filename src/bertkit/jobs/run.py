@@ -1,16 +1,18 @@
 """Running a corpus job: in this process, in N local processes, or on Ray Data (`jobs.ray`).
 
-A job (`EmbedJob`, `PredictJob`) is picklable; `job.mapper()` loads its model and turns a
-shard's rows into the shard's columns. Every runner writes shard k from rows k*R .. (k+1)*R-1
-of the inputs and skips the shards already written, then writes the complete manifest.
+A job (`jobs.work.Job`: an embedding or a prediction job) is picklable; `job.mapper()` loads
+its model and turns a shard's rows into the shard's columns. Every runner writes shard k from
+rows k*R .. (k+1)*R-1 of the inputs and skips the shards already written, then writes the
+complete manifest.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,22 @@ def plan_of(job: Job, mapper: Mapper, sources: Sequence[Source]) -> dict[str, An
         "rows_per_shard": config.rows_per_shard,
         "batch_size": config.batch_size,
     }
+
+
+def start_job(kind: str, mapper_class: Callable[[str, Any], Mapper], model: str | os.PathLike,
+              inputs: Sequence[str | os.PathLike] | None, out: str | os.PathLike, config: Any,
+              settings: dict[str, Any], *, dataset: str | None, split: str, ray: str | None
+              ) -> dict[str, Any]:  # fmt: skip
+    """The job `bertkit embed` or `predict --out` asks for (`config`, with `settings` by name on
+    top) over `inputs` (paths or globs) or a cached `dataset`'s `split`, run into `out` (Parquet
+    shards and manifest.json), on Ray Data where `ray` says ("auto" or a cluster address);
+    the manifest."""
+    from bertkit.jobs.config import sources
+    from bertkit.settings import replaced
+
+    config = replaced(config, **settings)
+    found = sources(inputs, dataset, split, config.reading.format)
+    return run_job(Job(kind, str(model), config, mapper_class), found, Path(out), ray=ray)
 
 
 def run_job(job: Job, sources: Sequence[Source], out: Path, *, ray: str | None = None
@@ -102,8 +120,7 @@ def _bar(progress: bool, total: int | None, job: Job):
         return None
     from tqdm import tqdm
 
-    kind = type(job).__name__.removesuffix("Job").lower()
-    return tqdm(total=total, desc=kind, unit=" rows", file=sys.stderr, smoothing=0.1)
+    return tqdm(total=total, desc=job.kind, unit=" rows", file=sys.stderr, smoothing=0.1)
 
 
 def _run_here(mapper: Mapper, sources, config, out: Path, done: set[int], bar) -> int:

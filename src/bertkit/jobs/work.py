@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,11 +20,20 @@ class Mapper(Protocol):
     def __call__(self, rows: Sequence[CorpusRow]) -> tuple[dict[str, Any], list[str | None]]: ...
 
 
-class Job(Protocol):
+@dataclass
+class Job:
+    """A corpus job as handed to each process that runs part of it (picklable): what it is
+    (`kind`: embed, predict; its progress bar's name), the model, its settings, and the class
+    (`EmbeddingMapper`, `PredictionMapper`) whose instance loads the model in that process and
+    turns a shard's rows into the shard's columns."""
+
+    kind: str
     model: str
     config: Any
+    mapper_class: Callable[[str, Any], Mapper]
 
-    def mapper(self) -> Mapper: ...
+    def mapper(self) -> Mapper:
+        return self.mapper_class(self.model, self.config)
 
 
 def process_shard(mapper: Mapper, out: Path, number: int, rows: Sequence[CorpusRow]) -> int:

@@ -506,7 +506,9 @@ def serve(model: str | os.PathLike, config: ServeConfig | None = None, *,
     from bertkit.precision import resolve_precision
 
     compute = resolve_precision(
-        config.runtime.precision, default_device(config.runtime.device), backend=config.runtime.backend
+        config.runtime.precision,
+        default_device(config.runtime.device),
+        backend=config.runtime.backend,
     )
     if compute.name == "fp32":
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
