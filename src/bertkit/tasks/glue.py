@@ -77,83 +77,36 @@ class GlueSpec:
 _PAIR_TEST = Layout(("index",), 3, 1, 2, None, index=0)
 _NLI = ("entailment", "not_entailment")
 
-GLUE: dict[str, GlueSpec] = {
-    "cola": GlueSpec(
-        "cola",
-        "CoLA",
-        ("0", "1"),
-        ("mcc", "accuracy"),
-        Layout(None, 4, 3, None, 1),
-        Layout(("index", "sentence"), 2, 1, None, None, index=0),
-    ),
-    "sst2": GlueSpec(
-        "sst2",
-        "SST-2",
-        ("0", "1"),
-        ("accuracy",),
-        Layout(("sentence", "label"), 2, 0, None, 1),
-        Layout(("index", "sentence"), 2, 1, None, None, index=0),
-    ),
-    "mrpc": GlueSpec(
-        "mrpc",
-        "MRPC",
-        ("0", "1"),
-        ("f1", "accuracy"),
-        Layout(("Quality", "#1 ID", "#2 ID"), 5, 3, 4, 0),
-        Layout(("index", "#1 ID", "#2 ID"), 5, 3, 4, None, index=0),
-    ),
-    "stsb": GlueSpec(
-        "stsb",
-        "STS-B",
-        None,
-        ("pearson", "spearman"),
-        Layout(("index", "genre", "filename"), 10, 7, 8, 9),
-        Layout(("index", "genre", "filename"), 9, 7, 8, None, index=0),
-    ),
-    "qqp": GlueSpec(
-        "qqp",
-        "QQP",
-        ("0", "1"),
-        ("f1", "accuracy"),
-        Layout(("id", "qid1", "qid2"), 6, 3, 4, 5),
-        Layout(("id", "question1", "question2"), 3, 1, 2, None, index=0),
-    ),
-    "mnli": GlueSpec(
-        "mnli",
-        "MNLI",
-        ("contradiction", "entailment", "neutral"),
-        ("accuracy",),
-        Layout(("index", "promptID", "pairID"), 12, 8, 9, -1),
-        Layout(("index", "promptID", "pairID"), 10, 8, 9, None, index=0),
-        dev_files=(("dev", "dev_matched.tsv"), ("dev_mismatched", "dev_mismatched.tsv")),
-        test_files=(("test", "test_matched.tsv"), ("test_mismatched", "test_mismatched.tsv")),
-        submission={"test": "MNLI-m.tsv", "test_mismatched": "MNLI-mm.tsv"},
-    ),
-    "qnli": GlueSpec(
-        "qnli",
-        "QNLI",
-        _NLI,
-        ("accuracy",),
-        Layout(("index", "question", "sentence"), 4, 1, 2, 3),
-        _PAIR_TEST,
-    ),
-    "rte": GlueSpec(
-        "rte",
-        "RTE",
-        _NLI,
-        ("accuracy",),
-        Layout(("index", "sentence1", "sentence2"), 4, 1, 2, 3),
-        _PAIR_TEST,
-    ),
-    "wnli": GlueSpec(
-        "wnli",
-        "WNLI",
-        ("0", "1"),
-        ("accuracy",),
-        Layout(("index", "sentence1", "sentence2"), 4, 1, 2, 3),
-        _PAIR_TEST,
-    ),
-}
+_BINARY = ("0", "1")
+
+# name, folder, labels (None: regression), metrics, the train and dev files' layout, the test
+# files' layout (and MNLI's two dev and test sets)
+GLUE: dict[str, GlueSpec] = {spec.name: spec for spec in (
+    GlueSpec("cola", "CoLA", _BINARY, ("mcc", "accuracy"), Layout(None, 4, 3, None, 1),
+             Layout(("index", "sentence"), 2, 1, None, None, index=0)),
+    GlueSpec("sst2", "SST-2", _BINARY, ("accuracy",), Layout(("sentence", "label"), 2, 0, None, 1),
+             Layout(("index", "sentence"), 2, 1, None, None, index=0)),
+    GlueSpec("mrpc", "MRPC", _BINARY, ("f1", "accuracy"),
+             Layout(("Quality", "#1 ID", "#2 ID"), 5, 3, 4, 0),
+             Layout(("index", "#1 ID", "#2 ID"), 5, 3, 4, None, index=0)),
+    GlueSpec("stsb", "STS-B", None, ("pearson", "spearman"),
+             Layout(("index", "genre", "filename"), 10, 7, 8, 9),
+             Layout(("index", "genre", "filename"), 9, 7, 8, None, index=0)),
+    GlueSpec("qqp", "QQP", _BINARY, ("f1", "accuracy"), Layout(("id", "qid1", "qid2"), 6, 3, 4, 5),
+             Layout(("id", "question1", "question2"), 3, 1, 2, None, index=0)),
+    GlueSpec("mnli", "MNLI", ("contradiction", "entailment", "neutral"), ("accuracy",),
+             Layout(("index", "promptID", "pairID"), 12, 8, 9, -1),
+             Layout(("index", "promptID", "pairID"), 10, 8, 9, None, index=0),
+             dev_files=(("dev", "dev_matched.tsv"), ("dev_mismatched", "dev_mismatched.tsv")),
+             test_files=(("test", "test_matched.tsv"), ("test_mismatched", "test_mismatched.tsv")),
+             submission={"test": "MNLI-m.tsv", "test_mismatched": "MNLI-mm.tsv"}),
+    GlueSpec("qnli", "QNLI", _NLI, ("accuracy",),
+             Layout(("index", "question", "sentence"), 4, 1, 2, 3), _PAIR_TEST),
+    GlueSpec("rte", "RTE", _NLI, ("accuracy",),
+             Layout(("index", "sentence1", "sentence2"), 4, 1, 2, 3), _PAIR_TEST),
+    GlueSpec("wnli", "WNLI", _BINARY, ("accuracy",),
+             Layout(("index", "sentence1", "sentence2"), 4, 1, 2, 3), _PAIR_TEST),
+)}  # fmt: skip
 _SUBMISSION = {"sst2": "SST-2", "stsb": "STS-B"}
 
 
