@@ -253,10 +253,8 @@ def compile_for_inference(model: torch.nn.Module) -> torch.nn.Module:
     one is compiled for once more (its size is special to the compiler); the server warms
     both at start-up. For inference only: the weights are read once, when it first
     compiles."""
-    from bertkit.core.model import BertModel
-
     for module in model.modules():
-        if isinstance(module, BertModel):
-            module.one_layout_structure = True
+        if hasattr(module, "one_layout_structure"):  # every BertModel within
+            setattr(module, "one_layout_structure", True)  # noqa: B010
     compiled: Any = torch.compile(model, dynamic=True, options={"freezing": True})
     return compiled  # an OptimizedModule: a Module delegating to `model`

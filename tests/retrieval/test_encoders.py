@@ -271,7 +271,8 @@ def test_hybrid_retrieval_is_the_fusion_of_both_and_scored_as_trec_eval(prompted
     pytest.importorskip("pytrec_eval")
     from sentence_transformers import SparseEncoder
 
-    from bertkit.retrieval.beir import fused, read_qrels
+    from bertkit.retrieval.beir import read_qrels
+    from bertkit.retrieval.ranking import fused
 
     from helpers import trec_eval_scores
 
@@ -325,8 +326,8 @@ def test_hybrid_search_fuses_dense_sparse_and_full_text(prompted, splade, tmp_pa
     pytest.importorskip("lancedb")
     from sentence_transformers import SparseEncoder
 
-    from bertkit.retrieval.beir import fused
     from bertkit.retrieval.index import Searcher
+    from bertkit.retrieval.ranking import fused
 
     _, corpus, asked = squad_beir(tmp_path / "beir", documents=60, queries=5)
     source = tmp_path / "docs.jsonl"

@@ -23,7 +23,6 @@ import torch
 from bertkit.core.embedding import (
     MultiVector,
     Splade,
-    declared_length,
     maxsim,
     pool,
     prompt_for,
@@ -33,7 +32,7 @@ from bertkit.core.embedding import (
     read_splade,
     shortened,
 )
-from bertkit.inference.loader import Loaded, load
+from bertkit.inference.loader import Loaded, load, reading_length
 from bertkit.inference.texts import Ids, Text
 
 SparseVector = tuple[np.ndarray, np.ndarray]  # a sparse vector's indices (int32) and values
@@ -49,20 +48,6 @@ class Row(NamedTuple):
     types: list[int]
     unpooled: int = 0
     unattended: int = 0  # trailing pieces computed but not attended to (ColBERT's expansion)
-
-
-def reading_length(loaded: Loaded, given: int | None = None) -> int:
-    """Where a model's texts are cut, in pieces with the special tokens: `given`, else the
-    folder's declared length, else the tokenizer's `model_max_length` — never past the
-    positions (sentence-transformers' rule: all-MiniLM-L6-v2 declares 256; a plain BERT
-    folder reads 512).
-
-    >>> reading_length(load("bert-tiny-folder"))   # doctest: +SKIP
-    512
-    """
-    positions = loaded.config.max_length
-    longest = min(loaded.tokenizer.model_max_length, positions)
-    return min(given or declared_length(loaded.path) or longest, positions)
 
 
 class Embedder:

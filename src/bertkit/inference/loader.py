@@ -31,6 +31,7 @@ from bertkit._device import default_device, fit_threads
 from bertkit._io import TASK_FILE
 from bertkit.core.checkpoint import HF_CONFIG, read_config
 from bertkit.core.config import BertConfig
+from bertkit.core.embedding import declared_length
 from bertkit.core.family import family_of_folder
 from bertkit.core.heads import MODEL_CLASSES
 from bertkit.core.hub import model_dir
@@ -43,8 +44,9 @@ from bertkit.precision import (
     resolve_precision,
 )
 from bertkit.rows import FileConfig
-from bertkit.tasks.base import Task, task_of_checkpoint
+from bertkit.tasks.base import Task, read_task_info
 from bertkit.tasks.own import OwnTask
+from bertkit.tasks.saved import saved_head, task_of_folder
 
 ONNX_FILE = "model.onnx"
 ONNX_INFO = "onnx.json"
@@ -105,6 +107,36 @@ class Loaded:
         return (given or FileConfig()).over(saved)
 
 
+def reading_length(loaded: Loaded, given: int | None = None) -> int:
+    """Where a model's texts are cut, in pieces with the special tokens: `given`, else the
+    folder's declared length, else the tokenizer's `model_max_length` — never past the
+    positions (sentence-transformers' rule: all-MiniLM-L6-v2 declares 256; a plain BERT
+    folder reads 512).
+
+    >>> reading_length(load("bert-tiny-folder"))   # doctest: +SKIP
+    512
+    """
+    positions = loaded.config.max_length
+    longest = min(loaded.tokenizer.model_max_length, positions)
+    return min(given or declared_length(loaded.path) or longest, positions)
+
+
+def task_of_checkpoint(model: str | os.PathLike, name: str | None = None,
+                       **options: Any) -> tuple[Task, dict]:  # fmt: skip
+    """The task a fine-tuned checkpoint answers (its own, or `name`), with what it learnt and
+    tuned (labels, thresholds), and the checkpoint's task info. A folder transformers or
+    sentence-transformers saved (no task record) answers the task its head names
+    (`tasks.saved.task_of_folder`, given `options`)."""
+    from bertkit.tasks import get_task
+
+    folder = model_dir(model)
+    if name is None and folder.is_dir() and not (folder / TASK_FILE).exists():
+        if saved_head(folder) is not None:
+            return task_of_folder(folder, **options)
+    info = read_task_info(model)
+    return get_task(name or info["task"]).with_settings(info), info
+
+
 def load(
     model: str | os.PathLike,
     *,
@@ -158,8 +190,6 @@ def load(
             net = encoder = compile_for_inference(net)
     loaded = Loaded(path, net, config, name, chosen, compute, found, info, encoder)
     if found is not None and "saved_by" in info:  # a saved head reads what its folder allows
-        from bertkit.inference.embedder import reading_length
-
         info["max_seq_length"] = min(reading_length(loaded), found.default_max_seq_length) \
             if found.head == "BertForQuestionAnswering" else reading_length(loaded)  # fmt: skip
     return loaded

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from bertkit.jobs import shards
-from bertkit.retrieval.beir import unit_rows
+from bertkit.retrieval.ranking import unit_rows
 
 ANN_FROM = 10_000  # rows: below this, exact search is fast and exact
 PLAN_KEY = b"bertkit.plan"
@@ -193,7 +193,7 @@ class Searcher:
         return _hits(found, found.column("_score").to_numpy())
 
     def _fused(self, ranked: dict[str, list[Hit]], wanted: int) -> list[Hit]:
-        from bertkit.retrieval.beir import fused
+        from bertkit.retrieval.ranking import fused
 
         ids, scores = fused([[[h["id"] for h in hits]] for hits in ranked.values()], wanted,
                             self.fusion_k)  # fmt: skip
@@ -276,7 +276,7 @@ class _Side:
         return _hits(found, unit_rows(matrix) @ unit_rows(vector[None])[0])
 
     def _sparse(self, query: str, wanted: int) -> list[Hit]:
-        from bertkit.retrieval.beir import queries_matrix, rows_matrix
+        from bertkit.retrieval.ranking import queries_matrix, rows_matrix
 
         width = self.plan["vocabulary"]
         if self._held is None:

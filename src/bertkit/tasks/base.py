@@ -514,22 +514,3 @@ def read_task_info(model: str | os.PathLike) -> dict:
             "(bertkit embed), or fine-tune it for a task (bertkit finetune)"
         )
     return json.loads(path.read_text())
-
-
-def task_of_checkpoint(model: str | os.PathLike, name: str | None = None,
-                       **options: Any) -> tuple[Task, dict]:  # fmt: skip
-    """The task a fine-tuned checkpoint answers (its own, or `name`), with what it learnt and
-    tuned (labels, thresholds), and the checkpoint's task info. A folder transformers or
-    sentence-transformers saved (no task record) answers the task its head names
-    (`tasks.saved.task_of_folder`, given `options`)."""
-    from bertkit.core.hub import model_dir
-    from bertkit.tasks import get_task
-
-    folder = model_dir(model)
-    if name is None and folder.is_dir() and not (folder / TASK_FILE).exists():
-        from bertkit.tasks.saved import saved_head, task_of_folder
-
-        if saved_head(folder) is not None:
-            return task_of_folder(folder, **options)
-    info = read_task_info(model)
-    return get_task(name or info["task"]).with_settings(info), info
