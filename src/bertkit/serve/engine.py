@@ -126,9 +126,9 @@ class ServedModel:
         from bertkit.inference.predict import Predictor
 
         config = self.config
-        self.predictor = Predictor(path, device=str(self.device), batch_size=config.max_batch_size,
-                                   backend=config.backend, precision=config.precision,
-                                   compile=config.compile, **vars(config.heads))  # fmt: skip
+        runtime = vars(config.runtime) | {"device": str(self.device)}  # (resolved once, above)
+        self.predictor = Predictor(path, batch_size=config.max_batch_size, **runtime,
+                                   **vars(config.heads))  # fmt: skip
         self.tokenizer = self.predictor.tokenizer
         self.max_seq_length = self.predictor.max_seq_length
         self.task_name = self.predictor.task.name
